@@ -1,0 +1,3 @@
+from aamp.cli import main
+
+raise SystemExit(main())

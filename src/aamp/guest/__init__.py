@@ -1,0 +1,7 @@
+"""Code that runs inside the sandbox: the guest agent and the channel's framing.
+
+Everything under `aamp.guest` is copied into every guest image (under `/opt/aamp/lib`) and run
+by the guest's own `/usr/bin/python3` (Debian bookworm: Python 3.11) with `-I -S`. So it uses
+the standard library only and never imports anything from `aamp` outside `aamp.guest`: the
+host side (`aamp.sandbox.channel`) imports `aamp.guest.wire`, never the other way round.
+"""

@@ -1,0 +1,124 @@
+"""The isolation-driver contract: the one cut between "a sandbox" and "how it is isolated".
+
+A driver turns a `SandboxSpec` plus a built image into a running guest whose guest agent has
+dialled the host end of its channel, and later removes every trace of it. Everything that
+happens *inside* a running sandbox (exec, put, get, health) goes through the channel
+(`aamp.sandbox.channel.GuestChannel`), which is the same for every driver; so the rest of the
+code never asks which driver it holds.
+
+Usage::
+
+    driver = GVisorDriver(settings)
+    sock = driver.channel_path(state_dir)            # the host listens here first
+    handle = await driver.create("sb-0123456789ab", spec, image, state_dir)
+    ...                                   # channel.exec(...), channel.put(...)
+    await driver.destroy(handle)          # idempotent; leaves no process, mount, dir, socket
+
+Contract:
+- `create` returns only once the guest is running; the caller then waits for the guest agent
+  on the channel. On failure it cleans up what it made and raises `DriverError`.
+- `destroy` is idempotent and never raises for "already gone".
+- `reap(runtime_dir)` removes everything an earlier host process left behind (after a crash):
+  it must work from on-disk state alone.
+- `snapshot` may raise `SnapshotUnsupported`.
+- `probe()` says whether the driver can work on this host, in plain words.
+"""
+
+from __future__ import annotations
+
+import abc
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aamp.sandbox.images import BuiltImage
+
+SANDBOX_ID_RE = re.compile(r"^sb-[0-9a-f]{12}$")
+
+GiB = 1024**3
+MiB = 1024**2
+
+
+class DriverError(RuntimeError):
+    """The driver could not do what was asked; the message says why in plain words."""
+
+
+class SnapshotUnsupported(DriverError):
+    pass
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpus: float = 1.0
+    memory_bytes: int = 1 * GiB
+    pids: int = 256
+    disk_bytes: int = 2 * GiB
+
+    def __post_init__(self) -> None:
+        if not 0 < self.cpus <= 64:
+            raise ValueError(f"resources.cpus must be in (0, 64], got {self.cpus}")
+        if self.memory_bytes < 64 * MiB:
+            raise ValueError("resources.memory must be at least 64MiB")
+        if not 8 <= self.pids <= 65536:
+            raise ValueError(f"resources.pids must be in [8, 65536], got {self.pids}")
+        if self.disk_bytes < 16 * MiB:
+            raise ValueError("resources.disk must be at least 16MiB")
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    image: str = "base"
+    resources: Resources = field(default_factory=Resources)
+    # Environment every exec starts from (the egress issue adds the proxy variables here).
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DriverStatus:
+    name: str
+    usable: bool
+    reason: str  # plain words: why it works, or why not and what to do
+
+
+@dataclass
+class SandboxHandle:
+    """What a driver needs to find and destroy one sandbox. Kept in memory by the manager;
+    drivers also keep enough on disk under `state_dir` for `reap` to work after a crash."""
+
+    sandbox_id: str
+    driver: str
+    state_dir: Path
+    pid: int | None = None
+    details: dict[str, object] = field(default_factory=dict)
+
+
+class Driver(abc.ABC):
+    name: str
+
+    @abc.abstractmethod
+    def probe(self) -> DriverStatus: ...
+
+    @abc.abstractmethod
+    def channel_path(self, state_dir: Path) -> Path:
+        """Where, under this sandbox's `state_dir`, the host must listen for its guest agent
+        (gVisor binds that socket's directory into the guest; Firecracker's vsock device
+        forwards guest connections to it)."""
+
+    @abc.abstractmethod
+    async def create(
+        self, sandbox_id: str, spec: SandboxSpec, image: BuiltImage, state_dir: Path
+    ) -> SandboxHandle:
+        """Start a guest from `image` whose guest agent will dial `channel_path(state_dir)`,
+        on which the host already listens. `state_dir` exists and belongs to this sandbox."""
+
+    @abc.abstractmethod
+    async def destroy(self, handle: SandboxHandle) -> None: ...
+
+    @abc.abstractmethod
+    async def reap(self, runtime_dir: Path) -> list[str]:
+        """Remove leftovers of sandboxes no live host process owns; return their ids."""
+
+    async def snapshot(self, handle: SandboxHandle, dest: Path) -> Path:
+        raise SnapshotUnsupported(f"the {self.name} driver cannot snapshot a sandbox")

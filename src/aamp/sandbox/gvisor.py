@@ -1,0 +1,304 @@
+"""The gVisor driver: one `runsc` sandbox per aamp sandbox.
+
+Isolation choices, and why:
+- `--network=none`: the guest's only interface is its own loopback; it has no route anywhere.
+- `--platform=ptrace`: works on every host, including those without usable KVM.
+- the image tree is the read-only root, and `--overlay` gives the guest a writable layer kept
+  in the sandbox's own memory, so nothing the guest writes touches the host's disk and the
+  memory limit bounds it.
+- the only host path bound in is this sandbox's channel directory (one Unix socket that the
+  host listens on); `--fsgofer-host-uds` lets the guest agent connect to it.
+- cpu, memory and pids limits go into the OCI `linux.resources` and are enforced through the
+  host's cgroups; the cgroup directories are removed on destroy, because runsc leaves them.
+
+Every file this driver makes for a sandbox lives under its `state_dir`, and every runsc
+process it starts carries the installation's runsc root in its command line, so `reap` can
+find leftovers from disk and /proc alone after a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from aamp.sandbox import procs
+from aamp.sandbox.driver import (
+    Driver,
+    DriverError,
+    DriverStatus,
+    SandboxHandle,
+    SandboxSpec,
+)
+
+if TYPE_CHECKING:
+    from aamp.sandbox.images import BuiltImage
+
+RUNSC = "runsc"
+CHANNEL_DIR_IN_GUEST = "/run/aamp"
+AGENT_IN_GUEST = "/opt/aamp/agent"
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CPU_PERIOD_US = 100_000
+
+
+class GVisorDriver(Driver):
+    name = "gvisor"
+
+    def __init__(self, runtime_dir: Path, *, runsc: str = RUNSC, platform: str = "ptrace"):
+        self.runtime_dir = runtime_dir
+        self.runsc_root = runtime_dir / "runsc"
+        self.runsc = runsc
+        self.platform = platform
+        # One cgroup parent per installation, so two installations never reap each other.
+        self.cgroup_parent = (
+            runtime_dir.name if runtime_dir.name.startswith("aamp") else f"aamp-{runtime_dir.name}"
+        )
+
+    # -- contract -------------------------------------------------------------------------
+
+    def probe(self) -> DriverStatus:
+        path = shutil.which(self.runsc)
+        if path is None:
+            return DriverStatus(
+                self.name,
+                False,
+                "runsc is not installed; install the Debian package `runsc`",
+            )
+        if os.geteuid() != 0:
+            return DriverStatus(
+                self.name, False, "runsc needs root here (cgroups and mounts); run aamp as root"
+            )
+        version = procs.run_quiet([path, "--version"]).splitlines()[:1]
+        return DriverStatus(
+            self.name,
+            True,
+            f"{path} ({version[0] if version else 'unknown version'}), "
+            f"platform {self.platform}, no network",
+        )
+
+    def channel_path(self, state_dir: Path) -> Path:
+        return state_dir / "chan" / "agent.sock"
+
+    async def create(
+        self, sandbox_id: str, spec: SandboxSpec, image: BuiltImage, state_dir: Path
+    ) -> SandboxHandle:
+        bundle = state_dir / "bundle"
+        bundle.mkdir(parents=True, exist_ok=True)
+        self.runsc_root.mkdir(parents=True, exist_ok=True)
+        config = self._oci_config(sandbox_id, spec, image.root, self.channel_path(state_dir).parent)
+        (bundle / "config.json").write_text(json.dumps(config, indent=1))
+        handle = SandboxHandle(sandbox_id=sandbox_id, driver=self.name, state_dir=state_dir)
+        _write_record(state_dir, {"driver": self.name, "id": sandbox_id})
+
+        log_path = state_dir / "guest.log"
+        with open(log_path, "ab") as log:
+            proc = await asyncio.create_subprocess_exec(
+                *self._global_flags(),
+                "run",
+                "--detach",
+                "--bundle",
+                str(bundle),
+                sandbox_id,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+            )
+        rc = await proc.wait()
+        if rc != 0:
+            tail = log_path.read_text(errors="replace")[-2000:]
+            await self.destroy(handle)
+            raise DriverError(f"runsc could not start sandbox {sandbox_id} (exit {rc}): {tail}")
+        return handle
+
+    async def destroy(self, handle: SandboxHandle) -> None:
+        await self._remove(handle.sandbox_id, handle.state_dir)
+
+    async def reap(self, runtime_dir: Path) -> list[str]:
+        reaped: list[str] = []
+        sandboxes = runtime_dir / "sb"
+        ids = (
+            {p.name for p in sandboxes.iterdir() if _record_driver(p) == self.name}
+            if (sandboxes.is_dir())
+            else set()
+        )
+        ids |= set(self._runsc_container_ids())
+        for sandbox_id in sorted(ids):
+            await self._remove(sandbox_id, sandboxes / sandbox_id)
+            reaped.append(sandbox_id)
+        # Whatever runsc process still names our root now has no sandbox record: kill it.
+        procs.kill_matching(f"--root={self.runsc_root}")
+        self._remove_cgroup_parent()
+        return reaped
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _global_flags(self) -> list[str]:
+        return [
+            self.runsc,
+            f"--root={self.runsc_root}",
+            f"--platform={self.platform}",
+            "--network=none",
+            "--overlay",
+            "--fsgofer-host-uds",
+        ]
+
+    def _oci_config(
+        self, sandbox_id: str, spec: SandboxSpec, rootfs: Path, channel_dir: Path
+    ) -> dict[str, object]:
+        res = spec.resources
+        env = {
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": "/root",
+            "LANG": "C.UTF-8",
+        }
+        return {
+            "ociVersion": "1.0.2",
+            "process": {
+                "terminal": False,
+                "user": {"uid": 0, "gid": 0},
+                "args": [AGENT_IN_GUEST, "--connect", f"unix:{CHANNEL_DIR_IN_GUEST}/agent.sock"],
+                "env": [f"{k}={v}" for k, v in env.items()],
+                "cwd": "/",
+                "capabilities": _capabilities(),
+                "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096}],
+                "noNewPrivileges": True,
+            },
+            # Writable only through --overlay, whose upper layer lives in sandbox memory: the
+            # image tree on the host is never written (a test checks it).
+            "root": {"path": str(rootfs), "readonly": False},
+            "hostname": "sandbox",
+            "mounts": [
+                {"destination": "/proc", "type": "proc", "source": "proc"},
+                {
+                    "destination": "/dev",
+                    "type": "tmpfs",
+                    "source": "tmpfs",
+                    "options": ["nosuid", "strictatime", "mode=755", "size=65536k"],
+                },
+                {
+                    "destination": "/sys",
+                    "type": "sysfs",
+                    "source": "sysfs",
+                    "options": ["nosuid", "noexec", "nodev", "ro"],
+                },
+                {
+                    "destination": "/tmp",
+                    "type": "tmpfs",
+                    "source": "tmpfs",
+                    "options": ["nosuid", "nodev", "mode=1777"],
+                },
+                {
+                    "destination": CHANNEL_DIR_IN_GUEST,
+                    "type": "bind",
+                    "source": str(channel_dir),
+                    "options": ["rbind", "rw"],
+                },
+            ],
+            "linux": {
+                "cgroupsPath": f"/{self.cgroup_parent}/{sandbox_id}",
+                "resources": {
+                    "memory": {"limit": res.memory_bytes},
+                    "pids": {"limit": res.pids},
+                    "cpu": {"quota": int(res.cpus * CPU_PERIOD_US), "period": CPU_PERIOD_US},
+                },
+                "namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount", "network")],
+            },
+        }
+
+    def _runsc_container_ids(self) -> list[str]:
+        if not self.runsc_root.is_dir():
+            return []
+        out = procs.run_quiet([*self._global_flags(), "list", "--quiet"])
+        return [line.strip() for line in out.splitlines() if line.strip()]
+
+    async def _remove(self, sandbox_id: str, state_dir: Path) -> None:
+        # `runsc delete --force` polls for a second or two; killing the sandbox and gofer
+        # processes (found by our runsc root and this sandbox's bundle path) and then removing
+        # runsc's two state files does the same work at once, and works after a host crash.
+        procs.kill_matching(f"--root={self.runsc_root}", str(state_dir / "bundle"))
+        procs.kill_matching(f"--root={self.runsc_root}", sandbox_id)
+        for suffix in (".state", ".lock"):
+            (self.runsc_root / f"{sandbox_id}_sandbox:{sandbox_id}{suffix}").unlink(missing_ok=True)
+        _remove_cgroup(self.cgroup_parent, sandbox_id)
+        if state_dir.exists():
+            shutil.rmtree(state_dir, ignore_errors=True)
+
+    def _remove_cgroup_parent(self) -> None:
+        for controller in _controllers():
+            parent = controller / self.cgroup_parent
+            if not parent.is_dir():
+                continue
+            for child in parent.iterdir():
+                if child.is_dir():
+                    _rmdir_cgroup(child)
+            _rmdir_cgroup(parent)
+
+
+def _capabilities() -> dict[str, list[str]]:
+    # The guest's root is root of a gVisor kernel only; keep the usual container set anyway.
+    caps = [
+        "CAP_CHOWN",
+        "CAP_DAC_OVERRIDE",
+        "CAP_FOWNER",
+        "CAP_FSETID",
+        "CAP_KILL",
+        "CAP_SETGID",
+        "CAP_SETUID",
+        "CAP_SETPCAP",
+        "CAP_SYS_CHROOT",
+        "CAP_AUDIT_WRITE",
+    ]
+    return {k: caps for k in ("bounding", "effective", "permitted")}
+
+
+def _write_record(state_dir: Path, record: dict[str, object]) -> None:
+    tmp = state_dir / "record.json.tmp"
+    tmp.write_text(json.dumps({**record, "created": time.time(), "host_pid": os.getpid()}))
+    tmp.replace(state_dir / "record.json")
+
+
+def _record_driver(state_dir: Path) -> str | None:
+    try:
+        return json.loads((state_dir / "record.json").read_text()).get("driver")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _controllers() -> list[Path]:
+    if not CGROUP_ROOT.is_dir():
+        return []
+    return [p for p in CGROUP_ROOT.iterdir() if p.is_dir() and not p.is_symlink()]
+
+
+def _remove_cgroup(parent: str, sandbox_id: str) -> None:
+    for controller in _controllers():
+        _rmdir_cgroup(controller / parent / sandbox_id)
+
+
+def _rmdir_cgroup(path: Path) -> None:
+    """Remove one cgroup directory (after its processes are gone: rmdir fails while busy)."""
+    if not path.is_dir():
+        return
+    for child in path.iterdir():
+        if child.is_dir():
+            _rmdir_cgroup(child)
+    for attempt in range(50):
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            # Busy: a process is still exiting. Kill anything left in it and retry briefly.
+            procs_file = path / "cgroup.procs"
+            try:
+                for pid in procs_file.read_text().split():
+                    procs.kill_pid(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+            time.sleep(0.02 * (attempt + 1) if attempt < 10 else 0.2)

@@ -1,0 +1,372 @@
+"""The sandbox manager: the one owner of every live sandbox on this host.
+
+It creates sandboxes (cold, or from a warm pool), hands out their guest channels, enforces
+`ttl` and `idle` from the host, destroys them so that nothing remains, and on start-up reaps
+whatever an earlier host process left behind. It is the single place where sandbox lifecycle
+events are recorded.
+
+Usage::
+
+    manager = SandboxManager(settings, images, {"gvisor": GVisorDriver(...)}, "gvisor")
+    await manager.start()                        # reaps leftovers, starts the lifetime clock
+    sandbox = await manager.create(CreateRequest(image="base", ttl=600))
+    async with manager.use(sandbox.id) as channel:   # counts as activity for `idle`
+        result, out, err = await channel.run(["python3", "-c", "print(6*7)"])
+    await manager.destroy(sandbox.id, reason="done")
+    await manager.shutdown()                     # destroys everything it still holds
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import secrets
+import shutil
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from aamp.config import Settings
+from aamp.sandbox.channel import GuestChannel
+from aamp.sandbox.driver import (
+    SANDBOX_ID_RE,
+    Driver,
+    DriverError,
+    Resources,
+    SandboxHandle,
+    SandboxSpec,
+)
+from aamp.sandbox.images import ImageStore
+
+log = logging.getLogger("aamp.sandbox")
+
+MAX_TTL_SECONDS = 24 * 3600
+DEFAULT_TTL_SECONDS = 15 * 60
+DEFAULT_IDLE_SECONDS = 5 * 60
+GUEST_READY_TIMEOUT = 30.0
+
+
+class SandboxError(Exception):
+    """A request about sandboxes cannot be served; `code` is stable, the message is for people."""
+
+    code = "sandbox_error"
+    status = 400
+
+
+class UnknownSandbox(SandboxError):
+    code = "unknown_sandbox"
+    status = 404
+
+
+class InvalidRequest(SandboxError):
+    code = "invalid_request"
+    status = 400
+
+
+class SandboxUnavailable(SandboxError):
+    code = "sandbox_unavailable"
+    status = 503
+
+
+class Recorder(Protocol):
+    """Where lifecycle events go (the audit log implements it)."""
+
+    async def record(self, action: str, resource: str, details: dict[str, object]) -> None: ...
+
+
+class LogRecorder:
+    """Records events to the process log; used until an audit log is wired in."""
+
+    async def record(self, action: str, resource: str, details: dict[str, object]) -> None:
+        log.info("%s %s %s", action, resource, details)
+
+
+@dataclass(frozen=True)
+class CreateRequest:
+    image: str = "base"
+    driver: str | None = None
+    ttl: float = DEFAULT_TTL_SECONDS
+    idle: float = DEFAULT_IDLE_SECONDS
+    resources: Resources = field(default_factory=Resources)
+
+    def __post_init__(self) -> None:
+        for name in ("ttl", "idle"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InvalidRequest(f"{name} must be a number of seconds, got {value!r}")
+            if not 0 < value <= MAX_TTL_SECONDS:
+                raise InvalidRequest(
+                    f"{name} must be between 1 and {MAX_TTL_SECONDS} seconds, got {value}"
+                )
+
+
+@dataclass
+class Sandbox:
+    id: str
+    image: str
+    image_hash: str
+    driver: str
+    ttl: float
+    idle: float
+    resources: Resources
+    handle: SandboxHandle
+    channel: GuestChannel
+    created_at: float = field(default_factory=time.time)
+    started_monotonic: float = field(default_factory=time.monotonic)
+    active_uses: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+
+    def expiry_reason(self, now: float) -> str | None:
+        if now - self.started_monotonic >= self.ttl:
+            return "ttl"
+        last = max(self.last_used, self.channel.last_activity)
+        if self.active_uses == 0 and now - last >= self.idle:
+            return "idle"
+        return None
+
+    def describe(self) -> dict[str, object]:
+        age = time.monotonic() - self.started_monotonic
+        return {
+            "id": self.id,
+            "image": self.image,
+            "image_hash": self.image_hash,
+            "driver": self.driver,
+            "created_at": self.created_at,
+            "ttl_seconds": self.ttl,
+            "idle_seconds": self.idle,
+            "expires_in": max(0.0, self.ttl - age),
+            "resources": {
+                "cpus": self.resources.cpus,
+                "memory_bytes": self.resources.memory_bytes,
+                "pids": self.resources.pids,
+                "disk_bytes": self.resources.disk_bytes,
+            },
+        }
+
+
+class SandboxManager:
+    def __init__(
+        self,
+        settings: Settings,
+        images: ImageStore,
+        drivers: dict[str, Driver],
+        default_driver: str,
+        *,
+        recorder: Recorder | None = None,
+        warm_pool: dict[str, int] | None = None,
+        tick: float = 0.5,
+    ):
+        if default_driver not in drivers:
+            raise ValueError(f"default driver {default_driver!r} is not among {sorted(drivers)}")
+        self.settings = settings
+        self.images = images
+        self.drivers = drivers
+        self.default_driver = default_driver
+        self.recorder: Recorder = recorder or LogRecorder()
+        self.warm_pool_sizes = dict(warm_pool or {})
+        self.tick = tick
+        self._sandboxes: dict[str, Sandbox] = {}
+        self._pools: dict[str, list[Sandbox]] = {}
+        self._pool_fill: dict[str, asyncio.Task[None]] = {}
+        self._lifetime_task: asyncio.Task[None] | None = None
+        self._lock_file: int | None = None
+
+    # -- lifecycle of the manager itself ---------------------------------------------------
+
+    async def start(self) -> None:
+        """Take the installation's runtime lock, reap leftovers, start the lifetime clock."""
+        rt = self.settings.runtime_dir
+        rt.mkdir(parents=True, exist_ok=True, mode=0o700)
+        (rt / "sb").mkdir(exist_ok=True, mode=0o700)
+        self._take_lock(rt / "lock")
+        for driver in self.drivers.values():
+            for sandbox_id in await driver.reap(rt):
+                await self.recorder.record(
+                    "sandbox.reaped", sandbox_id, {"driver": driver.name, "reason": "host restart"}
+                )
+        # A state dir no driver claimed never got a process: remove it.
+        for leftover in (rt / "sb").iterdir():
+            shutil.rmtree(leftover, ignore_errors=True)
+        self._lifetime_task = asyncio.create_task(self._lifetime_loop(), name="sandbox-lifetime")
+        for image, size in self.warm_pool_sizes.items():
+            if size > 0:
+                self._refill_pool(image)
+
+    async def shutdown(self) -> None:
+        if self._lifetime_task:
+            self._lifetime_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lifetime_task
+        for task in self._pool_fill.values():
+            task.cancel()
+        for task in self._pool_fill.values():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for pool in self._pools.values():
+            while pool:
+                await self._teardown(pool.pop(), reason="shutdown")
+        for sandbox_id in list(self._sandboxes):
+            await self.destroy(sandbox_id, reason="shutdown")
+        if self._lock_file is not None:
+            os.close(self._lock_file)
+            self._lock_file = None
+
+    def _take_lock(self, path: Path) -> None:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise SandboxError(
+                f"another aamp process already runs sandboxes for this installation "
+                f"({self.settings.home}); stop it first"
+            ) from None
+        self._lock_file = fd
+
+    # -- sandboxes -------------------------------------------------------------------------
+
+    def list(self) -> list[Sandbox]:
+        return sorted(self._sandboxes.values(), key=lambda s: s.created_at)
+
+    def get(self, sandbox_id: str) -> Sandbox:
+        sandbox = self._sandboxes.get(sandbox_id) if SANDBOX_ID_RE.match(sandbox_id) else None
+        if sandbox is None:
+            raise UnknownSandbox(f"no sandbox {sandbox_id!r} on this host")
+        return sandbox
+
+    async def create(self, request: CreateRequest) -> Sandbox:
+        driver_name = request.driver or self.default_driver
+        if driver_name not in self.drivers:
+            raise InvalidRequest(
+                f"unknown driver {driver_name!r}; this host has {', '.join(sorted(self.drivers))}"
+            )
+        try:
+            image = self.images.get(request.image)
+        except (ValueError, LookupError) as exc:  # UnknownImage, ImageNotBuilt
+            raise InvalidRequest(str(exc)) from None
+        sandbox = self._take_from_pool(request, driver_name, image.content_hash)
+        if sandbox is None:
+            sandbox = await self._boot(driver_name, request.image, request.resources)
+        sandbox.ttl, sandbox.idle = request.ttl, request.idle
+        sandbox.created_at, sandbox.started_monotonic = time.time(), time.monotonic()
+        sandbox.last_used = time.monotonic()
+        self._sandboxes[sandbox.id] = sandbox
+        await self.recorder.record("sandbox.create", sandbox.id, sandbox.describe())
+        return sandbox
+
+    @contextlib.asynccontextmanager
+    async def use(self, sandbox_id: str) -> AsyncIterator[GuestChannel]:
+        """Borrow a sandbox's channel; while borrowed the sandbox is not idle."""
+        sandbox = self.get(sandbox_id)
+        sandbox.active_uses += 1
+        try:
+            yield sandbox.channel
+        finally:
+            sandbox.active_uses -= 1
+            sandbox.last_used = time.monotonic()
+
+    async def destroy(self, sandbox_id: str, *, reason: str = "requested") -> None:
+        sandbox = self.get(sandbox_id)
+        del self._sandboxes[sandbox_id]
+        await self._teardown(sandbox, reason=reason)
+        await self.recorder.record("sandbox.destroy", sandbox_id, {"reason": reason})
+
+    async def _boot(self, driver_name: str, image_name: str, resources: Resources) -> Sandbox:
+        driver = self.drivers[driver_name]
+        image = self.images.get(image_name)
+        sandbox_id = f"sb-{secrets.token_hex(6)}"
+        state_dir = self.settings.runtime_dir / "sb" / sandbox_id
+        state_dir.mkdir(mode=0o700)
+        channel_path = driver.channel_path(state_dir)
+        channel_path.parent.mkdir(parents=True, exist_ok=True)
+        channel = GuestChannel(channel_path, max_file_bytes=self.settings.max_file_bytes)
+        handle: SandboxHandle | None = None
+        try:
+            await channel.start()
+            spec = SandboxSpec(image=image_name, resources=resources)
+            handle = await driver.create(sandbox_id, spec, image, state_dir)
+            await channel.wait_ready(GUEST_READY_TIMEOUT)
+        except BaseException as exc:
+            await channel.close()
+            if handle is not None:
+                await driver.destroy(handle)
+            shutil.rmtree(state_dir, ignore_errors=True)
+            if isinstance(exc, DriverError | TimeoutError | OSError):
+                raise SandboxUnavailable(f"could not start a {driver_name} sandbox: {exc}") from exc
+            raise
+        return Sandbox(
+            id=sandbox_id,
+            image=image_name,
+            image_hash=image.content_hash,
+            driver=driver_name,
+            ttl=DEFAULT_TTL_SECONDS,
+            idle=DEFAULT_IDLE_SECONDS,
+            resources=resources,
+            handle=handle,
+            channel=channel,
+        )
+
+    async def _teardown(self, sandbox: Sandbox, *, reason: str) -> None:
+        await sandbox.channel.close()
+        await self.drivers[sandbox.driver].destroy(sandbox.handle)
+        log.debug("sandbox %s destroyed (%s)", sandbox.id, reason)
+
+    # -- warm pool -------------------------------------------------------------------------
+
+    def _take_from_pool(
+        self, request: CreateRequest, driver_name: str, image_hash: str
+    ) -> Sandbox | None:
+        # Pool members are booted with default resources by the default driver; anything
+        # else is booted cold so that a request always gets exactly what it asked for.
+        if driver_name != self.default_driver or request.resources != Resources():
+            return None
+        pool = self._pools.get(request.image) or []
+        while pool:
+            sandbox = pool.pop(0)
+            if sandbox.image_hash == image_hash and sandbox.channel.connected:
+                self._refill_pool(request.image)
+                return sandbox
+            asyncio.get_running_loop().create_task(self._teardown(sandbox, reason="stale"))
+        if self.warm_pool_sizes.get(request.image):
+            self._refill_pool(request.image)
+        return None
+
+    def _refill_pool(self, image: str) -> None:
+        running = self._pool_fill.get(image)
+        if running is not None and not running.done():
+            return
+        self._pool_fill[image] = asyncio.get_running_loop().create_task(
+            self._fill(image), name=f"pool-{image}"
+        )
+
+    async def _fill(self, image: str) -> None:
+        pool = self._pools.setdefault(image, [])
+        target = self.warm_pool_sizes.get(image, 0)
+        while len(pool) < target:
+            try:
+                pool.append(await self._boot(self.default_driver, image, Resources()))
+            except (SandboxError, ValueError) as exc:
+                log.warning("warm pool for %s could not start a sandbox: %s", image, exc)
+                return
+
+    def pool_status(self) -> dict[str, int]:
+        return {image: len(pool) for image, pool in self._pools.items()}
+
+    # -- the host's clock ------------------------------------------------------------------
+
+    async def _lifetime_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick)
+            now = time.monotonic()
+            for sandbox in list(self._sandboxes.values()):
+                reason = sandbox.expiry_reason(now)
+                if reason and sandbox.id in self._sandboxes:
+                    try:
+                        await self.destroy(sandbox.id, reason=reason)
+                    except Exception:  # keep the clock running whatever one teardown does
+                        log.exception("destroying expired sandbox %s failed", sandbox.id)

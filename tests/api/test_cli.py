@@ -1,0 +1,256 @@
+"""The `aamp` command against a real control plane (`aamp up` in a subprocess)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from aamp.sandbox import procs
+
+pytestmark = pytest.mark.usefixtures("base_image")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ControlPlane:
+    """A real `aamp up` process, and a way to run the CLI against it."""
+
+    def __init__(self, settings, extra_env: dict[str, str] | None = None):
+        self.settings = settings
+        self.port = free_port()
+        self.env = {
+            **os.environ,
+            "AAMP_HOME": str(settings.home),
+            "AAMP_RUNTIME_DIR": str(settings.runtime_dir),
+            "AAMP_IMAGE_DIR": str(settings.image_dir),
+            "AAMP_PORT": str(self.port),
+            "AAMP_DRIVER": "gvisor",
+            **(extra_env or {}),
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "aamp", "up"],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"aamp up exited: {self.proc.stdout.read().decode()}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/v1/health").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise AssertionError("aamp up did not answer within 60 s")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=60)
+
+    def aamp(self, *args: str, input: bytes | None = None, timeout: float = 120):
+        return subprocess.run(
+            [sys.executable, "-m", "aamp", *args],
+            env=self.env,
+            input=input,
+            capture_output=True,
+            timeout=timeout,
+        )
+
+
+@pytest.fixture
+def cp(settings):
+    plane = ControlPlane(settings)
+    plane.start()
+    yield plane
+    plane.stop()
+
+
+def runsc_processes(settings) -> list[int]:
+    return procs.pids_matching(f"--root={settings.runtime_dir}/runsc")
+
+
+def test_create_exec_cp_ls_rm(cp, tmp_path):
+    created = cp.aamp("sandbox", "create", "--image", "base", "--ttl", "300")
+    assert created.returncode == 0, created.stderr
+    sandbox_id = created.stdout.decode().strip()
+    assert sandbox_id.startswith("sb-")
+
+    ran = cp.aamp("sandbox", "exec", sandbox_id, "--", "python3", "-c", "print(6*7)")
+    assert (ran.returncode, ran.stdout) == (0, b"42\n")
+
+    failed = cp.aamp("sandbox", "exec", sandbox_id, "--", "sh", "-c", "echo oops >&2; exit 7")
+    assert (failed.returncode, failed.stderr) == (7, b"oops\n")
+
+    piped = cp.aamp("sandbox", "exec", sandbox_id, "--", "wc", "-c", input=b"12345")
+    assert piped.stdout.strip() == b"5"
+
+    src = tmp_path / "data.bin"
+    src.write_bytes(os.urandom(3 * 1024 * 1024 + 7))
+    put = cp.aamp("sandbox", "cp", str(src), f"{sandbox_id}:in/data.bin")
+    assert put.returncode == 0, put.stderr
+    back = tmp_path / "back.bin"
+    got = cp.aamp("sandbox", "cp", f"{sandbox_id}:in/data.bin", str(back))
+    assert got.returncode == 0, got.stderr
+    assert hashlib.sha256(back.read_bytes()).digest() == hashlib.sha256(src.read_bytes()).digest()
+
+    listed = cp.aamp("sandbox", "ls")
+    assert sandbox_id in listed.stdout.decode()
+
+    removed = cp.aamp("sandbox", "rm", sandbox_id)
+    assert removed.returncode == 0, removed.stderr
+    assert sandbox_id not in cp.aamp("sandbox", "ls").stdout.decode()
+    assert not (cp.settings.runtime_dir / "sb" / sandbox_id).exists()
+
+
+def test_exec_streams_output_as_it_comes(cp):
+    sandbox_id = cp.aamp("sandbox", "create").stdout.decode().strip()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "aamp",
+            "sandbox",
+            "exec",
+            sandbox_id,
+            "--",
+            "sh",
+            "-c",
+            "echo first; sleep 3; echo second",
+        ],
+        env=cp.env,
+        stdout=subprocess.PIPE,
+    )
+    started = time.monotonic()
+    first = proc.stdout.readline()
+    first_after = time.monotonic() - started
+    rest = proc.stdout.read()
+    total = time.monotonic() - started
+    proc.wait(timeout=30)
+    assert (first, rest) == (b"first\n", b"second\n")
+    assert total - first_after >= 2.5  # the first line came well before the command ended
+
+
+def test_one_shot_exec_leaves_no_sandbox(cp):
+    ran = cp.aamp("sandbox", "exec", "--image", "base", "--", "python3", "-c", "print(6*7)")
+    assert (ran.returncode, ran.stdout) == (0, b"42\n")
+    assert cp.aamp("sandbox", "ls").stdout.decode().count("sb-") == 0
+
+
+def test_timeout_exit_code(cp):
+    sandbox_id = cp.aamp("sandbox", "create").stdout.decode().strip()
+    ran = cp.aamp("sandbox", "exec", "--timeout", "1", sandbox_id, "--", "sleep", "30")
+    assert ran.returncode == 124, ran.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["sandbox", "create", "--image", "nope"], b"nope"),
+        (["sandbox", "exec", "sb-000000000000", "--", "true"], b"no sandbox"),
+        (["sandbox", "rm", "sb-000000000000"], b"no sandbox"),
+        (["sandbox", "create", "--ttl", "-5"], b"between 1 and 86400"),
+        (["sandbox", "create", "--ttl", "soon"], b"not a number"),
+        (["sandbox", "create", "--driver", "qemu"], b"unknown driver"),
+    ],
+)
+def test_bad_input_is_refused_clearly(cp, args, message):
+    before = cp.aamp("sandbox", "ls").stdout
+    done = cp.aamp(*args)
+    assert done.returncode != 0
+    assert message in done.stderr, done.stderr
+    assert cp.aamp("sandbox", "ls").stdout == before
+
+
+def test_cp_refuses_escapes_and_oversize(settings, tmp_path):
+    plane = ControlPlane(settings, {"AAMP_MAX_FILE_BYTES": str(1024 * 1024)})
+    plane.start()
+    try:
+        sandbox_id = plane.aamp("sandbox", "create").stdout.decode().strip()
+        small = tmp_path / "small.txt"
+        small.write_text("hello")
+        for target in ("../../etc/passwd", "/etc/passwd", "in/../../x"):
+            done = plane.aamp("sandbox", "cp", str(small), f"{sandbox_id}:{target}")
+            assert done.returncode != 0
+            assert b"workspace" in done.stderr, done.stderr
+        dest = tmp_path / "stolen"
+        done = plane.aamp("sandbox", "cp", f"{sandbox_id}:/etc/shadow", str(dest))
+        assert done.returncode != 0 and not dest.exists()
+        big = tmp_path / "big.bin"
+        big.write_bytes(b"x" * (1024 * 1024 + 1))
+        done = plane.aamp("sandbox", "cp", str(big), f"{sandbox_id}:big.bin")
+        assert done.returncode != 0
+        assert b"limit" in done.stderr, done.stderr
+        # Made inside the guest, too big to come out.
+        plane.aamp(
+            "sandbox",
+            "exec",
+            sandbox_id,
+            "--",
+            "sh",
+            "-c",
+            "head -c 2000000 /dev/zero > /workspace/big.out",
+        )
+        done = plane.aamp("sandbox", "cp", f"{sandbox_id}:big.out", str(dest))
+        assert done.returncode != 0 and not dest.exists()
+        assert b"limit" in done.stderr, done.stderr
+    finally:
+        plane.stop()
+
+
+def test_kill_9_then_restart_reaps_everything(settings):
+    plane = ControlPlane(settings)
+    plane.start()
+    ids = [plane.aamp("sandbox", "create").stdout.decode().strip() for _ in range(2)]
+    assert all(i.startswith("sb-") for i in ids)
+    assert runsc_processes(settings)
+    plane.stop(signal.SIGKILL)
+    assert runsc_processes(settings)  # orphans, until a host process comes back
+
+    again = ControlPlane(settings)
+    again.start()
+    try:
+        assert runsc_processes(settings) == []
+        for sandbox_id in ids:
+            assert not (settings.runtime_dir / "sb" / sandbox_id).exists()
+            for controller in Path("/sys/fs/cgroup").iterdir():
+                assert not (controller / settings.runtime_dir.name / sandbox_id).exists()
+        assert again.aamp("sandbox", "ls").stdout.decode().count("sb-") == 0
+    finally:
+        again.stop()
+
+
+def test_graceful_stop_destroys_sandboxes(settings):
+    plane = ControlPlane(settings)
+    plane.start()
+    plane.aamp("sandbox", "create")
+    assert runsc_processes(settings)
+    plane.stop(signal.SIGTERM)
+    assert runsc_processes(settings) == []
+
+
+def test_api_needs_the_token(cp):
+    r = httpx.get(f"http://127.0.0.1:{cp.port}/v1/sandboxes")
+    assert r.status_code == 401
+    assert r.json()["code"] == "unauthenticated"
+    r = httpx.get(
+        f"http://127.0.0.1:{cp.port}/v1/sandboxes", headers={"authorization": "Bearer nope"}
+    )
+    assert r.status_code == 401

@@ -1,0 +1,73 @@
+"""Shared fixtures: per-test installation settings, and the guest images built once a session.
+
+Images are built into AAMP_IMAGE_DIR when set (CI keeps it outside the clone), else into the
+clone's own `.aamp/images` — where `scripts/install` put them — so the suite reuses them.
+Builds are keyed by content hash, so a reused image is always the one the code would build.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from aamp.config import Settings
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _shared_env() -> dict[str, str]:
+    return {
+        "AAMP_IMAGE_DIR": os.environ.get("AAMP_IMAGE_DIR") or str(REPO / ".aamp" / "images"),
+        "AAMP_DOWNLOAD_CACHE": os.environ.get("AAMP_DOWNLOAD_CACHE") or "/var/cache/aamp/downloads",
+    }
+
+
+def make_settings(home: Path, **extra: str) -> Settings:
+    env = {
+        **_shared_env(),
+        "AAMP_HOME": str(home),
+        "AAMP_RUNTIME_DIR": f"/run/aamp-t{secrets.token_hex(4)}",
+        **extra,
+    }
+    return Settings.from_env(env)
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    s = make_settings(tmp_path / "home")
+    yield s
+    shutil.rmtree(s.runtime_dir, ignore_errors=True)
+
+
+def _need_root_and_runsc() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("gVisor sandboxes need root here")
+    if shutil.which("runsc") is None:
+        pytest.skip("runsc is not installed (Debian package runsc); scripts/install adds it")
+
+
+def _build(name: str) -> object:
+    _need_root_and_runsc()
+    from aamp.sandbox.images import ImageStore
+
+    store = ImageStore(Settings.from_env({**_shared_env(), "AAMP_HOME": str(REPO / ".aamp")}))
+
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr)
+
+    return store.build(name, progress=progress)
+
+
+@pytest.fixture(scope="session")
+def base_image() -> object:
+    return _build("base")
+
+
+@pytest.fixture(scope="session")
+def browser_image() -> object:
+    return _build("browser")

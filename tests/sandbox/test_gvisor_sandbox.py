@@ -1,0 +1,196 @@
+"""Real gVisor sandboxes through the manager: exec, files, limits, isolation, clean teardown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from aamp.sandbox import procs
+from aamp.sandbox.channel import ChannelError
+from aamp.sandbox.driver import MiB, Resources
+from aamp.sandbox.drivers import available_drivers
+from aamp.sandbox.images import ImageStore
+from aamp.sandbox.manager import CreateRequest, InvalidRequest, SandboxManager, UnknownSandbox
+
+pytestmark = pytest.mark.usefixtures("base_image")
+
+
+@pytest.fixture
+async def manager(settings):
+    drivers = {"gvisor": available_drivers(settings)["gvisor"]}
+    m = SandboxManager(settings, ImageStore(settings), drivers, "gvisor", tick=0.1)
+    await m.start()
+    yield m
+    await m.shutdown()
+
+
+def leftovers(settings, sandbox_id: str) -> list[str]:
+    """Everything of one sandbox that could remain on the host."""
+    found = []
+    if (settings.runtime_dir / "sb" / sandbox_id).exists():
+        found.append("state dir")
+    if procs.pids_matching(f"--root={settings.runtime_dir}/runsc", sandbox_id):
+        found.append("runsc process")
+    for controller in Path("/sys/fs/cgroup").iterdir():
+        if (controller / settings.runtime_dir.name / sandbox_id).exists():
+            found.append(f"cgroup {controller.name}")
+    runsc_state = settings.runtime_dir / "runsc" / f"{sandbox_id}_sandbox:{sandbox_id}.state"
+    if runsc_state.exists():
+        found.append("runsc state")
+    return found
+
+
+async def test_python_prints_42(manager):
+    sb = await manager.create(CreateRequest(image="base"))
+    async with manager.use(sb.id) as channel:
+        result, out, err = await channel.run(["python3", "-c", "print(6*7)"])
+    assert (result.exit_code, out, err) == (0, b"42\n", b"")
+
+
+@pytest.mark.parametrize("size", [1, 1 * MiB, 100 * MiB], ids=["1B", "1MiB", "100MiB"])
+async def test_file_round_trip_is_byte_identical(manager, size):
+    sb = await manager.create(CreateRequest(image="base"))
+    data = os.urandom(size)
+    async with manager.use(sb.id) as channel:
+        await channel.put("in/blob.bin", data, len(data))
+        _, out, _ = await channel.run(["sha256sum", "/workspace/in/blob.bin"])
+        assert out.split()[0].decode() == hashlib.sha256(data).hexdigest()
+        stream = await channel.get("in/blob.bin")
+        back = b"".join([chunk async for chunk in stream])
+    assert stream.size == size
+    assert back == data
+
+
+async def test_no_other_sandbox_is_visible(manager):
+    a = await manager.create(CreateRequest(image="base"))
+    b = await manager.create(CreateRequest(image="base"))
+    async with manager.use(a.id) as ca, manager.use(b.id) as cb:
+        await ca.put("marker-a.txt", b"only in a", 9)
+        session = await ca.exec(["sleep", "1234"])
+        async with session:
+            await asyncio.sleep(0.5)
+            _, files, _ = await cb.run(["sh", "-c", "find / -name 'marker-a*' 2>/dev/null; true"])
+            _, ps, _ = await cb.run(["sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"])
+            await session.kill()
+    assert files == b""
+    assert b"sleep 1234" not in ps
+
+
+async def test_memory_hog_kills_only_its_own_sandbox(manager):
+    small = Resources(memory_bytes=256 * MiB)
+    hog = await manager.create(CreateRequest(image="base", resources=small))
+    bystander = await manager.create(CreateRequest(image="base"))
+    async with manager.use(hog.id) as channel:
+        try:
+            result, _, _ = await channel.run(
+                ["python3", "-c", "x = [bytearray(1 << 20) for _ in range(2048)]"], timeout=60
+            )
+            hog_succeeded = result.exit_code == 0
+        except ChannelError:
+            hog_succeeded = False  # the whole sandbox died with it: that is containment too
+    assert not hog_succeeded
+    async with manager.use(bystander.id) as channel:
+        _, out, _ = await channel.run(["python3", "-c", "print(6*7)"])
+    assert out == b"42\n"
+
+
+async def test_fork_bomb_is_contained(manager):
+    bomb = await manager.create(CreateRequest(image="base", resources=Resources(pids=64)))
+    bystander = await manager.create(CreateRequest(image="base"))
+    async with manager.use(bomb.id) as channel:
+        with contextlib.suppress(ChannelError):  # the sandbox may die of it: contained
+            await channel.run(["sh", "-c", "b() { b | b & }; b"], timeout=10)
+    async with manager.use(bystander.id) as channel:
+        _, out, _ = await channel.run(["echo", "alive"])
+    assert out == b"alive\n"
+    # The host still starts processes.
+    assert procs.run_quiet(["echo", "host ok"]).strip() == "host ok"
+
+
+async def test_destroy_leaves_nothing(manager, settings):
+    sb = await manager.create(CreateRequest(image="base"))
+    assert leftovers(settings, sb.id)  # there is something to remove
+    await manager.destroy(sb.id)
+    assert leftovers(settings, sb.id) == []
+    with pytest.raises(UnknownSandbox):
+        manager.get(sb.id)
+
+
+async def test_ttl_expiry_destroys_the_sandbox(manager, settings):
+    sb = await manager.create(CreateRequest(image="base", ttl=1))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and sb.id in {s.id for s in manager.list()}:
+        await asyncio.sleep(0.1)
+    assert sb.id not in {s.id for s in manager.list()}
+    assert leftovers(settings, sb.id) == []
+
+
+async def test_idle_expiry_but_not_while_busy(manager):
+    sb = await manager.create(CreateRequest(image="base", idle=1, ttl=60))
+    async with manager.use(sb.id) as channel:
+        result, _, _ = await channel.run(["sleep", "2"])  # busy longer than idle
+        assert result.exit_code == 0
+    assert sb.id in {s.id for s in manager.list()}
+    await asyncio.sleep(2)
+    assert sb.id not in {s.id for s in manager.list()}
+
+
+async def test_bad_requests_change_nothing(manager):
+    with pytest.raises(InvalidRequest, match="no-such-image"):
+        await manager.create(CreateRequest(image="no-such-image"))
+    with pytest.raises(InvalidRequest, match="ttl"):
+        CreateRequest(ttl=0)
+    with pytest.raises(InvalidRequest, match="ttl"):
+        CreateRequest(ttl=10**9)
+    with pytest.raises(InvalidRequest, match="driver"):
+        await manager.create(CreateRequest(driver="qemu"))
+    with pytest.raises(UnknownSandbox):
+        manager.get("sb-000000000000")
+    with pytest.raises(UnknownSandbox):
+        manager.get("../../etc")
+    assert manager.list() == []
+
+
+async def test_warm_pool_hands_out_running_sandboxes(settings):
+    drivers = {"gvisor": available_drivers(settings)["gvisor"]}
+    m = SandboxManager(settings, ImageStore(settings), drivers, "gvisor", warm_pool={"base": 2})
+    await m.start()
+    try:
+        deadline = time.monotonic() + 30
+        while m.pool_status().get("base", 0) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert m.pool_status()["base"] == 2
+        pooled = {s.id for s in m._pools["base"]}
+        sb = await m.create(CreateRequest(image="base"))
+        assert sb.id in pooled  # handed out, not booted
+        async with m.use(sb.id) as channel:
+            _, out, _ = await channel.run(["echo", "warm"])
+        assert out == b"warm\n"
+        # A request with other resources never takes a pooled sandbox.
+        other = await m.create(CreateRequest(image="base", resources=Resources(pids=100)))
+        assert other.resources.pids == 100
+    finally:
+        await m.shutdown()
+    assert not procs.pids_matching(f"--root={settings.runtime_dir}/runsc")
+
+
+async def test_guest_writes_never_reach_the_image(manager, base_image):
+    sb = await manager.create(CreateRequest(image="base"))
+    before = (base_image.root / "etc" / "hostname").read_bytes()
+    async with manager.use(sb.id) as channel:
+        result, out, _ = await channel.run(
+            [
+                "sh",
+                "-c",
+                "echo pwned > /etc/hostname && touch /usr/bin/planted && cat /etc/hostname",
+            ]
+        )
+    assert (result.exit_code, out) == (0, b"pwned\n")  # the guest sees its own writable layer
+    assert (base_image.root / "etc" / "hostname").read_bytes() == before
+    assert not (base_image.root / "usr" / "bin" / "planted").exists()
