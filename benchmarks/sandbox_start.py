@@ -1,0 +1,210 @@
+"""Sandbox start-up figures, each next to its baseline measured in the same run.
+
+    .venv/bin/python benchmarks/sandbox_start.py [--runs 20] [--idle 10]
+
+Prints a table (median and p95) and writes benchmarks/results/sandbox_start.json:
+- raw baselines: `runsc do true`, and `runsc run` of `python3 -c pass` in the base image tree
+  with the same flags aamp uses (the floor any runsc-based start can reach);
+- aamp cold: create a sandbox (boot, guest agent ready) and run `python3 -c pass` in it;
+- aamp warm pool: take a pre-started sandbox and run `true` in it;
+- host memory per idle sandbox: RSS and PSS of all its host processes (runsc sandbox + gofer);
+- N sandboxes started at once: wall time, and whether all answered.
+Needs root, runsc and a built base image (`aamp image build base`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from aamp.config import Settings
+from aamp.sandbox import procs
+from aamp.sandbox.drivers import available_drivers
+from aamp.sandbox.gvisor import GVisorDriver
+from aamp.sandbox.images import ImageStore
+from aamp.sandbox.manager import CreateRequest, SandboxManager
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return {"median_ms": statistics.median(ordered) * 1e3, "p95_ms": p95 * 1e3, "n": len(ordered)}
+
+
+def raw_runsc(root: Path, runs: int) -> tuple[list[float], list[float]]:
+    """`runsc do true`, and `runsc run` of `python3 -c pass` in the image tree."""
+    do_times, run_times = [], []
+    with tempfile.TemporaryDirectory(prefix="aamp-bench-") as tmp:
+        state = Path(tmp) / "state"
+        flags = ["runsc", f"--root={state}", "--platform=ptrace", "--network=none"]
+        bundle = Path(tmp) / "bundle"
+        bundle.mkdir()
+        subprocess.run(["runsc", "spec", "--bundle", str(bundle)], check=True)
+        config = json.loads((bundle / "config.json").read_text())
+        config["root"] = {"path": str(root), "readonly": False}
+        config["process"]["terminal"] = False
+        config["process"]["args"] = ["python3", "-c", "pass"]
+        (bundle / "config.json").write_text(json.dumps(config))
+        for i in range(runs):
+            started = time.perf_counter()
+            subprocess.run([*flags, "do", "true"], check=True, capture_output=True)
+            do_times.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            subprocess.run(
+                [*flags, "--overlay", "run", "--bundle", str(bundle), f"raw{i}"],
+                check=True,
+                capture_output=True,
+            )
+            run_times.append(time.perf_counter() - started)
+    return do_times, run_times
+
+
+def memory_of(sandbox_dir: Path, runsc_root: Path) -> tuple[int, int]:
+    """RSS and PSS (bytes) of every host process of one sandbox."""
+    rss = pss = 0
+    for pid in procs.pids_matching(f"--root={runsc_root}", str(sandbox_dir / "bundle")):
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                key, _, value = line.partition(":")
+                if key == "Rss":
+                    rss += int(value.split()[0]) * 1024
+                elif key == "Pss":
+                    pss += int(value.split()[0]) * 1024
+        except OSError:
+            pass
+    return rss, pss
+
+
+async def aamp_figures(settings: Settings, runs: int, idle: int, burst: int) -> dict[str, object]:
+    drivers = {"gvisor": available_drivers(settings)["gvisor"]}
+    out: dict[str, object] = {}
+
+    manager = SandboxManager(settings, ImageStore(settings), drivers, "gvisor")
+    await manager.start()
+    try:
+        cold = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            sb = await manager.create(CreateRequest(image="base"))
+            async with manager.use(sb.id) as channel:
+                result, _, _ = await channel.run(["python3", "-c", "pass"])
+            cold.append(time.perf_counter() - started)
+            assert result.exit_code == 0
+            await manager.destroy(sb.id)
+        out["cold"] = cold
+
+        ids = [(await manager.create(CreateRequest(image="base"))).id for _ in range(idle)]
+        await asyncio.sleep(2)  # let them settle into idle
+        mem = [
+            memory_of(manager.get(i).handle.state_dir, drivers["gvisor"].runsc_root) for i in ids
+        ]
+        out["idle_rss"] = [m[0] for m in mem]
+        out["idle_pss"] = [m[1] for m in mem]
+        for i in ids:
+            await manager.destroy(i)
+
+        started = time.perf_counter()
+        created = await asyncio.gather(
+            *(manager.create(CreateRequest(image="base")) for _ in range(burst))
+        )
+
+        async def answer(sandbox_id: str) -> bool:
+            async with manager.use(sandbox_id) as channel:
+                _, out_, _ = await channel.run(["echo", "ok"])
+            return out_ == b"ok\n"
+
+        answered = await asyncio.gather(*(answer(s.id) for s in created))
+        out["burst_seconds"] = time.perf_counter() - started
+        out["burst_ok"] = sum(answered)
+        for s in created:
+            await manager.destroy(s.id)
+    finally:
+        await manager.shutdown()
+
+    pooled = SandboxManager(
+        settings, ImageStore(settings), drivers, "gvisor", warm_pool={"base": 3}
+    )
+    await pooled.start()
+    try:
+        warm = []
+        for _ in range(runs):
+            while pooled.pool_status().get("base", 0) < 3:  # measure a full pool each time
+                await asyncio.sleep(0.02)
+            started = time.perf_counter()
+            sb = await pooled.create(CreateRequest(image="base"))
+            async with pooled.use(sb.id) as channel:
+                result, _, _ = await channel.run(["true"])
+            warm.append(time.perf_counter() - started)
+            await pooled.destroy(sb.id)
+        out["warm"] = warm
+    finally:
+        await pooled.shutdown()
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--idle", type=int, default=10, help="idle sandboxes for the memory figure")
+    parser.add_argument("--burst", type=int, default=10, help="sandboxes started at once")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("run as root (gVisor sandboxes need it)", file=sys.stderr)
+        return 1
+    settings = Settings.from_env(
+        {**os.environ, "AAMP_RUNTIME_DIR": f"/run/aamp-bench-{os.getpid()}"}
+    )
+    image = ImageStore(settings).get("base")
+    GVisorDriver(settings.runtime_dir)  # fail early if the module is broken
+    do_true, raw_run = raw_runsc(image.root, args.runs)
+    figures = asyncio.run(aamp_figures(settings, args.runs, args.idle, args.burst))
+
+    rows = [
+        ("raw: runsc do true", summary(do_true)),
+        ("raw: runsc run python3 -c pass", summary(raw_run)),
+        ("aamp cold: create + python3 -c pass", summary(figures["cold"])),
+        ("aamp warm pool: create + true", summary(figures["warm"])),
+    ]
+    print(f"\n{'figure':42} {'median':>10} {'p95':>10}   n")
+    for name, s in rows:
+        print(f"{name:42} {s['median_ms']:8.1f}ms {s['p95_ms']:8.1f}ms  {s['n']}")
+    ratio = rows[2][1]["median_ms"] / rows[1][1]["median_ms"]
+    print(f"\ncold start vs raw runsc run (same command, same image): {ratio:.2f}x")
+    rss = statistics.median(figures["idle_rss"]) / 2**20
+    pss = statistics.median(figures["idle_pss"]) / 2**20
+    print(f"host memory per idle sandbox ({args.idle} idle): RSS {rss:.1f} MiB, PSS {pss:.1f} MiB")
+    print(
+        f"{args.burst} sandboxes at once: {figures['burst_seconds']:.2f}s, "
+        f"{figures['burst_ok']}/{args.burst} answered"
+    )
+    RESULTS.mkdir(exist_ok=True)
+    report = {
+        "baseline_runsc_do_true": summary(do_true),
+        "baseline_runsc_run_python": summary(raw_run),
+        "aamp_cold": summary(figures["cold"]),
+        "aamp_warm": summary(figures["warm"]),
+        "cold_vs_raw_ratio": ratio,
+        "idle_rss_mib_median": rss,
+        "idle_pss_mib_median": pss,
+        "burst": {
+            "count": args.burst,
+            "seconds": figures["burst_seconds"],
+            "ok": figures["burst_ok"],
+        },
+    }
+    (RESULTS / "sandbox_start.json").write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
