@@ -1,0 +1,315 @@
+"""The egress rules of one sandbox and the one function that applies them: `decide`.
+
+A destination is a host and a port. Before any rule is consulted the host is brought to one
+canonical spelling, so that no two spellings of one place can be judged differently:
+
+- IDNA: Unicode names are mapped (UTS #46, non-transitional) and encoded to their A-label
+  (punycode) form; `xn--` labels must decode and re-encode to themselves; everything is
+  lower-cased; one trailing dot (`a.test.`) is dropped.
+- Refused outright: whitespace, control characters and NUL, percent-encoding, userinfo (`@`),
+  path or query characters, empty labels, over-long labels or names, IPv6 zone ids, and
+  any host that ends in a number but is not a valid IPv4 address.
+- Hosts that are IP literals in any spelling (`2130706433`, `0x7f.1`, `[::ffff:7f00:1]`) become
+  the address they denote and are only ever matched by a rule that names that address.
+
+Rules are `host`, `*.suffix` or an IP (`10.0.0.5`, `[fd00::1]`), each with an optional `:port`.
+Order of judgement: deny rules (first match), then allow rules (first match), then — for an
+IP literal no rule named — refusal, then `default`. Deny beats allow.
+
+Wildcards and the bare suffix: an *allow* rule `*.corp.example` matches any name below
+`corp.example` (any depth) but not `corp.example` itself; a *deny* rule `*.pastebin.com` matches
+the names below it AND `pastebin.com` itself. The spelling is ambiguous in the wild (TLS
+wildcards exclude the apex, Squid's `.domain` includes it); we read it, in each list, the way
+that refuses more. To allow the apex as well, list it: `["corp.example", "*.corp.example"]`.
+
+After resolution (`check_address`), an address that is loopback, private, CGNAT, ULA,
+link-local, multicast, reserved or metadata is refused unless the deciding rule names the exact
+host (an exact-name or exact-IP allow rule); wildcard and `default: allow` never reach them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import idna
+
+from aamp.egress.addresses import IPAddress, NotAnAddress, classify, parse_ip_literal
+
+if TYPE_CHECKING:
+    from aamp.policy.model import EgressPolicy
+
+Default = Literal["allow", "block"]
+_MAX_NAME = 253
+_MAX_LABEL = 63
+_ASCII_HOST_RE = re.compile(r"^[a-z0-9._-]+$")
+_PORT_RE = re.compile(r"^[1-9][0-9]{0,4}$")
+_FORBIDDEN_EXPLAINED = {
+    "%": "percent-encoding is not accepted in a host",
+    "@": "userinfo (user@host) is not accepted in a host",
+    "/": "a host cannot contain '/'",
+    "\\": "a host cannot contain '\\'",
+    "?": "a host cannot contain '?'",
+    "#": "a host cannot contain '#'",
+    "*": "'*' is only allowed as the first label of a rule",
+}
+
+
+class HostError(ValueError):
+    """A host or rule that cannot name a destination; the message says why."""
+
+
+@dataclass(frozen=True)
+class Host:
+    """A destination host in its one canonical spelling: an A-label name, or an IP address."""
+
+    name: str
+    ip: IPAddress | None = None
+
+    def __str__(self) -> str:
+        if self.ip is not None and self.ip.version == 6:
+            return f"[{self.ip}]"
+        return self.name
+
+
+def _show(raw: str) -> str:
+    """A safe, short rendering of untrusted text for messages (no control bytes)."""
+    text = raw if len(raw) <= 80 else raw[:77] + "..."
+    return ascii(text)
+
+
+def _check_chars(raw: str) -> None:
+    for ch in raw:
+        if ch == "\x00":
+            raise HostError(f"NUL byte in host {_show(raw)}")
+        if ord(ch) < 0x21 or ord(ch) == 0x7F or ch in "\u0085\u00a0\u2028\u2029":
+            raise HostError(f"whitespace or control character in host {_show(raw)}")
+        if ch in _FORBIDDEN_EXPLAINED:
+            raise HostError(f"{_FORBIDDEN_EXPLAINED[ch]}: {_show(raw)}")
+
+
+def _canonical_label(label: str, raw: str) -> str:
+    if not label:
+        raise HostError(f"empty label in host {_show(raw)}")
+    if len(label) > _MAX_LABEL:
+        raise HostError(f"a label longer than {_MAX_LABEL} characters in {_show(raw)}")
+    if label.startswith("xn--"):
+        try:
+            again = idna.encode(idna.decode(label)).decode("ascii")
+        except (idna.IDNAError, UnicodeError) as exc:
+            raise HostError(f"{label!r} is not a valid punycode label: {exc}") from None
+        if again != label:
+            raise HostError(f"{label!r} is not the canonical punycode spelling ({again!r})")
+    return label
+
+
+def normalize_host(raw: str) -> Host:
+    """The canonical `Host` for `raw` (no port), or `HostError` saying why it is refused."""
+    if not isinstance(raw, str):
+        raise HostError(f"a host must be text, got {type(raw).__name__}")
+    if raw == "":
+        raise HostError("empty host")
+    if len(raw) > 2 * _MAX_NAME:
+        raise HostError(f"host too long ({len(raw)} characters)")
+    if raw.startswith("["):
+        if not raw.endswith("]") or raw.count("[") != 1 or raw.count("]") != 1:
+            raise HostError(f"unbalanced brackets in host {_show(raw)}")
+        if "%" in raw:
+            raise HostError(f"IPv6 zone ids are not accepted: {_show(raw)}")
+        _check_chars(raw[1:-1].replace(":", ""))
+        try:
+            address = parse_ip_literal(raw)
+        except NotAnAddress as exc:
+            raise HostError(str(exc)) from None
+        if address is None or address.version != 6:
+            raise HostError(f"only IPv6 addresses go in brackets: {_show(raw)}")
+        return Host(str(address), address)
+    _check_chars(raw)
+    if ":" in raw:
+        raise HostError(f"an IPv6 address must be written in brackets: {_show(raw)}")
+    if raw.isascii():
+        text = raw.lower()
+    else:
+        try:
+            text = idna.encode(raw, uts46=True, transitional=False, std3_rules=True).decode()
+        except (idna.IDNAError, UnicodeError) as exc:
+            raise HostError(f"{_show(raw)} is not a valid internationalised name: {exc}") from None
+        _check_chars(text)
+    if text.endswith("."):
+        text = text[:-1]
+    if not _ASCII_HOST_RE.match(text or "-"):
+        raise HostError(f"a host may only contain letters, digits, '.', '-' and '_': {_show(raw)}")
+    try:
+        address = parse_ip_literal(text)
+    except NotAnAddress as exc:
+        raise HostError(str(exc)) from None
+    if address is not None:
+        return Host(str(address), address)
+    labels = [_canonical_label(label, raw) for label in text.split(".")]
+    name = ".".join(labels)
+    if len(name) > _MAX_NAME:
+        raise HostError(f"host name longer than {_MAX_NAME} characters")
+    return Host(name)
+
+
+def parse_port(text: str) -> int:
+    """A TCP port from its decimal text: 1..65535, digits only, no sign or leading zero."""
+    if not _PORT_RE.match(text) or int(text) > 65535:
+        raise HostError(f"invalid port {_show(text)}: expected 1..65535")
+    return int(text)
+
+
+def split_host_port(text: str) -> tuple[str, str | None]:
+    """`host[:port]` / `[v6][:port]` → (host, port text or None). No normalisation."""
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            raise HostError(f"unbalanced brackets in {_show(text)}")
+        rest = text[end + 1 :]
+        if rest == "":
+            return text, None
+        if not rest.startswith(":"):
+            raise HostError(f"unexpected text after ']' in {_show(text)}")
+        return text[: end + 1], rest[1:]
+    if text.count(":") > 1:
+        raise HostError(f"an IPv6 address must be written in brackets: {_show(text)}")
+    if ":" in text:
+        host, port = text.split(":")
+        return host, port
+    return text, None
+
+
+@dataclass(frozen=True)
+class HostPattern:
+    """One rule: an exact host, a `*.suffix` wildcard, or an exact IP; optional port."""
+
+    text: str
+    host: str  # canonical host; for a wildcard, the suffix without "*."
+    wildcard: bool = False
+    ip: IPAddress | None = None
+    port: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> HostPattern:
+        if not isinstance(text, str):
+            raise HostError(f"a rule must be text, got {type(text).__name__}")
+        if text != text.strip() or text == "":
+            raise HostError(f"a rule cannot be empty or have surrounding spaces: {_show(text)}")
+        host_text, port_text = split_host_port(text)
+        port = parse_port(port_text) if port_text is not None else None
+        if host_text.startswith("*."):
+            host = normalize_host(host_text[2:])
+            if host.ip is not None:
+                raise HostError(f"a wildcard cannot cover IP addresses: {_show(text)}")
+            return cls(text, host.name, wildcard=True, port=port)
+        host = normalize_host(host_text)
+        if host.ip is not None and host.ip.version == 4 and host_text.rstrip(".") != host.name:
+            raise HostError(f"write the address as {host.name}, not {_show(host_text)}")
+        return cls(text, host.name, ip=host.ip, port=port)
+
+    @property
+    def canonical(self) -> str:
+        """The rule in canonical ASCII (A-labels, lower case), as logs and headers show it."""
+        host = f"[{self.ip}]" if self.ip is not None and self.ip.version == 6 else self.host
+        text = f"*.{host}" if self.wildcard else host
+        return text if self.port is None else f"{text}:{self.port}"
+
+    def matches(self, host: Host, port: int, *, include_apex: bool = False) -> bool:
+        if self.port is not None and self.port != port:
+            return False
+        if self.ip is not None or host.ip is not None:
+            return self.ip is not None and host.ip is not None and self.ip == host.ip
+        if self.wildcard:
+            if host.name.endswith("." + self.host):
+                return True
+            return include_apex and host.name == self.host
+        return host.name == self.host
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What `decide` concluded: `rule` names exactly what decided (e.g. `deny[0] *.pastebin.com`,
+    `default: block`), `reason` says it in words. `exact` is true when an allow rule names this
+    exact host or IP, which is what lets it reach non-public addresses."""
+
+    allowed: bool
+    rule: str
+    reason: str
+    exact: bool = False
+
+
+@dataclass(frozen=True)
+class EgressRules:
+    """An immutable rule set; replace the whole set to change rules (`EgressProxy.update_rules`)."""
+
+    default: Default = "block"
+    allow: tuple[HostPattern, ...] = ()
+    deny: tuple[HostPattern, ...] = ()
+    max_bytes_out: int | None = None
+
+    @classmethod
+    def from_lists(
+        cls,
+        default: Default = "block",
+        allow: Iterable[str] = (),
+        deny: Iterable[str] = (),
+        max_bytes_out: int | None = None,
+    ) -> EgressRules:
+        """Build from rule text; raises `HostError` naming the list and index that is wrong."""
+        if default not in ("allow", "block"):
+            raise HostError(f"default must be 'allow' or 'block', got {default!r}")
+        parsed: dict[str, list[HostPattern]] = {"allow": [], "deny": []}
+        for list_name, items in (("allow", allow), ("deny", deny)):
+            for index, text in enumerate(items):
+                try:
+                    parsed[list_name].append(HostPattern.parse(text))
+                except HostError as exc:
+                    raise HostError(f"{list_name}[{index}]: {exc}") from None
+        if max_bytes_out is not None and max_bytes_out < 0:
+            raise HostError("max_bytes_out cannot be negative")
+        return cls(default, tuple(parsed["allow"]), tuple(parsed["deny"]), max_bytes_out)
+
+    @classmethod
+    def from_policy(cls, egress: EgressPolicy) -> EgressRules:
+        return cls.from_lists(egress.default, egress.allow, egress.deny, egress.max_bytes_out)
+
+    def decide(self, host: str | Host, port: int) -> Decision:
+        """Judge one destination. Never raises: a host that cannot be judged is refused."""
+        try:
+            target = host if isinstance(host, Host) else normalize_host(host)
+        except HostError as exc:
+            return Decision(False, "invalid host", str(exc))
+        if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+            return Decision(False, "invalid port", f"port {port!r} is not in 1..65535")
+        where = f"{target}:{port}"
+        for index, pattern in enumerate(self.deny):
+            if pattern.matches(target, port, include_apex=True):
+                rule = f"deny[{index}] {pattern.canonical}"
+                return Decision(False, rule, f"{where} is denied by {rule}")
+        for index, pattern in enumerate(self.allow):
+            if pattern.matches(target, port):
+                rule = f"allow[{index}] {pattern.canonical}"
+                return Decision(True, rule, f"{where} is allowed by {rule}", not pattern.wildcard)
+        if target.ip is not None:
+            return Decision(
+                False, "ip-literal", f"{where} is an IP literal and no rule names that address"
+            )
+        if self.default == "allow":
+            return Decision(True, "default: allow", f"{where} matches no rule; default is allow")
+        return Decision(False, "default: block", f"{where} matches no rule; default is block")
+
+    def check_address(self, decision: Decision, host: str, address: IPAddress) -> Decision:
+        """Judge the address a name resolved to, after `decide` allowed the name."""
+        if not decision.allowed:
+            return decision
+        verdict = classify(address)
+        if verdict.public or decision.exact:
+            return decision
+        return Decision(
+            False,
+            f"address: {verdict.kind.value}",
+            f"{host} resolved to {address}: {verdict.describe()}; only a rule naming this "
+            f"exact host may reach it (allowed by {decision.rule})",
+        )

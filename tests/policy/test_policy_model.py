@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from aamp.policy import Policy, PolicyError, parse_policy
+from aamp.sandbox.driver import Resources
+
+PRODUCT_EXAMPLE = """\
+name: finance-reports
+egress:                       # 1. which domains it can reach
+  default: block              #    block | allow
+  allow: ["crm.internal.example", "*.corp.example:443"]
+  deny:  ["*.pastebin.com"]   #    deny beats allow
+services: [crm-api]           # 2. which services it can call
+image: browser                # 3. which dependencies exist inside
+packages: ["tabulate==0.9.0"] #    extra Python packages
+data:                         # 4. what data enters or leaves
+  inbound:  {max_bytes: 50MB, types: [csv, xlsx, pdf]}
+  outbound: {max_bytes: 20MB, types: [pdf, xlsx], approval: false}
+lifetime: {ttl: 15m, idle: 5m}          # 5. how long the environment lives
+resources: {cpus: 1, memory: 1GiB, pids: 256, disk: 2GiB}
+"""
+
+
+def test_the_product_example_parses():
+    policy = parse_policy(PRODUCT_EXAMPLE)
+    assert policy.name == "finance-reports"
+    assert policy.egress.default == "block"
+    assert policy.egress.allow == ("crm.internal.example", "*.corp.example:443")
+    assert policy.egress.deny == ("*.pastebin.com",)
+    assert policy.egress.max_bytes_out is None
+    assert policy.services == ("crm-api",)
+    assert policy.image == "browser"
+    assert policy.packages == ("tabulate==0.9.0",)
+    assert policy.data.inbound.max_bytes == 50_000_000
+    assert policy.data.inbound.types == ("csv", "xlsx", "pdf")
+    assert policy.data.outbound.approval is False
+    assert (policy.lifetime.ttl_seconds, policy.lifetime.idle_seconds) == (900, 300)
+    assert policy.resources.to_driver() == Resources(
+        cpus=1.0, memory_bytes=1024**3, pids=256, disk_bytes=2 * 1024**3
+    )
+
+
+def test_values_are_frozen():
+    policy = parse_policy(PRODUCT_EXAMPLE)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        policy.name = "other"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        policy.egress.default = "allow"  # type: ignore[misc]
+
+
+def test_omitted_sections_get_safe_defaults():
+    policy = parse_policy("name: minimal\n")
+    assert policy.egress.default == "block"
+    assert policy.egress.allow == () and policy.egress.deny == ()
+    assert policy.services == () and policy.packages == ()
+    assert policy.image == "base"
+    assert policy.data.inbound.types == () and policy.data.outbound.types == ()
+    assert policy.lifetime.ttl_seconds == 900
+    assert policy.resources.to_driver() == Resources()
+    assert Policy.from_dict({"name": "minimal"}) == policy
+
+
+def test_max_bytes_out_and_default_allow():
+    policy = parse_policy("name: p\negress: {default: allow, max_bytes_out: 5MiB}\n")
+    assert policy.egress.default == "allow" and policy.egress.max_bytes_out == 5 * 1024**2
+
+
+@pytest.mark.parametrize(
+    ("text", "path", "fragment"),
+    [
+        ("name: p\negres: {}\n", "egres", "unknown key"),
+        ("name: p\negress: {default: maybe}\n", "egress.default", "block"),
+        ("name: p\negress: {allow: [a.test, b.test, 'bad host']}\n", "egress.allow[2]", "space"),
+        ("name: p\negress: {deny: ['127.1']}\n", "egress.deny[0]", "127.0.0.1"),
+        ("name: p\negress: {allow: [a.test, a.test]}\n", "egress.allow[1]", "twice"),
+        ("name: p\negress: {allow: a.test}\n", "egress.allow", "list"),
+        ("name: p\negress: {wat: 1}\n", "egress.wat", "unknown key"),
+        ("name: p\negress: {max_bytes_out: lots}\n", "egress.max_bytes_out", "size"),
+        ("name: p\nservices: [Bad Name]\n", "services[0]", "service"),
+        ("name: p\nimage: 'Not/Valid'\n", "image", "image"),
+        ("name: p\npackages: [requests]\n", "packages[0]", "name==version"),
+        ("name: p\npackages: ['x>=1']\n", "packages[0]", "name==version"),
+        ("name: p\ndata: {inbound: {max_bytes: 5XB}}\n", "data.inbound.max_bytes", "unit"),
+        ("name: p\ndata: {inbound: {approval: true}}\n", "data.inbound.approval", "unknown"),
+        ("name: p\ndata: {outbound: {approval: maybe}}\n", "data.outbound.approval", "true"),
+        ("name: p\ndata: {outbound: {types: [PDF]}}\n", "data.outbound.types[0]", "file type"),
+        ("name: p\nlifetime: {ttl: 15x}\n", "lifetime.ttl", "duration"),
+        ("name: p\nlifetime: {ttl: 1m, idle: 5m}\n", "lifetime.idle", "longer than ttl"),
+        ("name: p\nlifetime: {ttl: 0s}\n", "lifetime.ttl", "longer than zero"),
+        ("name: p\nresources: {cpus: 0}\n", "resources.cpus", "(0, 64]"),
+        ("name: p\nresources: {cpus: true}\n", "resources.cpus", "number"),
+        ("name: p\nresources: {memory: 1MiB}\n", "resources.memory", "64MiB"),
+        ("name: p\nresources: {pids: 1}\n", "resources.pids", "[8, 65536]"),
+        ("name: p\nresources: {disk: 1kB}\n", "resources.disk", "16MiB"),
+        ("name: p\nresources: {gpus: 1}\n", "resources.gpus", "unknown key"),
+        ("egress: {}\n", "name", "required"),
+        ("name: 'Has Spaces'\n", "name", "valid name"),
+        ("- just\n- a list\n", "", "mapping"),
+        ("name: p\nname: q\n", "", "duplicate key"),
+        ("name: p\negress: {deny: [a.test], deny: []}\n", "", "duplicate key"),
+        ("name: [unclosed\n", "", "YAML"),
+    ],
+)
+def test_errors_name_the_field(text, path, fragment):
+    with pytest.raises(PolicyError) as info:
+        parse_policy(text)
+    paths = [p for p, _ in info.value.problems]
+    assert path in paths, info.value.problems
+    message = next(m for p, m in info.value.problems if p == path)
+    assert fragment in message or fragment in str(info.value)
+    if path:
+        assert f"{path}: " in str(info.value)
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(PolicyError) as info:
+        parse_policy("name: p\negress: {default: nope, allow: ['a b']}\nimage: 'X'\n")
+    assert [p for p, _ in info.value.problems] == ["egress.default", "egress.allow[0]", "image"]
