@@ -27,7 +27,6 @@ from pathlib import Path
 
 from aamp.config import Settings
 from aamp.sandbox import procs
-from aamp.sandbox.drivers import available_drivers
 from aamp.sandbox.gvisor import GVisorDriver
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.manager import CreateRequest, SandboxManager
@@ -86,7 +85,7 @@ def memory_of(sandbox_dir: Path, runsc_root: Path) -> tuple[int, int]:
 
 
 async def aamp_figures(settings: Settings, runs: int, idle: int, burst: int) -> dict[str, object]:
-    drivers = {"gvisor": available_drivers(settings)["gvisor"]}
+    drivers = {"gvisor": GVisorDriver(settings.runtime_dir)}
     out: dict[str, object] = {}
 
     manager = SandboxManager(settings, ImageStore(settings), drivers, "gvisor")

@@ -14,7 +14,7 @@ import sys
 import threading
 
 from aamp.config import Settings
-from aamp.sandbox.drivers import available_drivers
+from aamp.sandbox.gvisor import GVisorDriver
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.manager import CreateRequest, SandboxManager
 
@@ -91,7 +91,7 @@ def control_reachability() -> dict[str, str]:
 
 
 async def probe_from_guest(settings: Settings) -> dict[str, object]:
-    drivers = {"gvisor": available_drivers(settings)["gvisor"]}
+    drivers = {"gvisor": GVisorDriver(settings.runtime_dir)}
     manager = SandboxManager(settings, ImageStore(settings), drivers, "gvisor")
     await manager.start()
     try:

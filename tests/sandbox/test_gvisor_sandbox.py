@@ -14,20 +14,46 @@ import pytest
 from aamp.sandbox import procs
 from aamp.sandbox.channel import ChannelError
 from aamp.sandbox.driver import MiB, Resources
-from aamp.sandbox.drivers import available_drivers
+from aamp.sandbox.gvisor import GVisorDriver
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.manager import CreateRequest, InvalidRequest, SandboxManager, UnknownSandbox
 
 pytestmark = pytest.mark.usefixtures("base_image")
 
 
+class EventsForTests:
+    """Keeps the manager's lifecycle events in memory (the audit log does this for real)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, dict[str, object]]] = []
+
+    async def record(self, action: str, resource: str, details: dict[str, object]) -> None:
+        self.events.append((action, resource, details))
+
+    def reasons(self, sandbox_id: str) -> list[object]:
+        return [
+            d.get("reason") for a, r, d in self.events if r == sandbox_id and a.endswith("destroy")
+        ]
+
+
 @pytest.fixture
-async def manager(settings):
-    drivers = {"gvisor": available_drivers(settings)["gvisor"]}
-    m = SandboxManager(settings, ImageStore(settings), drivers, "gvisor", tick=0.1)
+def events():
+    return EventsForTests()
+
+
+@pytest.fixture
+async def manager(settings, events):
+    drivers = {"gvisor": GVisorDriver(settings.runtime_dir)}
+    m = SandboxManager(settings, ImageStore(settings), drivers, "gvisor", tick=0.1, recorder=events)
     await m.start()
     yield m
     await m.shutdown()
+
+
+async def wait_gone(manager, sandbox_id: str, seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and sandbox_id in {s.id for s in manager.list()}:
+        await asyncio.sleep(0.05)
 
 
 def leftovers(settings, sandbox_id: str) -> list[str]:
@@ -82,7 +108,7 @@ async def test_no_other_sandbox_is_visible(manager):
     assert b"sleep 1234" not in ps
 
 
-async def test_memory_hog_kills_only_its_own_sandbox(manager):
+async def test_memory_hog_kills_only_its_own_sandbox(manager, events, settings):
     small = Resources(memory_bytes=256 * MiB)
     hog = await manager.create(CreateRequest(image="base", resources=small))
     bystander = await manager.create(CreateRequest(image="base"))
@@ -95,17 +121,23 @@ async def test_memory_hog_kills_only_its_own_sandbox(manager):
         except ChannelError:
             hog_succeeded = False  # the whole sandbox died with it: that is containment too
     assert not hog_succeeded
+    await wait_gone(manager, hog.id)
+    assert events.reasons(hog.id) == ["stopped: it reached its memory limit"]
+    assert leftovers(settings, hog.id) == []
     async with manager.use(bystander.id) as channel:
         _, out, _ = await channel.run(["python3", "-c", "print(6*7)"])
     assert out == b"42\n"
 
 
-async def test_fork_bomb_is_contained(manager):
+async def test_fork_bomb_is_contained(manager, events, settings):
     bomb = await manager.create(CreateRequest(image="base", resources=Resources(pids=64)))
     bystander = await manager.create(CreateRequest(image="base"))
     async with manager.use(bomb.id) as channel:
         with contextlib.suppress(ChannelError):  # the sandbox may die of it: contained
             await channel.run(["sh", "-c", "b() { b | b & }; b"], timeout=10)
+    await wait_gone(manager, bomb.id)
+    assert events.reasons(bomb.id) == ["stopped: it reached its process limit"]
+    assert leftovers(settings, bomb.id) == []
     async with manager.use(bystander.id) as channel:
         _, out, _ = await channel.run(["echo", "alive"])
     assert out == b"alive\n"
@@ -124,9 +156,7 @@ async def test_destroy_leaves_nothing(manager, settings):
 
 async def test_ttl_expiry_destroys_the_sandbox(manager, settings):
     sb = await manager.create(CreateRequest(image="base", ttl=1))
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and sb.id in {s.id for s in manager.list()}:
-        await asyncio.sleep(0.1)
+    await wait_gone(manager, sb.id)
     assert sb.id not in {s.id for s in manager.list()}
     assert leftovers(settings, sb.id) == []
 
@@ -158,7 +188,7 @@ async def test_bad_requests_change_nothing(manager):
 
 
 async def test_warm_pool_hands_out_running_sandboxes(settings):
-    drivers = {"gvisor": available_drivers(settings)["gvisor"]}
+    drivers = {"gvisor": GVisorDriver(settings.runtime_dir)}
     m = SandboxManager(settings, ImageStore(settings), drivers, "gvisor", warm_pool={"base": 2})
     await m.start()
     try:

@@ -21,6 +21,7 @@ Contract:
 - `reap(runtime_dir)` removes everything an earlier host process left behind (after a crash):
   it must work from on-disk state alone.
 - `snapshot` may raise `SnapshotUnsupported`.
+- `exited(handle)` tells, cheaply, whether a guest stopped by itself and why.
 - `probe()` says whether the driver can work on this host, in plain words.
 """
 
@@ -112,6 +113,11 @@ class Driver(abc.ABC):
     ) -> SandboxHandle:
         """Start a guest from `image` whose guest agent will dial `channel_path(state_dir)`,
         on which the host already listens. `state_dir` exists and belongs to this sandbox."""
+
+    @abc.abstractmethod
+    def exited(self, handle: SandboxHandle) -> str | None:
+        """None while the guest runs; once it has stopped by itself (out of memory, process
+        limit, crash), plain words saying why as far as the host can tell."""
 
     @abc.abstractmethod
     async def destroy(self, handle: SandboxHandle) -> None: ...

@@ -113,7 +113,21 @@ class GVisorDriver(Driver):
             tail = log_path.read_text(errors="replace")[-2000:]
             await self.destroy(handle)
             raise DriverError(f"runsc could not start sandbox {sandbox_id} (exit {rc}): {tail}")
+        # The sandbox process (the gVisor kernel) is what dies when the guest is killed.
+        handle.pid = next(
+            (
+                pid
+                for pid in procs.pids_matching(f"--root={self.runsc_root}", str(bundle))
+                if procs.cmdline(pid)[:1] == ["runsc-sandbox"]
+            ),
+            None,
+        )
         return handle
+
+    def exited(self, handle: SandboxHandle) -> str | None:
+        if handle.pid is None or procs.pid_alive(handle.pid):
+            return None
+        return _death_reason(self.cgroup_parent, handle.sandbox_id)
 
     async def destroy(self, handle: SandboxHandle) -> None:
         await self._remove(handle.sandbox_id, handle.state_dir)
@@ -267,6 +281,22 @@ def _record_driver(state_dir: Path) -> str | None:
         return json.loads((state_dir / "record.json").read_text()).get("driver")
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def _death_reason(parent: str, sandbox_id: str) -> str:
+    """Why a sandbox stopped, from the counters its cgroups kept."""
+    try:
+        if int((CGROUP_ROOT / "memory" / parent / sandbox_id / "memory.failcnt").read_text()):
+            return "it reached its memory limit"
+    except (OSError, ValueError):
+        pass
+    try:
+        events = (CGROUP_ROOT / "pids" / parent / sandbox_id / "pids.events").read_text()
+        if int(events.split()[1]) > 0:
+            return "it reached its process limit"
+    except (OSError, ValueError, IndexError):
+        pass
+    return "its guest exited"
 
 
 def _controllers() -> list[Path]:

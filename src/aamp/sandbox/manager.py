@@ -68,6 +68,11 @@ class InvalidRequest(SandboxError):
     status = 400
 
 
+class SandboxStopped(SandboxError):
+    code = "sandbox_stopped"
+    status = 410
+
+
 class SandboxUnavailable(SandboxError):
     code = "sandbox_unavailable"
     status = 503
@@ -263,6 +268,7 @@ class SandboxManager:
     async def use(self, sandbox_id: str) -> AsyncIterator[GuestChannel]:
         """Borrow a sandbox's channel; while borrowed the sandbox is not idle."""
         sandbox = self.get(sandbox_id)
+        await self._check_alive(sandbox)
         sandbox.active_uses += 1
         try:
             yield sandbox.channel
@@ -275,6 +281,17 @@ class SandboxManager:
         del self._sandboxes[sandbox_id]
         await self._teardown(sandbox, reason=reason)
         await self.recorder.record("sandbox.destroy", sandbox_id, {"reason": reason})
+
+    async def _check_alive(self, sandbox: Sandbox) -> None:
+        """A guest that stopped by itself is destroyed at once, and the caller told why."""
+        if sandbox.channel.connected:
+            return
+        why = self.drivers[sandbox.driver].exited(sandbox.handle)
+        if why is None:
+            return
+        if sandbox.id in self._sandboxes:
+            await self.destroy(sandbox.id, reason=f"stopped: {why}")
+        raise SandboxStopped(f"sandbox {sandbox.id} has stopped: {why}")
 
     async def _boot(self, driver_name: str, image_name: str, resources: Resources) -> Sandbox:
         driver = self.drivers[driver_name]
@@ -364,9 +381,15 @@ class SandboxManager:
             await asyncio.sleep(self.tick)
             now = time.monotonic()
             for sandbox in list(self._sandboxes.values()):
-                reason = sandbox.expiry_reason(now)
-                if reason and sandbox.id in self._sandboxes:
-                    try:
+                if sandbox.id not in self._sandboxes:
+                    continue
+                try:
+                    reason = sandbox.expiry_reason(now)
+                    if reason:
                         await self.destroy(sandbox.id, reason=reason)
-                    except Exception:  # keep the clock running whatever one teardown does
-                        log.exception("destroying expired sandbox %s failed", sandbox.id)
+                    else:
+                        await self._check_alive(sandbox)
+                except SandboxStopped:
+                    pass  # destroyed and recorded by _check_alive
+                except Exception:  # keep the clock running whatever one teardown does
+                    log.exception("lifetime check of sandbox %s failed", sandbox.id)
