@@ -11,6 +11,8 @@ import os
 import secrets
 import shutil
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -71,3 +73,22 @@ def base_image() -> object:
 @pytest.fixture(scope="session")
 def browser_image() -> object:
     return _build("browser")
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[object]:
+    """One real PostgreSQL server for the whole run, started from Debian's binaries."""
+    from aamp.store.pgtemp import TemporaryPostgres
+
+    with TemporaryPostgres() as pg:
+        yield pg
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Each store test runs on a SQLite file and on a fresh database of the real server."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/aamp.db"
+    pg = request.getfixturevalue("postgres_server")
+    url = pg.create_database(f"t_{uuid.uuid4().hex[:12]}")
+    return url.render_as_string(hide_password=False)

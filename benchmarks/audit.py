@@ -1,0 +1,231 @@
+"""Audit log figures: durable appends/s (group commit vs one transaction per record) and
+`verify` time for 1,000,000 records. Prints a table, writes benchmarks/results/audit.json.
+
+    python benchmarks/audit.py                    # SQLite
+    python benchmarks/audit.py --postgres         # and a throwaway local PostgreSQL
+    python benchmarks/audit.py --verify-records 100000 --quick
+
+Every append counted here is durable when acknowledged (SQLite WAL + synchronous=FULL,
+PostgreSQL synchronous_commit=on). Figures are measured, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import insert
+
+from aamp.audit import AuditLog, CheckpointSigner, verify
+from aamp.audit.canonical import record_hash
+from aamp.audit.record import make_event
+from aamp.store import Store
+from aamp.store.pgtemp import TemporaryPostgres
+from aamp.store.tables import AuditRecordRow
+from aamp.store.timestamps import now
+
+RESULTS = Path(__file__).parent / "results" / "audit.json"
+
+
+def _event_kwargs(i: int) -> dict[str, Any]:
+    return {
+        "actor": f"user:u{i % 50}",
+        "action": "sandbox.exec",
+        "resource": f"sandbox:sb-{i % 4096:012x}",
+        "decision": "allow",
+        "reason": "grant run on agent finance-reports",
+        "request_id": f"req-{i}",
+        "details": {"argv": ["python", "report.py"], "exit": 0, "ms": i % 1000},
+    }
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def group_commit(url: str, appenders: int, records: int) -> dict[str, Any]:
+    store = Store.from_url(url)
+    log = AuditLog(store, CheckpointSigner.generate())
+    batch_ms: list[float] = []
+    sizes: list[int] = []
+    original = log._commit_batch
+
+    def timed(events):  # type: ignore[no-untyped-def]
+        t = time.perf_counter()
+        out = original(events)
+        batch_ms.append((time.perf_counter() - t) * 1000)
+        sizes.append(len(events))
+        return out
+
+    log._commit_batch = timed  # type: ignore[method-assign]
+    await log.start()
+
+    async def worker(k: int) -> None:
+        for i in range(k, records, appenders):
+            await log.append(**_event_kwargs(i))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(k) for k in range(appenders)))
+    elapsed = time.perf_counter() - started
+    await log.close()
+    store.close()
+    return {
+        "appenders": appenders,
+        "records": records,
+        "records_per_s": records / elapsed,
+        "batches": len(sizes),
+        "mean_batch_size": statistics.fmean(sizes),
+        "batch_commit_ms_p50": statistics.median(batch_ms),
+        "batch_commit_ms_p95": _pct(batch_ms, 0.95),
+    }
+
+
+def one_transaction_per_record(url: str, records: int) -> dict[str, Any]:
+    """Baseline: each record its own durable transaction (what a naive log does)."""
+    store = Store.from_url(url)
+    table = AuditRecordRow.__table__
+    prev = "0" * 64
+    started = time.perf_counter()
+    for i in range(records):
+        ev = make_event(**_event_kwargs(i))
+        t = now()
+        h = record_hash(
+            i + 1,
+            t,
+            ev.actor,
+            ev.action,
+            ev.resource,
+            ev.decision,
+            ev.reason,
+            ev.request_id,
+            ev.details_json,
+            prev,
+        )
+        with store.write_connection() as conn:
+            conn.execute(
+                insert(table),
+                {
+                    "seq": i + 1,
+                    "time": t,
+                    "actor": ev.actor,
+                    "action": ev.action,
+                    "resource": ev.resource,
+                    "decision": ev.decision,
+                    "reason": ev.reason,
+                    "request_id": ev.request_id,
+                    "details": ev.details_json,
+                    "prev_hash": prev,
+                    "hash": h,
+                },
+            )
+        prev = h
+    elapsed = time.perf_counter() - started
+    store.close()
+    return {"records": records, "records_per_s": records / elapsed}
+
+
+def verify_million(url: str, records: int) -> dict[str, Any]:
+    store = Store.from_url(url)
+    signer = CheckpointSigner.generate()
+    log = AuditLog(store, signer)
+    fill_started = time.perf_counter()
+    batch = 5000
+    for start in range(0, records, batch):
+        log._commit_batch(
+            [make_event(**_event_kwargs(i)) for i in range(start, min(records, start + batch))]
+        )
+    fill = time.perf_counter() - fill_started
+    report = verify(store, signer.trusted_keys())
+    store.close()
+    if not report.ok:
+        raise SystemExit(f"verify failed on a clean chain: {report.summary()}")
+    return {
+        "records": report.records,
+        "checkpoints": report.checkpoints,
+        "verify_s": report.seconds,
+        "verify_records_per_s": report.records / report.seconds,
+        "fill_s": fill,
+    }
+
+
+def run_backend(name: str, new_url: Any, args: argparse.Namespace) -> dict[str, Any]:
+    scale = 0.2 if args.quick else 1.0
+    plan = {1: int(2000 * scale), 10: int(10000 * scale), 100: int(50000 * scale)}
+    result: dict[str, Any] = {"group_commit": [], "baseline": None, "verify": None}
+    for appenders, n in plan.items():
+        r = asyncio.run(group_commit(new_url(), appenders, n))
+        result["group_commit"].append(r)
+        print(f"  [{name}] {appenders:>3} appenders: {r['records_per_s']:>9.0f} rec/s", flush=True)
+    result["baseline"] = one_transaction_per_record(new_url(), int(2000 * scale))
+    print(f"  [{name}] baseline: {result['baseline']['records_per_s']:.0f} rec/s", flush=True)
+    if args.verify_records:
+        result["verify"] = verify_million(new_url(), args.verify_records)
+        print(
+            f"  [{name}] verify {args.verify_records}: {result['verify']['verify_s']:.2f}s",
+            flush=True,
+        )
+    return result
+
+
+def print_table(results: dict[str, Any]) -> None:
+    print()
+    print(f"{'backend':<11}{'mode':<28}{'records/s':>11}{'batch p50 ms':>14}{'batch p95 ms':>14}")
+    for backend, res in results["backends"].items():
+        for r in res["group_commit"]:
+            mode = f"group commit, {r['appenders']} appenders"
+            print(
+                f"{backend:<11}{mode:<28}{r['records_per_s']:>11.0f}"
+                f"{r['batch_commit_ms_p50']:>14.2f}{r['batch_commit_ms_p95']:>14.2f}"
+            )
+        b = res["baseline"]
+        print(f"{backend:<11}{'1 transaction per record':<28}{b['records_per_s']:>11.0f}")
+        v = res["verify"]
+        if v:
+            print(
+                f"{backend:<11}{'verify ' + str(v['records']) + ' records':<28}"
+                f"{v['verify_s']:>10.2f}s"
+            )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--postgres", action="store_true", help="also run on a local PostgreSQL")
+    ap.add_argument("--verify-records", type=int, default=1_000_000)
+    ap.add_argument("--quick", action="store_true", help="fewer appends (a smoke run)")
+    args = ap.parse_args()
+    results: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "machine": platform.platform(),
+        "backends": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="aamp-bench-") as tmp:
+        counter = iter(range(1_000_000))
+        results["backends"]["sqlite"] = run_backend(
+            "sqlite", lambda: f"sqlite:///{tmp}/bench-{next(counter)}.db", args
+        )
+    if args.postgres:
+        with TemporaryPostgres() as pg:
+            counter = iter(range(1_000_000))
+
+            def pg_url() -> str:
+                u = pg.create_database(f"bench_{next(counter)}")
+                return u.render_as_string(hide_password=False)
+
+            results["backends"]["postgresql"] = run_backend("postgresql", pg_url, args)
+    print_table(results)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nwrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""The tamper-evident audit log: append-only, hash-chained, durably written, signed checkpoints.
+
+Public surface:
+
+- `AuditSink` — the interface every other part records through (`await sink.record(...)`).
+- `AuditLog` — the implementation (group-committed single writer; see `log.py`).
+- `verify(store, keys)` / `export(store, out, since=...)` / `verify_export(path, keys)`.
+- `canonical` — the exact encoding that is hashed (the spec, in its docstring).
+"""
+
+from aamp.audit.chain import Problem, VerifyReport
+from aamp.audit.export import ExportFormatError, export, verify_export
+from aamp.audit.log import AuditClosed, AuditLog, AuditWriteError
+from aamp.audit.record import AuditInputError, AuditRecord, AuditSink, Decision
+from aamp.audit.signing import SIGNING_KEY_FILENAME, CheckpointSigner
+from aamp.audit.verify import verify
+
+__all__ = [
+    "SIGNING_KEY_FILENAME",
+    "AuditClosed",
+    "AuditInputError",
+    "AuditLog",
+    "AuditRecord",
+    "AuditSink",
+    "AuditWriteError",
+    "CheckpointSigner",
+    "Decision",
+    "ExportFormatError",
+    "Problem",
+    "VerifyReport",
+    "export",
+    "verify",
+    "verify_export",
+]

@@ -1,0 +1,211 @@
+"""The chain checker shared by `verify` (database) and `verify_export` (file).
+
+Fed records in the order they claim (by seq), it finds the FIRST problem and says precisely
+what it is:
+
+- `removed`: a seq is missing (the chain jumps), or records at the end are gone although the
+  head row or a signed checkpoint says they existed;
+- `edited`: a record's contents no longer hash to its stored hash;
+- `reordered`: a record sits at a seq it was not written at (its contents hash correctly only
+  with another seq, found by searching nearby seqs);
+- `relinked`: a record hashes correctly but does not follow its predecessor (one of the two
+  was rewritten with its hash recomputed, or records were removed and renumbered);
+- `checkpoint`: a signed checkpoint does not match the record at its seq, or its signature is
+  invalid or by an unknown key (a rewrite with recomputed hashes shows up here).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from aamp.audit.canonical import GENESIS_HASH, encode
+from aamp.audit.signing import verify_signature
+
+REORDER_SEARCH_WINDOW = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    seq: int
+    hash: str
+    key_id: str
+    signature: str
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """The first bad record: its seq, what kind of damage, and a sentence for humans."""
+
+    seq: int
+    kind: str
+    message: str
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    ok: bool
+    records: int
+    checkpoints: int
+    first_seq: int | None
+    last_seq: int | None
+    last_hash: str | None
+    problem: Problem | None
+    seconds: float = 0.0
+    note: str | None = None
+
+    def summary(self) -> str:
+        if self.problem is not None:
+            return f"FAILED at record {self.problem.seq} ({self.problem.kind}): " + (
+                self.problem.message
+            )
+        span = (
+            "no records"
+            if self.first_seq is None
+            else (f"records {self.first_seq}..{self.last_seq}")
+        )
+        text = (
+            f"OK: {self.records} {span}, {self.checkpoints} signed checkpoints verified "
+            f"in {self.seconds:.2f}s"
+        )
+        return text + (f" ({self.note})" if self.note else "")
+
+
+Row = tuple[int, str, str, str, str, str, "str | None", "str | None", str, str, str]
+"""(seq, time, actor, action, resource, decision, reason, request_id, details_json,
+prev_hash, hash) — the column order of every reader."""
+
+
+class ChainChecker:
+    """Walks records in seq order; `feed` returns the first Problem found (then stop)."""
+
+    def __init__(
+        self,
+        checkpoints: Mapping[int, Checkpoint],
+        trusted_keys: Mapping[str, Ed25519PublicKey],
+        *,
+        start_seq: int = 1,
+        start_prev_hash: str | None = GENESIS_HASH,
+    ) -> None:
+        self.checkpoints = checkpoints
+        self.trusted_keys = trusted_keys
+        self.next_seq = start_seq
+        # None: the first record's prev_hash is taken on trust (an export starting mid-chain).
+        self.prev_hash = start_prev_hash
+        self.records = 0
+        self.checkpoints_ok = 0
+        self.first_seq: int | None = None
+        self.last_hash: str | None = None
+
+    def feed(self, row: Row) -> Problem | None:
+        seq, time, actor, action, resource, decision, reason, request_id, details, prev, h = row
+        expected = self.next_seq
+        if seq != expected:
+            if seq > expected:
+                return Problem(
+                    expected,
+                    "removed",
+                    f"record {expected} is missing (removed, or moved elsewhere): the chain goes "
+                    f"from record {expected - 1} to record {seq}",
+                )
+            return Problem(
+                seq, "reordered", f"record {seq} appears again after record {expected - 1}"
+            )
+        computed = hashlib.sha256(
+            encode(seq, time, actor, action, resource, decision, reason, request_id, details, prev)
+        ).hexdigest()
+        if computed != h:
+            moved_from = self._original_seq(row)
+            if moved_from is not None:
+                return Problem(
+                    seq,
+                    "reordered",
+                    f"record at seq {seq} was written as record {moved_from}: records were moved",
+                )
+            return Problem(
+                seq,
+                "edited",
+                f"record {seq} was edited: its contents hash to {computed[:16]}..., but its "
+                f"stored hash is {h[:16]}...",
+            )
+        if self.prev_hash is not None and prev != self.prev_hash:
+            what = "the chain start" if seq == 1 else f"record {seq - 1}"
+            return Problem(
+                seq,
+                "relinked",
+                f"record {seq} does not follow {what}: its prev_hash is {prev[:16]}..., but "
+                f"{what} hashes to {self.prev_hash[:16]}... (a record was rewritten with its "
+                "hash recomputed, or records were removed and renumbered)",
+            )
+        cp = self.checkpoints.get(seq)
+        if cp is not None:
+            problem = self._check_checkpoint(cp, h)
+            if problem is not None:
+                return problem
+            self.checkpoints_ok += 1
+        if self.first_seq is None:
+            self.first_seq = seq
+        self.records += 1
+        self.next_seq = seq + 1
+        self.prev_hash = h
+        self.last_hash = h
+        return None
+
+    def _check_checkpoint(self, cp: Checkpoint, record_hash: str) -> Problem | None:
+        key = self.trusted_keys.get(cp.key_id)
+        if key is None:
+            return Problem(
+                cp.seq,
+                "checkpoint",
+                f"checkpoint at record {cp.seq} is signed by unknown key {cp.key_id}",
+            )
+        if not verify_signature(key, cp.seq, cp.hash, cp.signature):
+            return Problem(
+                cp.seq, "checkpoint", f"checkpoint at record {cp.seq} has an invalid signature"
+            )
+        if cp.hash != record_hash:
+            return Problem(
+                cp.seq,
+                "checkpoint",
+                f"record {cp.seq} does not match its signed checkpoint: the chain up to record "
+                f"{cp.seq} was rewritten after it was signed",
+            )
+        return None
+
+    def finish(self, *, expected_last_seq: int | None = None) -> Problem | None:
+        """After the last record: missing tail records (per head row or checkpoints)?"""
+        last = self.next_seq - 1
+        beyond = sorted(s for s in self.checkpoints if s > last)
+        if expected_last_seq is not None and expected_last_seq > last:
+            return Problem(
+                last + 1,
+                "removed",
+                f"records {last + 1}..{expected_last_seq} are missing: the chain ends at "
+                f"record {last} but its head says {expected_last_seq}",
+            )
+        if beyond:
+            cp = self.checkpoints[beyond[0]]
+            key = self.trusted_keys.get(cp.key_id)
+            signed = key is not None and verify_signature(key, cp.seq, cp.hash, cp.signature)
+            return Problem(
+                last + 1,
+                "removed" if signed else "checkpoint",
+                f"records after {last} are missing: a "
+                f"{'validly signed' if signed else 'badly signed'} checkpoint covers record "
+                f"{cp.seq}",
+            )
+        return None
+
+    def _original_seq(self, row: Row) -> int | None:
+        seq = row[0]
+        rest = row[1:10]
+        for distance in range(1, REORDER_SEARCH_WINDOW + 1):
+            for candidate in (seq - distance, seq + distance):
+                if candidate < 1:
+                    continue
+                if hashlib.sha256(encode(candidate, *rest)).hexdigest() == row[10]:
+                    return candidate
+        return None

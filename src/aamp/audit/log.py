@@ -1,0 +1,289 @@
+"""`AuditLog`: durable, hash-chained appends with group commit and signed checkpoints.
+
+How an append becomes durable:
+
+1. `append()` validates the event on the caller's side (errors name the field, nothing is
+   written) and queues it with a future.
+2. One writer task per process takes everything queued (up to `max_batch`) and hands the batch
+   to its own database thread, which in ONE transaction locks the chain head (`SELECT ... FOR
+   UPDATE` on `audit_head` on PostgreSQL; `BEGIN IMMEDIATE` on SQLite), numbers and hashes the
+   records from that head, inserts them, moves the head, adds any due checkpoint, and commits
+   (SQLite WAL with synchronous=FULL / PostgreSQL with synchronous_commit=on).
+3. Only after COMMIT returns are the callers' futures resolved. A failed batch fails every
+   append in it; nothing is acknowledged that is not committed.
+
+While one batch commits, new appends queue up and form the next batch: throughput grows with
+concurrency at the cost of one commit's latency. Because the head is read under the lock in
+every batch, several processes on one PostgreSQL database extend one chain without forks.
+
+Checkpoints: whenever a batch crosses a multiple of `checkpoint_every`, the record at that seq
+gets an Ed25519-signed checkpoint in the same transaction; `close()` adds one at the head.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from sqlalchemy import insert, select, update
+
+from aamp.audit.canonical import encode
+from aamp.audit.record import AuditEvent, AuditRecord, make_event
+from aamp.audit.signing import SIGNING_KEY_FILENAME, CheckpointSigner
+from aamp.config import Settings
+from aamp.store import Store
+from aamp.store.tables import AuditCheckpointRow, AuditHeadRow
+from aamp.store.timestamps import now
+
+DEFAULT_CHECKPOINT_EVERY = 10_000
+DEFAULT_MAX_BATCH = 5_000
+
+_head = AuditHeadRow.__table__
+_checkpoints = AuditCheckpointRow.__table__
+
+
+_COLUMNS = (
+    "seq",
+    "time",
+    "actor",
+    "action",
+    "resource",
+    "decision",
+    "reason",
+    "request_id",
+    "details",
+    "prev_hash",
+    "hash",
+)
+
+
+def _insert_sql(paramstyle: str) -> str:
+    marks = ", ".join(["?" if paramstyle == "qmark" else "%s"] * len(_COLUMNS))
+    return f"INSERT INTO audit_records ({', '.join(_COLUMNS)}) VALUES ({marks})"
+
+
+class AuditWriteError(RuntimeError):
+    """The batch holding this record could not be committed; the record was NOT written."""
+
+
+class AuditClosed(RuntimeError):
+    """The audit log is closed (or was never started); nothing can be appended."""
+
+
+_Pending = tuple[AuditEvent, "asyncio.Future[AuditRecord]"]
+
+
+class AuditLog:
+    """The audit log of one installation (implements `AuditSink`).
+
+    Usage::
+
+        audit = AuditLog.open(settings, store)
+        await audit.start()
+        rec = await audit.append(actor="user:alice", action="login", resource="user:alice",
+                                 decision="allow")
+        await audit.close()          # checkpoint at the head, stop the writer
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        signer: CheckpointSigner,
+        *,
+        checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+        max_batch: int = DEFAULT_MAX_BATCH,
+    ) -> None:
+        if checkpoint_every < 1 or max_batch < 1:
+            raise ValueError("checkpoint_every and max_batch must be positive")
+        self.store = store
+        self.signer = signer
+        self.checkpoint_every = checkpoint_every
+        self.max_batch = max_batch
+        self._queue: asyncio.Queue[_Pending | None] | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._closing = False
+
+    @classmethod
+    def open(cls, settings: Settings, store: Store, **kwargs: Any) -> AuditLog:
+        """The log with the host signing key from `$AAMP_HOME/audit-signing.key`."""
+        signer = CheckpointSigner.load_or_create(settings.home / SIGNING_KEY_FILENAME)
+        return cls(store, signer, **kwargs)
+
+    async def start(self) -> None:
+        if self._writer is not None:
+            return
+        self._queue = asyncio.Queue()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aamp-audit")
+        self._closing = False
+        self._writer = asyncio.create_task(self._write_loop(), name="aamp-audit-writer")
+
+    async def __aenter__(self) -> AuditLog:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def append(
+        self,
+        *,
+        actor: str,
+        action: str,
+        resource: str,
+        decision: str,
+        reason: str | None = None,
+        request_id: str | None = None,
+        details: Mapping[str, Any] | None = None,
+    ) -> AuditRecord:
+        """Append one record; returns it once it is committed durably."""
+        event = make_event(
+            actor=actor,
+            action=action,
+            resource=resource,
+            decision=decision,
+            reason=reason,
+            request_id=request_id,
+            details=details,
+        )
+        if self._queue is None or self._closing:
+            raise AuditClosed("the audit log is not running; nothing was recorded")
+        future: asyncio.Future[AuditRecord] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait((event, future))
+        # Not shielded: a caller that gives up stops waiting, but a queued record is still
+        # written (it cannot be taken back once handed over, and the chain stays whole).
+        return await future
+
+    record = append  # the AuditSink name
+
+    async def checkpoint(self) -> int | None:
+        """Sign a checkpoint at the current head now; returns its seq (None if empty)."""
+        if self._executor is None:
+            raise AuditClosed("the audit log is not running")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._checkpoint_head)
+
+    async def close(self) -> None:
+        """Write everything queued, checkpoint the head, stop the writer."""
+        if self._writer is None or self._queue is None:
+            return
+        self._closing = True
+        self._queue.put_nowait(None)
+        await self._writer
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._checkpoint_head)
+        finally:
+            assert self._executor is not None
+            self._executor.shutdown(wait=True)
+            self._writer = None
+            self._queue = None
+            self._executor = None
+
+    async def _write_loop(self) -> None:
+        assert self._queue is not None
+        queue = self._queue
+        loop = asyncio.get_running_loop()
+        stop = False
+        while not stop:
+            first = await queue.get()
+            if first is None:
+                break
+            batch = [first]
+            while len(batch) < self.max_batch and not queue.empty():
+                item = queue.get_nowait()
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            events = [event for event, _ in batch]
+            try:
+                records = await loop.run_in_executor(self._executor, self._commit_batch, events)
+            except Exception as exc:  # every append in the batch learns it was not written
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(
+                            AuditWriteError(f"audit batch not committed: {type(exc).__name__}")
+                        )
+                continue
+            for (_, fut), rec in zip(batch, records, strict=True):
+                if not fut.done():
+                    fut.set_result(rec)
+
+    def _commit_batch(self, events: list[AuditEvent]) -> list[AuditRecord]:
+        """One transaction: lock head, chain, insert, move head, checkpoint, commit."""
+        with self.store.write_connection() as conn:
+            seq, prev = conn.execute(
+                select(_head.c.seq, _head.c.hash).where(_head.c.id == 1).with_for_update()
+            ).one()
+            time = now()
+            rows: list[tuple[Any, ...]] = []
+            records: list[AuditRecord] = []
+            for ev in events:
+                seq += 1
+                digest = hashlib.sha256(
+                    encode(
+                        seq,
+                        time,
+                        ev.actor,
+                        ev.action,
+                        ev.resource,
+                        ev.decision,
+                        ev.reason,
+                        ev.request_id,
+                        ev.details_json,
+                        prev,
+                    )
+                ).hexdigest()
+                rows.append(
+                    (
+                        seq,
+                        time,
+                        ev.actor,
+                        ev.action,
+                        ev.resource,
+                        ev.decision,
+                        ev.reason,
+                        ev.request_id,
+                        ev.details_json,
+                        prev,
+                        digest,
+                    )
+                )
+                records.append(AuditRecord(*rows[-1]))
+                prev = digest
+            # Straight to the driver's executemany: the hot path of every append.
+            conn.exec_driver_sql(_insert_sql(conn.dialect.paramstyle), rows)
+            conn.execute(update(_head).where(_head.c.id == 1).values(seq=seq, hash=prev))
+            due = [rec for rec in records if rec.seq % self.checkpoint_every == 0]
+            if due:
+                conn.execute(
+                    insert(_checkpoints),
+                    [self._checkpoint_row(rec.seq, rec.hash, time) for rec in due],
+                )
+        return records
+
+    def _checkpoint_row(self, seq: int, hash_hex: str, time: str) -> dict[str, Any]:
+        return {
+            "seq": seq,
+            "hash": hash_hex,
+            "time": time,
+            "key_id": self.signer.key_id,
+            "signature": self.signer.sign(seq, hash_hex),
+        }
+
+    def _checkpoint_head(self) -> int | None:
+        with self.store.write_connection() as conn:
+            seq, hash_hex = conn.execute(
+                select(_head.c.seq, _head.c.hash).where(_head.c.id == 1).with_for_update()
+            ).one()
+            if seq == 0:
+                return None
+            exists = conn.execute(
+                select(_checkpoints.c.seq).where(_checkpoints.c.seq == seq)
+            ).first()
+            if exists is None:
+                conn.execute(insert(_checkpoints), [self._checkpoint_row(seq, hash_hex, now())])
+            return int(seq)

@@ -1,0 +1,176 @@
+"""What an audit record is, what callers may put in one, and the sink interface they call.
+
+Callers (the API, sandbox lifecycle, exec, file transfer, the egress ledger, the vault) depend
+only on `AuditSink`; `AuditLog` is the implementation that makes it durable and chained.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+from aamp.audit.canonical import canonical_json
+
+MAX_DETAILS_BYTES = 64 * 1024
+_DECISION_RE = re.compile(r"^[a-z][a-z_]{0,31}$")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+_LIMITS = {"actor": 256, "action": 128, "resource": 512, "request_id": 128}
+MAX_REASON_CHARS = 4096
+
+
+class Decision(StrEnum):
+    """Usual decisions; any lowercase word matching `[a-z][a-z_]{0,31}` is accepted."""
+
+    ALLOW = "allow"
+    DENY = "deny"
+    ERROR = "error"
+    INFO = "info"
+
+
+class AuditInputError(ValueError):
+    """An audit event was refused before anything was written; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEvent:
+    """A validated event, ready for the writer (details already canonical JSON text)."""
+
+    actor: str
+    action: str
+    resource: str
+    decision: str
+    reason: str | None
+    request_id: str | None
+    details_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """A committed record: the event plus its place in the chain."""
+
+    seq: int
+    time: str
+    actor: str
+    action: str
+    resource: str
+    decision: str
+    reason: str | None
+    request_id: str | None
+    details_json: str = field(repr=False)
+    prev_hash: str
+    hash: str
+
+    @property
+    def details(self) -> dict[str, Any]:
+        return json.loads(self.details_json)  # type: ignore[no-any-return]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as a JSON-ready dict (the export and API form)."""
+        return {
+            "seq": self.seq,
+            "time": self.time,
+            "actor": self.actor,
+            "action": self.action,
+            "resource": self.resource,
+            "decision": self.decision,
+            "reason": self.reason,
+            "request_id": self.request_id,
+            "details": self.details,
+            "prev_hash": self.prev_hash,
+            "hash": self.hash,
+        }
+
+
+class AuditSink(Protocol):
+    """The one interface other parts record through. Returns only once the record is durable.
+
+    Example::
+
+        await audit.record(actor="user:alice", action="sandbox.exec",
+                           resource="sandbox:sb-0123456789ab", decision="allow",
+                           reason="grant run on agent finance", request_id=req_id,
+                           details={"argv": ["python", "x.py"], "exit": 0})
+    """
+
+    async def record(
+        self,
+        *,
+        actor: str,
+        action: str,
+        resource: str,
+        decision: str,
+        reason: str | None = None,
+        request_id: str | None = None,
+        details: Mapping[str, Any] | None = None,
+    ) -> AuditRecord: ...
+
+
+def _text(name: str, value: object, *, optional: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not value:
+        raise AuditInputError(f"audit field {name!r} must be a non-empty string")
+    limit = _LIMITS.get(name)
+    if limit is not None and len(value) > limit:
+        raise AuditInputError(f"audit field {name!r} is longer than {limit} characters")
+    if _CONTROL_RE.search(value):
+        raise AuditInputError(f"audit field {name!r} contains a control character")
+    _utf8(name, value)
+    return value
+
+
+def _utf8(name: str, value: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise AuditInputError(f"audit field {name!r} is not valid Unicode") from None
+
+
+def make_event(
+    *,
+    actor: str,
+    action: str,
+    resource: str,
+    decision: str,
+    reason: str | None = None,
+    request_id: str | None = None,
+    details: Mapping[str, Any] | None = None,
+) -> AuditEvent:
+    """Validate an event (clear `AuditInputError` naming the field; nothing is written)."""
+    if not isinstance(decision, str) or not _DECISION_RE.match(decision):
+        raise AuditInputError(
+            "audit field 'decision' must be a lowercase word like 'allow' or 'deny'"
+        )
+    if reason is not None:
+        if not isinstance(reason, str):
+            raise AuditInputError("audit field 'reason' must be a string or None")
+        if len(reason) > MAX_REASON_CHARS or "\x00" in reason:
+            raise AuditInputError(
+                f"audit field 'reason' must be at most {MAX_REASON_CHARS} characters, no NUL"
+            )
+    if details is None:
+        details = {}
+    if not isinstance(details, Mapping):
+        raise AuditInputError("audit field 'details' must be a JSON object (a mapping)")
+    try:
+        details_json = canonical_json(dict(details))
+        encoded = details_json.encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise AuditInputError(f"audit field 'details' is not encodable as JSON: {exc}") from None
+    if len(encoded) > MAX_DETAILS_BYTES:
+        raise AuditInputError(f"audit field 'details' is larger than {MAX_DETAILS_BYTES} bytes")
+    if reason is not None:
+        _utf8("reason", reason)
+    return AuditEvent(
+        actor=_text("actor", actor),  # type: ignore[arg-type]
+        action=_text("action", action),  # type: ignore[arg-type]
+        resource=_text("resource", resource),  # type: ignore[arg-type]
+        decision=decision,
+        reason=reason,
+        request_id=_text("request_id", request_id, optional=True),
+        details_json=details_json,
+    )

@@ -1,0 +1,20 @@
+"""Every table of the control plane, one module per domain, all on `Base.metadata`.
+
+Add a domain by adding a module here (e.g. `identity.py` for users, tokens and grants),
+importing it below, and writing an Alembic revision under `aamp/store/migrations/versions/`.
+"""
+
+from aamp.store.tables.audit import AuditCheckpointRow, AuditHeadRow, AuditRecordRow
+from aamp.store.tables.base import Base
+from aamp.store.tables.vault import SecretRow
+
+metadata = Base.metadata
+
+__all__ = [
+    "AuditCheckpointRow",
+    "AuditHeadRow",
+    "AuditRecordRow",
+    "Base",
+    "SecretRow",
+    "metadata",
+]
