@@ -25,14 +25,16 @@ class EventsForTests:
     """Keeps the manager's lifecycle events in memory (the audit log does this for real)."""
 
     def __init__(self) -> None:
-        self.events: list[tuple[str, str, dict[str, object]]] = []
+        self.events: list[dict[str, object]] = []
 
-    async def record(self, action: str, resource: str, details: dict[str, object]) -> None:
-        self.events.append((action, resource, details))
+    async def record(self, **fields: object) -> None:
+        self.events.append(fields)
 
     def reasons(self, sandbox_id: str) -> list[object]:
         return [
-            d.get("reason") for a, r, d in self.events if r == sandbox_id and a.endswith("destroy")
+            e["reason"]
+            for e in self.events
+            if e["resource"] == f"sandbox:{sandbox_id}" and e["action"] == "sandbox.destroy"
         ]
 
 

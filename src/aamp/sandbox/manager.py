@@ -26,11 +26,12 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any
 
+from aamp.audit.record import AuditSink
 from aamp.config import Settings
 from aamp.sandbox.channel import GuestChannel
 from aamp.sandbox.driver import (
@@ -78,17 +79,22 @@ class SandboxUnavailable(SandboxError):
     status = 503
 
 
-class Recorder(Protocol):
-    """Where lifecycle events go (the audit log implements it)."""
-
-    async def record(self, action: str, resource: str, details: dict[str, object]) -> None: ...
-
-
 class LogRecorder:
-    """Records events to the process log; used until an audit log is wired in."""
+    """Writes lifecycle events to the process log; for use without an audit log (tests, tools).
+    Has the signature of `aamp.audit.AuditSink.record`, which the control plane passes in."""
 
-    async def record(self, action: str, resource: str, details: dict[str, object]) -> None:
-        log.info("%s %s %s", action, resource, details)
+    async def record(
+        self,
+        *,
+        actor: str,
+        action: str,
+        resource: str,
+        decision: str,
+        reason: str | None = None,
+        request_id: str | None = None,
+        details: Mapping[str, Any] | None = None,
+    ) -> None:
+        log.info("%s %s %s %s %s %s", actor, action, resource, decision, reason, details)
 
 
 @dataclass(frozen=True)
@@ -162,7 +168,7 @@ class SandboxManager:
         drivers: dict[str, Driver],
         default_driver: str,
         *,
-        recorder: Recorder | None = None,
+        recorder: AuditSink | LogRecorder | None = None,
         warm_pool: dict[str, int] | None = None,
         tick: float = 0.5,
     ):
@@ -172,7 +178,7 @@ class SandboxManager:
         self.images = images
         self.drivers = drivers
         self.default_driver = default_driver
-        self.recorder: Recorder = recorder or LogRecorder()
+        self.recorder = recorder or LogRecorder()
         self.warm_pool_sizes = dict(warm_pool or {})
         self.tick = tick
         self._sandboxes: dict[str, Sandbox] = {}
@@ -192,7 +198,12 @@ class SandboxManager:
         for driver in self.drivers.values():
             for sandbox_id in await driver.reap(rt):
                 await self.recorder.record(
-                    "sandbox.reaped", sandbox_id, {"driver": driver.name, "reason": "host restart"}
+                    actor="system",
+                    action="sandbox.reap",
+                    resource=f"sandbox:{sandbox_id}",
+                    decision="info",
+                    reason="left behind by an earlier host process",
+                    details={"driver": driver.name},
                 )
         # A state dir no driver claimed never got a process: remove it.
         for leftover in (rt / "sb").iterdir():
@@ -244,7 +255,7 @@ class SandboxManager:
             raise UnknownSandbox(f"no sandbox {sandbox_id!r} on this host")
         return sandbox
 
-    async def create(self, request: CreateRequest) -> Sandbox:
+    async def create(self, request: CreateRequest, *, actor: str = "system") -> Sandbox:
         driver_name = request.driver or self.default_driver
         if driver_name not in self.drivers:
             raise InvalidRequest(
@@ -261,7 +272,13 @@ class SandboxManager:
         sandbox.created_at, sandbox.started_monotonic = time.time(), time.monotonic()
         sandbox.last_used = time.monotonic()
         self._sandboxes[sandbox.id] = sandbox
-        await self.recorder.record("sandbox.create", sandbox.id, sandbox.describe())
+        await self.recorder.record(
+            actor=actor,
+            action="sandbox.create",
+            resource=f"sandbox:{sandbox.id}",
+            decision="info",
+            details=sandbox.describe(),
+        )
         return sandbox
 
     @contextlib.asynccontextmanager
@@ -276,11 +293,19 @@ class SandboxManager:
             sandbox.active_uses -= 1
             sandbox.last_used = time.monotonic()
 
-    async def destroy(self, sandbox_id: str, *, reason: str = "requested") -> None:
+    async def destroy(
+        self, sandbox_id: str, *, reason: str = "requested", actor: str = "system"
+    ) -> None:
         sandbox = self.get(sandbox_id)
         del self._sandboxes[sandbox_id]
         await self._teardown(sandbox, reason=reason)
-        await self.recorder.record("sandbox.destroy", sandbox_id, {"reason": reason})
+        await self.recorder.record(
+            actor=actor,
+            action="sandbox.destroy",
+            resource=f"sandbox:{sandbox_id}",
+            decision="info",
+            reason=reason,
+        )
 
     async def _check_alive(self, sandbox: Sandbox) -> None:
         """A guest that stopped by itself is destroyed at once, and the caller told why."""
