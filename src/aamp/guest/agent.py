@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import contextlib
 import errno
 import os
 import selectors

@@ -320,6 +320,7 @@ class GuestChannel:
         self._ready = asyncio.Event()
         self._closed = False
         self._spare_due_until = 0.0
+        self._handshakes: set[asyncio.Task[Any]] = set()
 
     # lifecycle
 
@@ -347,6 +348,8 @@ class GuestChannel:
             self._server = None
         for conn in list(self._conns):
             conn.close(abort=True)
+        if self._handshakes:  # they end at once: their connections were just aborted
+            await asyncio.wait(set(self._handshakes), timeout=1.0)
         with contextlib.suppress(FileNotFoundError):
             if stat.S_ISSOCK(self.socket_path.lstat().st_mode):
                 self.socket_path.unlink()
@@ -397,6 +400,10 @@ class GuestChannel:
             self._reject(conn, GuestProtocolError("too many guest connections"))
             return
         self._conns.add(conn)
+        task = asyncio.current_task()
+        if task is not None:
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshakes.discard)
         try:
             async with asyncio.timeout(self.hello_timeout):
                 ftype, payload = await wire.read_frame(
@@ -414,6 +421,11 @@ class GuestChannel:
             return
         except (EOFError, OSError):
             self._reject(conn, GuestProtocolError("connection closed before the hello"))
+            return
+        except asyncio.CancelledError:
+            # Loop shutdown: end quietly (nobody awaits this server-callback task, and
+            # Python 3.11's stream server logs a cancelled one as an error).
+            conn.close(abort=True)
             return
         if self._idle.qsize() >= MAX_IDLE_CONNECTIONS:
             self._reject(conn, GuestProtocolError("too many idle guest connections"))
@@ -480,7 +492,7 @@ class GuestChannel:
             raise GuestTimeout(
                 f"the guest stopped reading for {self.io_timeout:g}s {what}"
             ) from None
-        except (ConnectionError, OSError) as exc:
+        except (ConnectionError, OSError):
             conn.close(abort=True)
             raise GuestUnavailable(f"the guest closed the connection {what}") from None
 
