@@ -27,6 +27,7 @@ import pytest
 
 import aamp
 from aamp.config import Settings
+from aamp.sandbox.debian_mirror import debian_mirror
 from aamp.sandbox.images import (
     BuiltImage,
     ImageBuildError,
@@ -180,7 +181,19 @@ def test_missing_tool_names_the_debian_package(tmp_path: Path, monkeypatch) -> N
     store = ImageStore(_settings(tmp_path / "images"), guest_dir=_guest_copy(tmp_path / "g"))
     with pytest.raises(MissingTool, match=r"apt-get install debootstrap"):
         store.build("base", progress=lambda line: None)
-    assert not (tmp_path / "images" / "base" / "current").exists()
+    assert not (tmp_path / "images").exists()
+
+
+def test_no_debian_mirror_is_a_clear_build_error(tmp_path: Path, monkeypatch) -> None:
+    # A host whose apt has no bookworm source (simulated by an empty apt directory).
+    monkeypatch.setattr(
+        "aamp.sandbox.image_recipes.debian_mirror",
+        lambda settings, suite: debian_mirror(settings, apt_dir=tmp_path / "no-apt", suite=suite),
+    )
+    store = ImageStore(_settings(tmp_path / "images"), guest_dir=_guest_copy(tmp_path / "g"))
+    with pytest.raises(ImageBuildError, match="AAMP_DEBIAN_MIRROR"):
+        store.build("base", progress=lambda line: None)
+    assert not (tmp_path / "images").exists()
 
 
 # ----------------------------------------------------------------- interrupted builds
@@ -237,6 +250,7 @@ BUILD_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @needs_root
 def test_killed_build_leaves_no_image_and_the_next_build_cleans_up(tmp_path: Path) -> None:
     image_dir = tmp_path / "images"

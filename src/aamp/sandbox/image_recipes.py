@@ -327,6 +327,22 @@ def _derived_uuid(content_hash: str, purpose: str) -> str:
     return str(uuid.UUID(bytes=hashlib.sha256(f"{content_hash}:{purpose}".encode()).digest()[:16]))
 
 
+def preflight(settings: Settings, recipe: ResolvedRecipe) -> str:
+    """Check the host can build at all (tools, root, a mirror); return the mirror URL.
+
+    Called before anything is written, so a host that cannot build is told why and left as it
+    was.
+    """
+    for tool in ("setpriv", "unshare", "chroot", "debootstrap", "mkfs.ext4"):
+        _find_tool(tool)
+    if os.geteuid() != 0:
+        raise ImageBuildError("building images needs root (debootstrap, chroot): run as root")
+    try:
+        return debian_mirror(settings, suite=recipe.suite)
+    except MirrorNotFound as exc:
+        raise ImageBuildError(str(exc)) from None
+
+
 class TreeBuilder:
     """Builds one recipe into `directory` (rootfs/, rootfs.ext4, packages.json), step by step.
 
@@ -369,14 +385,7 @@ class TreeBuilder:
         )
 
     def run(self) -> None:
-        for tool in ("debootstrap", "mkfs.ext4", "chroot"):
-            _find_tool(tool)
-        if os.geteuid() != 0:
-            raise ImageBuildError("building images needs root (debootstrap, chroot): run as root")
-        try:
-            mirror = debian_mirror(self.settings, suite=self.recipe.suite)
-        except MirrorNotFound as exc:
-            raise ImageBuildError(str(exc)) from None
+        mirror = preflight(self.settings, self.recipe)
         with self.step(f"debootstrap {self.recipe.suite} ({self.recipe.variant}) from {mirror}"):
             self.debootstrap(mirror)
         if self.recipe.debian:

@@ -50,6 +50,7 @@ from aamp.sandbox.image_recipes import (
     Progress,
     ResolvedRecipe,
     TreeBuilder,
+    preflight,
     recipe_names,
     resolve,
     tree_usage,
@@ -221,7 +222,8 @@ class ImageStore:
         recipe = resolve(name)
         if recipe is None:
             raise self._unknown(name)
-        return self._hash(recipe, _guest_files(self._guest_dir), _read_ca(ca_cert))
+        package_init = self._package_init.read_bytes()
+        return self._hash(recipe, package_init, _guest_files(self._guest_dir), _read_ca(ca_cert))
 
     # ---- building
 
@@ -244,7 +246,8 @@ class ImageStore:
                 f"the guest agent launcher {self._guest_dir / 'launcher.py'} is missing"
             )
         ca = _read_ca(ca_cert)
-        content_hash = self._hash(recipe, guest, ca)
+        package_init = self._package_init.read_bytes()
+        content_hash = self._hash(recipe, package_init, guest, ca)
         name_dir = self._root / name
         if not force:
             cached = self._load(name, content_hash)
@@ -252,11 +255,14 @@ class ImageStore:
                 self._point_current(name, content_hash)
                 progress(f"[{name}] up to date ({content_hash[:12]})")
                 return cached
+        preflight(self._settings, recipe)
         name_dir.mkdir(parents=True, exist_ok=True)
         with _locked(name_dir / ".lock", progress, name):
             for stale in name_dir.glob(".build-*"):  # left by a build that died
                 progress(f"[{name}] removing unfinished build {stale.name}")
                 _remove_tree(stale)
+            for stale_link in name_dir.glob(".current-*"):
+                stale_link.unlink()
             if not force:
                 cached = self._load(name, content_hash)  # another process built it meanwhile
                 if cached is not None:
@@ -271,7 +277,7 @@ class ImageStore:
                     self._settings,
                     recipe,
                     content_hash,
-                    package_init=self._package_init.read_bytes(),
+                    package_init=package_init,
                     guest=guest,
                     ca=ca,
                     directory=tmp,
@@ -308,11 +314,14 @@ class ImageStore:
         known = sorted(set(self.names()) | {i.name for i in self.list()})
         return UnknownImage(f"unknown image {name!r}; known images: {', '.join(known)}")
 
-    def _hash(self, recipe: ResolvedRecipe, guest: dict[str, bytes], ca: bytes | None) -> str:
+    @staticmethod
+    def _hash(
+        recipe: ResolvedRecipe, package_init: bytes, guest: dict[str, bytes], ca: bytes | None
+    ) -> str:
         doc = {
             "builder_format": BUILDER_FORMAT,
             "recipe": recipe.fingerprint(),
-            "package_init": hashlib.sha256(self._package_init.read_bytes()).hexdigest(),
+            "package_init": hashlib.sha256(package_init).hexdigest(),
             "guest": {rel: hashlib.sha256(data).hexdigest() for rel, data in guest.items()},
             "ca": hashlib.sha256(ca).hexdigest() if ca is not None else None,
         }
