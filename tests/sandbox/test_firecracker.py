@@ -236,14 +236,26 @@ def test_operator_binary_path(binaries: FirecrackerBinaries, tmp_path: Path) -> 
 # -- kernel ------------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def busybox(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Debian's static busybox, fetched the way the initrd builder fetches it."""
+    found = shutil.which("busybox")
+    if found:
+        return found
+    where = tmp_path_factory.mktemp("busybox")
+    subprocess.run(["apt-get", "download", "busybox-static"], cwd=where, check=True, timeout=300)
+    deb = next(where.glob("busybox-static_*.deb"))
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(where / "bb")], check=True, timeout=60)
+    return str(where / "bb" / "bin" / "busybox")
+
+
 def test_debian_kernel_becomes_an_elf_vmlinux_with_an_initrd(
-    kernel: GuestKernel, tmp_path: Path
+    kernel: GuestKernel, busybox: str, tmp_path: Path
 ) -> None:
     with kernel.vmlinux.open("rb") as fh:
         assert fh.read(4) == b"\x7fELF"
     assert kernel.initrd is not None
     # List and unpack the archive with Debian's busybox (not with our own code).
-    busybox = shutil.which("busybox") or _unpacked_busybox(tmp_path)
     archive = gzip.decompress(kernel.initrd.read_bytes())
     listing = subprocess.run(
         [busybox, "cpio", "-t"], input=archive, capture_output=True, check=True, timeout=30
@@ -256,13 +268,6 @@ def test_debian_kernel_becomes_an_elf_vmlinux_with_an_initrd(
     subprocess.run([busybox, "cpio", "-id"], input=archive, cwd=out, check=True, timeout=30)
     syntax = subprocess.run([busybox, "sh", "-n", str(out / "init")], capture_output=True)
     assert syntax.returncode == 0, syntax.stderr
-
-
-def _unpacked_busybox(tmp_path: Path) -> str:
-    subprocess.run(["apt-get", "download", "busybox-static"], cwd=tmp_path, check=True)
-    deb = next(tmp_path.glob("busybox-static_*.deb"))
-    subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp_path / "bb")], check=True)
-    return str(tmp_path / "bb" / "bin" / "busybox")
 
 
 def _fake_bzimage(payload: bytes) -> bytes:
@@ -318,7 +323,7 @@ async def test_create_configures_and_starts_a_microvm(
         assert not drives["scratch"]["is_read_only"]
         assert config["vsock"] == {"guest_cid": 3, "uds_path": "v.sock"}
         assert config["boot-source"]["boot_args"].endswith(
-            "init=/opt/aamp/agent -- --init --connect vsock:2:5000"
+            "init=/opt/aamp/agent -- --init --connect vsock:2:5000 --egress vsock:2:5001"
         )
         assert (state_dir / "rootfs.ext4").resolve() == tiny_image.ext4.resolve()
         scratch = state_dir / "scratch.ext4"
@@ -386,6 +391,31 @@ async def test_restore_refuses_a_directory_that_is_no_snapshot(
     with pytest.raises(DriverError, match="is not a Firecracker snapshot"):
         await driver.restore(sandbox_id, runtime_dir, state_dir)
     assert list(state_dir.iterdir()) == []
+
+
+async def test_exited_says_when_and_why_the_microvm_stopped(
+    driver: FirecrackerDriver,
+    cache_settings: Settings,
+    binaries: FirecrackerBinaries,
+    kernel: GuestKernel,
+    tiny_image: BuiltImage,
+    runtime_dir: Path,
+) -> None:
+    sandbox_id, state_dir = _state_dir(runtime_dir)
+    handle = await driver.create(sandbox_id, SMALL, tiny_image, state_dir)
+    other = FirecrackerDriver(cache_settings, binaries=binaries, kernel=kernel)
+    try:
+        assert driver.exited(handle) is None and other.exited(handle) is None
+        os.kill(handle.pid or 0, signal.SIGKILL)
+        for _ in range(500):
+            if driver.exited(handle) is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert driver.exited(handle) == "firecracker was killed by signal 9 on the host"
+        assert other.exited(handle) == "the microVM's process is no longer running"
+    finally:
+        await driver.destroy(handle)
+    assert driver.exited(handle) == "the microVM is gone (its state directory has no record)"
 
 
 async def test_destroy_leaves_nothing_and_is_idempotent(
@@ -636,6 +666,95 @@ def test_probe_says_why_in_plain_words(binaries: FirecrackerBinaries, tmp_path: 
         assert status.usable
     missing = make_settings(tmp_path / "h2", AAMP_FIRECRACKER_BIN=str(tmp_path / "nope"))
     assert "is not an executable file" in FirecrackerDriver(missing).probe().reason
+
+
+STAND_IN_AGENT = """#!/bin/busybox sh
+/bin/busybox mount -t proc proc /proc
+echo "STAND-IN-AGENT pid=$$ args=[$*]"
+/bin/busybox cat /proc/mounts
+[ -c /dev/vsock ] && echo "VSOCK-DEVICE present"
+echo data > /workspace/probe && echo "WORKSPACE-WRITABLE"
+/bin/busybox touch /probe 2>/dev/null || echo "ROOT-READ-ONLY"
+/bin/busybox poweroff -f
+"""
+
+
+def test_guest_boot_chain_under_qemu_microvm(
+    kernel: GuestKernel, busybox: str, tmp_path: Path
+) -> None:
+    """The part of a boot this host *can* run: Debian's kernel and our initrd, booted by QEMU's
+    `microvm` machine in software emulation, which (like Firecracker) exposes its virtio-mmio
+    disks through ACPI. A stand-in script in the agent's place shows it became PID 1 with the
+    kernel's `--` arguments, the image is the read-only root and /workspace the scratch disk.
+    Firecracker itself is not involved; QEMU has no vsock transport here (no vhost-vsock)."""
+    qemu = shutil.which("qemu-system-x86_64")
+    if qemu is None:
+        pytest.skip("qemu-system-x86_64 is not installed (Debian package qemu-system-x86)")
+    root = tmp_path / "root"
+    for d in ("bin", "dev", "proc", "workspace", "opt/aamp"):
+        (root / d).mkdir(parents=True)
+    shutil.copy(busybox, root / "bin" / "busybox")
+    (root / "opt" / "aamp" / "agent").write_text(STAND_IN_AGENT)
+    (root / "opt" / "aamp" / "agent").chmod(0o755)
+    rootfs, scratch = tmp_path / "root.ext4", tmp_path / "scratch.ext4"
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-d", str(root), str(rootfs), "16M"], check=True)
+    subprocess.run(["truncate", "-s", "64M", str(scratch)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(scratch)], check=True)
+    assert kernel.initrd is not None
+    argv = [
+        qemu, "-M", "microvm,acpi=on,pit=on,pic=on,rtc=on", "-accel", "tcg", "-cpu", "max",
+        "-m", "256", "-nodefaults", "-no-user-config", "-nographic", "-serial", "stdio",
+        "-no-reboot", "-kernel", str(kernel.vmlinux), "-initrd", str(kernel.initrd),
+        # tsc_early_khz: under emulation and load the PIT calibration can fail and hang boot.
+        "-append", "console=ttyS0 reboot=k panic=1 pci=off tsc_early_khz=2000000 tsc=reliable"
+        " init=/opt/aamp/agent -- --init --connect vsock:2:5000",
+        "-drive", f"id=root,file={rootfs},format=raw,if=none,readonly=on",
+        "-device", "virtio-blk-device,drive=root",
+        "-drive", f"id=scratch,file={scratch},format=raw,if=none",
+        "-device", "virtio-blk-device,drive=scratch",
+    ]  # fmt: skip
+    started = time.monotonic()
+    done = subprocess.run(
+        argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120
+    )
+    print(f"qemu microvm boot to power-off: {time.monotonic() - started:.1f}s")
+    console = done.stdout
+    assert "STAND-IN-AGENT pid=1 args=[--init --connect vsock:2:5000]" in console, console[-3000:]
+    assert "/dev/vda / ext4 ro" in console and "/dev/vdb /workspace ext4 rw" in console
+    assert "VSOCK-DEVICE present" in console  # the vsock modules loaded
+    assert "WORKSPACE-WRITABLE" in console and "ROOT-READ-ONLY" in console
+
+
+@pytest.mark.parametrize("jailed", [False, True], ids=["direct", "jailed"])
+async def test_reap_finds_a_vm_whose_pid_never_reached_the_record(
+    jailed: bool,
+    cache_settings: Settings,
+    binaries: FirecrackerBinaries,
+    kernel: GuestKernel,
+    tiny_image: BuiltImage,
+) -> None:
+    """A crash between spawning firecracker and recording its pid: reap finds the process from
+    /proc (its API socket path, or for a jailed one its root directory) and removes it all."""
+    _need_kvm_device()
+    if jailed and os.geteuid() != 0:
+        pytest.skip("the jailer needs root (chroot, cgroups, mknod)")
+    runtime = Path(tempfile.mkdtemp(prefix="aamp-fcr-", dir="/dev/shm"))
+    jailer = JailerConfig(64124, 64124) if jailed else None
+    driver = FirecrackerDriver(cache_settings, binaries=binaries, kernel=kernel, jailer=jailer)
+    sandbox_id, state_dir = _state_dir(runtime)
+    handle = await driver.create(sandbox_id, SMALL, tiny_image, state_dir)
+    try:
+        record = json.loads((state_dir / "firecracker.json").read_text())
+        record.update({"pid": None, "start_ticks": None, "owner_pid": 0})
+        (state_dir / "firecracker.json").write_text(json.dumps(record))
+        fresh = FirecrackerDriver(cache_settings, binaries=binaries, kernel=kernel)
+        assert await fresh.reap(runtime) == [sandbox_id]
+        assert not procs.pid_alive(handle.pid or 0) and not state_dir.exists()
+        assert str(runtime) not in Path("/proc/self/mountinfo").read_text()
+        assert not list(CGROUP_ROOT.glob(f"*/{CGROUP_PARENT}/{sandbox_id}"))
+    finally:
+        await driver.destroy(handle)
+        shutil.rmtree(runtime, ignore_errors=True)
 
 
 # -- guest boot (needs KVM that boots stock kernels) ---------------------------------------------
