@@ -26,6 +26,12 @@ side and its validation live in `aamp.sandbox.channel`):
 Paths for put/get are resolved with realpath and must stay inside the workspace (``--workspace``,
 default /workspace), so a symlink cannot lead out; the host checks paths too.
 
+With ``--egress ENDPOINT`` the agent also runs the guest's only way out: a forwarder listening
+on 127.0.0.1:3128 that carries each TCP connection made to it, byte for byte, over a fresh
+connection to the host's egress proxy (``unix:/run/aamp/egress.sock`` or ``vsock:2:5001``),
+and every command gets HTTP_PROXY/HTTPS_PROXY pointing at it (NO_PROXY=localhost,127.0.0.1).
+The forwarder understands nothing; the host's proxy decides everything.
+
 As the sandbox's first process (pid 1) the agent forks: the parent only reaps zombies and
 exits with the agent's status; the child is the agent. With ``--init`` (Firecracker, where no
 container runtime prepares the guest) pid 1 first mounts /proc, /sys, /dev, /tmp, /run and
@@ -80,6 +86,17 @@ DRAIN_GRACE = 0.5
 DRAIN_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 5.0
 MAX_PATH_BYTES = 4096
+FORWARDER_ADDRESS = ("127.0.0.1", 3128)
+FORWARDER_CHUNK = 256 * 1024
+PROXY_URL = "http://127.0.0.1:3128"
+PROXY_ENV = {
+    "HTTP_PROXY": PROXY_URL,
+    "HTTPS_PROXY": PROXY_URL,
+    "http_proxy": PROXY_URL,
+    "https_proxy": PROXY_URL,
+    "NO_PROXY": "localhost,127.0.0.1",
+    "no_proxy": "localhost,127.0.0.1",
+}
 
 
 class RequestError(Exception):
@@ -127,10 +144,17 @@ def parse_endpoint(text: str) -> Endpoint:
 
 
 class Agent:
-    def __init__(self, endpoint: Endpoint, workspace: str, retry_seconds: float) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        workspace: str,
+        retry_seconds: float,
+        base_env: dict[str, str] | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self.workspace = os.path.realpath(workspace)
         self.retry_seconds = retry_seconds
+        self.base_env = dict(BASE_ENV if base_env is None else base_env)
         self.started = time.monotonic()
 
     # connections
@@ -244,7 +268,7 @@ class Agent:
         )
 
     def exec(self, conn: socket.socket, request: dict[str, Any]) -> None:
-        spec = _ExecSpec.from_request(request, self.workspace)
+        spec = _ExecSpec.from_request(request, self.workspace, self.base_env)
         _ExecRun(conn, spec).run()
 
     def resolve(self, path: object) -> str:
@@ -398,7 +422,9 @@ class _ExecSpec:
     heartbeat: float | None
 
     @classmethod
-    def from_request(cls, request: dict[str, Any], workspace: str) -> _ExecSpec:
+    def from_request(
+        cls, request: dict[str, Any], workspace: str, base_env: dict[str, str]
+    ) -> _ExecSpec:
         argv = request.get("argv")
         if (
             not isinstance(argv, list)
@@ -426,7 +452,7 @@ class _ExecSpec:
             raise RequestError("bad_request", "heartbeat must be a positive number of seconds")
         return cls(
             argv=argv,
-            env={**BASE_ENV, **env_in},
+            env={**base_env, **env_in},
             cwd=cwd,
             stdin=bool(request.get("stdin")),
             timeout=timeout,
@@ -641,6 +667,73 @@ class _ExecRun:
                 self.proc.stdin.close()
 
 
+# --- the way out: 127.0.0.1:3128 -> the host's egress proxy ------------------------------
+
+
+class Forwarder:
+    """Listens on 127.0.0.1:3128 in the guest; each accepted connection gets its own
+    connection to the host's egress proxy and a thread copying bytes both ways (half-closes
+    passed on). Nothing is parsed here: the host's proxy is where every decision is made."""
+
+    def __init__(self, upstream: Endpoint, address: tuple[str, int] = FORWARDER_ADDRESS):
+        self.upstream = upstream
+        self.listener = socket.create_server(address, backlog=128)
+        self.address = self.listener.getsockname()
+
+    def start(self) -> None:
+        threading.Thread(target=self._accept_loop, name="egress-forwarder", daemon=True).start()
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    time.sleep(0.05)  # out of descriptors: let other connections finish
+                    continue
+                log(f"egress forwarder stopped: {exc}")
+                return
+            threading.Thread(target=self._relay, args=(client,), daemon=True).start()
+
+    def _relay(self, client: socket.socket) -> None:
+        upstream = socket.socket(self.upstream.family, socket.SOCK_STREAM)
+        try:
+            upstream.settimeout(CONNECT_TIMEOUT)
+            upstream.connect(self.upstream.address)
+            upstream.settimeout(None)
+        except OSError:
+            # The host's proxy is unreachable: the guest sees a closed connection.
+            client.close()
+            upstream.close()
+            return
+        peers = {client: upstream, upstream: client}
+        open_reads = {client, upstream}
+        buf = bytearray(FORWARDER_CHUNK)
+        try:
+            with selectors.DefaultSelector() as sel:
+                for sock in open_reads:
+                    sel.register(sock, selectors.EVENT_READ)
+                while open_reads:
+                    for key, _ in sel.select():
+                        src: socket.socket = key.fileobj  # type: ignore[assignment]
+                        try:
+                            n = src.recv_into(buf)
+                        except OSError:
+                            n = 0
+                        if n:
+                            peers[src].sendall(memoryview(buf)[:n])
+                            continue
+                        sel.unregister(src)
+                        open_reads.discard(src)
+                        with contextlib.suppress(OSError):
+                            peers[src].shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # either side reset: drop both
+        finally:
+            client.close()
+            upstream.close()
+
+
 # --- pid 1 -------------------------------------------------------------------------------
 
 MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
@@ -712,6 +805,9 @@ def _parser() -> argparse.ArgumentParser:
         default=10.0,
         help="how long to keep redialling a host that went away before exiting",
     )
+    p.add_argument(
+        "--egress", help="the host's egress proxy (unix:/path or vsock:CID:PORT) for 127.0.0.1:3128"
+    )
     p.add_argument("--init", action="store_true", help="mount /proc, /sys, /dev, /tmp, /run")
     p.add_argument("--hostname", default="sandbox")
     return p
@@ -721,6 +817,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
         endpoint = parse_endpoint(args.connect)
+        egress = parse_endpoint(args.egress) if args.egress else None
     except ValueError as exc:
         log(str(exc))
         return 2
@@ -732,7 +829,15 @@ def main(argv: list[str] | None = None) -> int:
             return 1
 
     def agent_main() -> int:
-        return Agent(endpoint, args.workspace, args.retry_seconds).run()
+        base_env = dict(BASE_ENV)
+        if egress is not None:
+            try:
+                Forwarder(egress).start()
+            except OSError as exc:
+                log(f"cannot listen on {FORWARDER_ADDRESS[0]}:{FORWARDER_ADDRESS[1]}: {exc}")
+                return 1
+            base_env.update(PROXY_ENV)
+        return Agent(endpoint, args.workspace, args.retry_seconds, base_env).run()
 
     if os.getpid() == 1:
         return run_as_pid1(agent_main)

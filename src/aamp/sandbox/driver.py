@@ -10,6 +10,7 @@ Usage::
 
     driver = GVisorDriver(settings)
     sock = driver.channel_path(state_dir)            # the host listens here first
+    proxy = driver.egress_path(state_dir)            # and its egress proxy here
     handle = await driver.create("sb-0123456789ab", spec, image, state_dir)
     ...                                   # channel.exec(...), channel.put(...)
     await driver.destroy(handle)          # idempotent; leaves no process, mount, dir, socket
@@ -106,6 +107,11 @@ class Driver(abc.ABC):
         """Where, under this sandbox's `state_dir`, the host must listen for its guest agent
         (gVisor binds that socket's directory into the guest; Firecracker's vsock device
         forwards guest connections to it)."""
+
+    @abc.abstractmethod
+    def egress_path(self, state_dir: Path) -> Path:
+        """Where, under `state_dir`, the host's egress proxy for this sandbox listens; the
+        guest agent's forwarder on 127.0.0.1:3128 carries every connection there."""
 
     @abc.abstractmethod
     async def create(

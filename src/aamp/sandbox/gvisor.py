@@ -84,6 +84,10 @@ class GVisorDriver(Driver):
     def channel_path(self, state_dir: Path) -> Path:
         return state_dir / "chan" / "agent.sock"
 
+    def egress_path(self, state_dir: Path) -> Path:
+        # Same directory as the channel: it is the one host directory bound into the guest.
+        return state_dir / "chan" / "egress.sock"
+
     async def create(
         self, sandbox_id: str, spec: SandboxSpec, image: BuiltImage, state_dir: Path
     ) -> SandboxHandle:
@@ -175,7 +179,13 @@ class GVisorDriver(Driver):
             "process": {
                 "terminal": False,
                 "user": {"uid": 0, "gid": 0},
-                "args": [AGENT_IN_GUEST, "--connect", f"unix:{CHANNEL_DIR_IN_GUEST}/agent.sock"],
+                "args": [
+                    AGENT_IN_GUEST,
+                    "--connect",
+                    f"unix:{CHANNEL_DIR_IN_GUEST}/agent.sock",
+                    "--egress",
+                    f"unix:{CHANNEL_DIR_IN_GUEST}/egress.sock",
+                ],
                 "env": [f"{k}={v}" for k, v in env.items()],
                 "cwd": "/",
                 "capabilities": _capabilities(),

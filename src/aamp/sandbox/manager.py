@@ -33,6 +33,10 @@ from typing import Any
 
 from aamp.audit.record import AuditSink
 from aamp.config import Settings
+from aamp.egress.ledger import EgressEvent, EgressSink
+from aamp.egress.proxy import EgressProxy
+from aamp.egress.resolver import Resolver, SystemResolver
+from aamp.egress.rules import EgressRules
 from aamp.sandbox.channel import GuestChannel
 from aamp.sandbox.driver import (
     SANDBOX_ID_RE,
@@ -97,6 +101,17 @@ class LogRecorder:
         log.info("%s %s %s %s %s %s", actor, action, resource, decision, reason, details)
 
 
+class LogEgressSink:
+    """Writes egress ledger events to the process log; for use without an audit log."""
+
+    async def record(self, event: EgressEvent) -> None:
+        log.info("egress %s", event.to_json())
+
+
+def block_everything() -> EgressRules:
+    return EgressRules.from_lists("block")
+
+
 @dataclass(frozen=True)
 class CreateRequest:
     image: str = "base"
@@ -104,6 +119,8 @@ class CreateRequest:
     ttl: float = DEFAULT_TTL_SECONDS
     idle: float = DEFAULT_IDLE_SECONDS
     resources: Resources = field(default_factory=Resources)
+    # What the sandbox may reach through its egress proxy; nothing unless a policy says so.
+    egress: EgressRules = field(default_factory=block_everything)
 
     def __post_init__(self) -> None:
         for name in ("ttl", "idle"):
@@ -127,6 +144,7 @@ class Sandbox:
     resources: Resources
     handle: SandboxHandle
     channel: GuestChannel
+    egress: EgressProxy
     created_at: float = field(default_factory=time.time)
     started_monotonic: float = field(default_factory=time.monotonic)
     active_uses: int = 0
@@ -169,6 +187,8 @@ class SandboxManager:
         default_driver: str,
         *,
         recorder: AuditSink | LogRecorder | None = None,
+        egress_sink: EgressSink | None = None,
+        resolver: Resolver | None = None,
         warm_pool: dict[str, int] | None = None,
         tick: float = 0.5,
     ):
@@ -179,6 +199,8 @@ class SandboxManager:
         self.drivers = drivers
         self.default_driver = default_driver
         self.recorder = recorder or LogRecorder()
+        self.egress_sink: EgressSink = egress_sink or LogEgressSink()
+        self.resolver: Resolver = resolver or SystemResolver()
         self.warm_pool_sizes = dict(warm_pool or {})
         self.tick = tick
         self._sandboxes: dict[str, Sandbox] = {}
@@ -268,6 +290,7 @@ class SandboxManager:
         sandbox = self._take_from_pool(request, driver_name, image.content_hash)
         if sandbox is None:
             sandbox = await self._boot(driver_name, request.image, request.resources)
+        sandbox.egress.update_rules(request.egress)
         sandbox.ttl, sandbox.idle = request.ttl, request.idle
         sandbox.created_at, sandbox.started_monotonic = time.time(), time.monotonic()
         sandbox.last_used = time.monotonic()
@@ -327,14 +350,24 @@ class SandboxManager:
         channel_path = driver.channel_path(state_dir)
         channel_path.parent.mkdir(parents=True, exist_ok=True)
         channel = GuestChannel(channel_path, max_file_bytes=self.settings.max_file_bytes)
+        # Until a request's own rules replace them, a booting sandbox may reach nothing.
+        egress = EgressProxy(
+            sandbox_id,
+            driver.egress_path(state_dir),
+            block_everything(),
+            self.resolver,
+            self.egress_sink,
+        )
         handle: SandboxHandle | None = None
         try:
             await channel.start()
+            await egress.start()
             spec = SandboxSpec(image=image_name, resources=resources)
             handle = await driver.create(sandbox_id, spec, image, state_dir)
             await channel.wait_ready(GUEST_READY_TIMEOUT)
         except BaseException as exc:
             await channel.close()
+            await egress.close()
             if handle is not None:
                 await driver.destroy(handle)
             shutil.rmtree(state_dir, ignore_errors=True)
@@ -351,11 +384,13 @@ class SandboxManager:
             resources=resources,
             handle=handle,
             channel=channel,
+            egress=egress,
         )
 
     async def _teardown(self, sandbox: Sandbox, *, reason: str) -> None:
         await sandbox.channel.close()
         await self.drivers[sandbox.driver].destroy(sandbox.handle)
+        await sandbox.egress.close()  # after the guest is gone: its ledger events are flushed
         log.debug("sandbox %s destroyed (%s)", sandbox.id, reason)
 
     # -- warm pool -------------------------------------------------------------------------
@@ -395,6 +430,10 @@ class SandboxManager:
             except (SandboxError, ValueError) as exc:
                 log.warning("warm pool for %s could not start a sandbox: %s", image, exc)
                 return
+
+    def update_egress(self, sandbox_id: str, rules: EgressRules) -> None:
+        """New rules for a live sandbox; they apply to its next connection or request."""
+        self.get(sandbox_id).egress.update_rules(rules)
 
     def pool_status(self) -> dict[str, int]:
         return {image: len(pool) for image, pool in self._pools.items()}
