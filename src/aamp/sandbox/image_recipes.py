@@ -58,8 +58,8 @@ class Recipe:
 RECIPES: tuple[Recipe, ...] = (
     Recipe(
         "base",
-        "Debian bookworm minbase, Python 3, CA certificates and the guest agent",
-        debian=("python3", "ca-certificates"),
+        "Debian bookworm minbase, Python 3, curl, CA certificates and the guest agent",
+        debian=("python3", "ca-certificates", "curl"),
     ),
     Recipe(
         "browser",
