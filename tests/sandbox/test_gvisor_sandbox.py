@@ -226,3 +226,25 @@ async def test_guest_writes_never_reach_the_image(manager, base_image):
     assert (result.exit_code, out) == (0, b"pwned\n")  # the guest sees its own writable layer
     assert (base_image.root / "etc" / "hostname").read_bytes() == before
     assert not (base_image.root / "usr" / "bin" / "planted").exists()
+
+
+async def test_a_sandbox_cannot_reach_another_sandboxs_channels(manager):
+    a = await manager.create(CreateRequest(image="base"))
+    b = await manager.create(CreateRequest(image="base"))
+    b_sockets = [str(b.handle.state_dir / "chan" / n) for n in ("agent.sock", "egress.sock")]
+    probe = (
+        "import os, socket, sys\n"
+        "print(sorted(os.listdir('/run/aamp')))\n"
+        "for path in sys.argv[1:]:\n"
+        "    s = socket.socket(socket.AF_UNIX)\n"
+        "    try:\n"
+        "        s.connect(path); print('connected', path)\n"
+        "    except OSError as e:\n"
+        "        print('refused', type(e).__name__)\n"
+    )
+    async with manager.use(a.id) as channel:
+        result, out, err = await channel.run(["python3", "-c", probe, *b_sockets])
+    assert result.exit_code == 0, err
+    lines = out.decode().splitlines()
+    assert lines[0] == "['agent.sock', 'egress.sock']"  # only its own two channels
+    assert lines[1:] == ["refused FileNotFoundError"] * 2
