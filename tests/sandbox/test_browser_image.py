@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("browser_image")]
 
 SCRIPT = r"""
 from playwright.sync_api import sync_playwright
-html = "<html><body style='margin:0;background:#ff0000'><h1>aamp 42</h1></body></html>"
+html = "<html><body style='margin:0;background:red'><h1>aamp 42</h1></body></html>"
 with sync_playwright() as p:
     browser = p.chromium.launch(
         executable_path="/usr/bin/chromium",

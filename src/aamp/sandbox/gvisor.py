@@ -44,6 +44,12 @@ CHANNEL_DIR_IN_GUEST = "/run/aamp"
 AGENT_IN_GUEST = "/opt/aamp/agent"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CPU_PERIOD_US = 100_000
+# The host's pids cgroup counts host tasks. Under the ptrace platform every guest thread is a
+# host thread, and the gVisor kernel itself runs ~40 threads when idle; so a policy's `pids`
+# (guest processes) becomes room for 4 threads per process plus the kernel's own. Chromium
+# with its helpers peaks near 400 host tasks here; a fork bomb still hits the limit at once.
+THREADS_PER_PROCESS = 4
+SANDBOX_KERNEL_TASKS = 64
 
 
 class GVisorDriver(Driver):
@@ -227,7 +233,7 @@ class GVisorDriver(Driver):
                 "cgroupsPath": f"/{self.cgroup_parent}/{sandbox_id}",
                 "resources": {
                     "memory": {"limit": res.memory_bytes},
-                    "pids": {"limit": res.pids},
+                    "pids": {"limit": res.pids * THREADS_PER_PROCESS + SANDBOX_KERNEL_TASKS},
                     "cpu": {"quota": int(res.cpus * CPU_PERIOD_US), "period": CPU_PERIOD_US},
                 },
                 "namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount", "network")],
