@@ -1,14 +1,20 @@
 """Egress proxy figures: throughput and added latency, proxy vs direct, in the same run.
 
 Three processes, so the proxy does not share an interpreter with either end: a loopback
-upstream HTTP server (127.0.0.10), the `EgressProxy` on a Unix socket, and this client.
-Measured:
+upstream HTTP server (127.0.0.10, plain HTTP and HTTPS ports), the `EgressProxy` on a Unix
+socket, and this client. Measured:
 - a 100 MiB download, direct vs through the proxy (plain HTTP forwarding and a CONNECT
   tunnel), repeated; throughput median and p95;
 - 1,000 small requests on one kept-alive connection, direct vs through the proxy; per-request
   latency median and p95, and the added p50.
+- the same with TLS interception: `direct-tls` is TLS straight to the upstream's HTTPS port;
+  `intercept` goes through the proxy to a service (bearer credential from a real `Vault` on
+  SQLite, read and audited per request; TLS terminated with the installation CA, re-originated
+  to the upstream verified against its own CA; response scrubbed). Its ratio and added p50 are
+  against `direct-tls`.
 Prints a table and writes benchmarks/results/egress.json. Targets (issue 3, not asserted):
->= 0.8x direct throughput, <= 1 ms added p50 per small request.
+>= 0.8x direct throughput, <= 1 ms added p50 per small request; with TLS interception
+>= 0.5x direct TLS throughput, <= 3 ms added p50.
 
     .venv/bin/python benchmarks/egress.py [--runs 5] [--small 1000]
 """
@@ -21,18 +27,26 @@ import json
 import multiprocessing
 import os
 import socket
+import ssl
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 UPSTREAM_HOST = "127.0.0.10"
+SERVICE_HOST = "svc.bench.test"
 MiB = 1024 * 1024
 BLOCK = b"x" * MiB
 
 
-def _upstream_main(port_out, ready) -> None:
+def _upstream_main(port_out, tls_port_out, upstream_ca_dir: str, ready) -> None:
+    from aamp.egress.ca import InstallationCA
+
+    # The upstream's certificate comes from a CA of its own (not the proxy's installation CA).
+    tls = InstallationCA.load_or_create(Path(upstream_ca_dir)).server_context(SERVICE_HOST)
+
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -58,29 +72,59 @@ def _upstream_main(port_out, ready) -> None:
 
     async def main() -> None:
         server = await asyncio.start_server(serve, UPSTREAM_HOST, 0)
+        tls_server = await asyncio.start_server(serve, UPSTREAM_HOST, 0, ssl=tls)
         port_out.value = server.sockets[0].getsockname()[1]
+        tls_port_out.value = tls_server.sockets[0].getsockname()[1]
         ready.set()
-        await server.serve_forever()
+        await asyncio.gather(server.serve_forever(), tls_server.serve_forever())
 
     asyncio.run(main())
 
 
-def _proxy_main(sock_path: str, port: int, ready) -> None:
-    from aamp.egress import EgressProxy, EgressRules, JsonLinesSink, StaticResolver
+def _proxy_main(sock_path: str, tls_port: int, workdir: str, ready) -> None:
+    from aamp.audit import AuditLog
+    from aamp.config import Settings
+    from aamp.egress import (
+        Bearer,
+        EgressProxy,
+        EgressRules,
+        InstallationCA,
+        JsonLinesSink,
+        Service,
+        ServiceSet,
+        StaticResolver,
+        VaultSecretReader,
+        upstream_tls_context,
+    )
+    from aamp.store import Store
+    from aamp.vault import Vault
 
     async def main() -> None:
-        rules = EgressRules.from_lists("block", allow=["bench.test"])
-        sink = JsonLinesSink(Path(sock_path).with_suffix(".jsonl"))
-        proxy = EgressProxy(
-            "sb-00000000bench",
-            Path(sock_path),
-            rules,
-            StaticResolver({"bench.test": [UPSTREAM_HOST]}),
-            sink,
-        )
-        await proxy.start()
-        ready.set()
-        await asyncio.Event().wait()
+        home = Path(workdir) / "home"
+        settings = Settings(home=home, runtime_dir=home / "run", image_dir=home / "images")
+        store = Store.open(settings)
+        async with AuditLog.open(settings, store) as audit:
+            vault = Vault.open(settings, store, audit)
+            await vault.put("bench_token", "bench-" + os.urandom(12).hex(), actor="user:bench")
+            rules = EgressRules.from_lists("block", allow=["bench.test", SERVICE_HOST])
+            sink = JsonLinesSink(Path(sock_path).with_suffix(".jsonl"))
+            service = Service(
+                "bench-api", f"https://{SERVICE_HOST}:{tls_port}", Bearer("bench_token")
+            )
+            proxy = EgressProxy(
+                "sb-00000000bench",
+                Path(sock_path),
+                rules,
+                StaticResolver({"bench.test": [UPSTREAM_HOST], SERVICE_HOST: [UPSTREAM_HOST]}),
+                sink,
+                services=ServiceSet([service]),
+                secrets=VaultSecretReader(vault),
+                ca=InstallationCA.load_or_create(home / "ca"),
+                upstream_tls=upstream_tls_context(Path(workdir) / "upstream-ca" / "ca.crt"),
+            )
+            await proxy.start()
+            ready.set()
+            await asyncio.Event().wait()
 
     asyncio.run(main())
 
@@ -97,10 +141,53 @@ def _read_head(sock: socket.socket, buf: bytearray) -> tuple[int, bytearray]:
         name, _, value = line.partition(b":")
         if name.strip().lower() == b"content-length":
             length = int(value)
+        if name.strip().lower() == b"transfer-encoding":
+            length = -1  # chunked: the caller reads chunks
     return length, bytearray(rest)
 
 
+def _read_chunked(
+    sock: socket.socket, rest: bytearray, scratch: memoryview | None = None
+) -> tuple[int, bytearray]:
+    """Read a chunked body (a scrubbed service response); (payload bytes, leftover).
+
+    Chunk data beyond what is buffered goes straight into `scratch` (as `_read_body` does for
+    a Content-Length body), so the client costs the same per byte in both framings."""
+    scratch = scratch if scratch is not None else memoryview(bytearray(4 * MiB))
+    buf, total = rest, 0
+
+    def fill(minimum: int) -> None:
+        while len(buf) < minimum:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("closed mid-body")
+            buf.extend(chunk)
+
+    while True:
+        while (end := buf.find(b"\r\n")) < 0:
+            fill(len(buf) + 1)
+        size = int(bytes(buf[:end]).split(b";")[0], 16)
+        del buf[: end + 2]
+        if size == 0:
+            fill(2)
+            del buf[:2]
+            return total, buf
+        total += size
+        take = min(size, len(buf))
+        del buf[:take]
+        remaining = size - take
+        while remaining:
+            n = sock.recv_into(scratch, min(len(scratch), remaining))
+            if n == 0:
+                raise ConnectionError("closed mid-body")
+            remaining -= n
+        fill(2)
+        del buf[:2]
+
+
 def _read_body(sock: socket.socket, length: int, rest: bytearray, scratch: memoryview) -> bytearray:
+    if length < 0:
+        return _read_chunked(sock, rest, scratch)[1]
     got = len(rest)
     leftover = bytearray()
     if got > length:
@@ -114,48 +201,79 @@ def _read_body(sock: socket.socket, length: int, rest: bytearray, scratch: memor
     return leftover
 
 
-def _open(mode: str, sock_path: str, port: int) -> socket.socket:
+@dataclass(frozen=True)
+class Target:
+    """Where the client goes: the plain port, or (TLS modes) the HTTPS port, with the CA
+    bundles the client trusts for each TLS mode."""
+
+    sock_path: str
+    port: int
+    tls_port: int
+    upstream_ca: str  # direct-tls trusts the upstream's CA
+    installation_ca: str  # intercept trusts only the installation CA
+
+
+def _tls_client(cafile: str) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=cafile)
+    ctx.set_alpn_protocols(["http/1.1"])
+    return ctx
+
+
+def _open(mode: str, t: Target) -> socket.socket:
     if mode == "direct":
-        sock = socket.create_connection((UPSTREAM_HOST, port))
+        sock = socket.create_connection((UPSTREAM_HOST, t.port))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
+    if mode == "direct-tls":
+        sock = socket.create_connection((UPSTREAM_HOST, t.tls_port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return _tls_client(t.upstream_ca).wrap_socket(sock, server_hostname=SERVICE_HOST)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(sock_path)
-    if mode == "connect":
-        sock.sendall(
-            f"CONNECT bench.test:{port} HTTP/1.1\r\nHost: bench.test:{port}\r\n\r\n".encode()
-        )
+    sock.connect(t.sock_path)
+    if mode in ("connect", "intercept"):
+        host, port = ("bench.test", t.port) if mode == "connect" else (SERVICE_HOST, t.tls_port)
+        sock.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
         _length, rest = _read_head(sock, bytearray())
         assert not rest
+    if mode == "intercept":
+        return _tls_client(t.installation_ca).wrap_socket(sock, server_hostname=SERVICE_HOST)
     return sock
 
 
-def _request(mode: str, port: int, path: str) -> bytes:
-    target = f"http://bench.test:{port}{path}" if mode == "proxy-http" else path
-    return f"GET {target} HTTP/1.1\r\nHost: bench.test:{port}\r\n\r\n".encode()
+def _request(mode: str, t: Target, path: str) -> bytes:
+    if mode in ("direct-tls", "intercept"):
+        host = f"{SERVICE_HOST}:{t.tls_port}"
+    else:
+        host = f"bench.test:{t.port}"
+    target = f"http://{host}{path}" if mode == "proxy-http" else path
+    return f"GET {target} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
 
 
-def download(mode: str, sock_path: str, port: int, size: int) -> float:
+def download(mode: str, t: Target, size: int) -> float:
     scratch = memoryview(bytearray(4 * MiB))
-    sock = _open(mode, sock_path, port)
+    sock = _open(mode, t)
     try:
         start = time.perf_counter()
-        sock.sendall(_request(mode, port, f"/bytes/{size}"))
+        sock.sendall(_request(mode, t, f"/bytes/{size}"))
         length, rest = _read_head(sock, bytearray())
-        assert length == size
-        _read_body(sock, length, rest, scratch)
+        if length < 0:
+            got, _ = _read_chunked(sock, rest, scratch)
+            assert got == size, (got, size)
+        else:
+            assert length == size
+            _read_body(sock, length, rest, scratch)
         elapsed = time.perf_counter() - start
     finally:
         sock.close()
     return size / elapsed / MiB  # MiB/s
 
 
-def small_requests(mode: str, sock_path: str, port: int, count: int) -> list[float]:
+def small_requests(mode: str, t: Target, count: int) -> list[float]:
     scratch = memoryview(bytearray(65536))
-    sock = _open(mode, sock_path, port)
+    sock = _open(mode, t)
     latencies = []
     try:
-        request = _request(mode, port, "/small")
+        request = _request(mode, t, "/small")
         buf = bytearray()
         for _ in range(count + 50):
             start = time.perf_counter()
@@ -185,33 +303,49 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
     ctx = multiprocessing.get_context("spawn")
-    port = ctx.Value("i", 0)
+    port, tls_port = ctx.Value("i", 0), ctx.Value("i", 0)
     up_ready, proxy_ready = ctx.Event(), ctx.Event()
-    upstream = ctx.Process(target=_upstream_main, args=(port, up_ready), daemon=True)
-    upstream.start()
-    up_ready.wait(10)
     workdir = tempfile.mkdtemp(prefix="aamp-bench-", dir="/tmp")
+    upstream_ca = os.path.join(workdir, "upstream-ca")
+    upstream = ctx.Process(
+        target=_upstream_main, args=(port, tls_port, upstream_ca, up_ready), daemon=True
+    )
+    upstream.start()
+    up_ready.wait(20)
     sock_path = os.path.join(workdir, "egress.sock")
-    proxy = ctx.Process(target=_proxy_main, args=(sock_path, port.value, proxy_ready), daemon=True)
+    proxy = ctx.Process(
+        target=_proxy_main, args=(sock_path, tls_port.value, workdir, proxy_ready), daemon=True
+    )
     proxy.start()
-    proxy_ready.wait(10)
+    proxy_ready.wait(30)
+    target = Target(
+        sock_path,
+        port.value,
+        tls_port.value,
+        os.path.join(upstream_ca, "ca.crt"),
+        os.path.join(workdir, "home", "ca", "ca.crt"),
+    )
+    modes = ["direct", "proxy-http", "connect", "direct-tls", "intercept"]
     try:
         size = args.mib * MiB
-        throughput: dict[str, list[float]] = {"direct": [], "proxy-http": [], "connect": []}
+        throughput: dict[str, list[float]] = {mode: [] for mode in modes}
         for _ in range(args.runs):  # interleaved, so drift hits every mode alike
             for mode in throughput:
-                throughput[mode].append(download(mode, sock_path, port.value, size))
+                throughput[mode].append(download(mode, target, size))
         latency = {}
-        for mode in ("direct", "proxy-http", "connect"):
-            latency[mode] = small_requests(mode, sock_path, port.value, args.small)
+        for mode in modes:
+            latency[mode] = small_requests(mode, target, args.small)
     finally:
         proxy.terminate()
         upstream.terminate()
         proxy.join(5)
         upstream.join(5)
 
-    direct_tp = statistics.median(throughput["direct"])
-    direct_p50 = statistics.median(latency["direct"])
+    def baseline(mode: str) -> str:
+        return "direct-tls" if mode in ("direct-tls", "intercept") else "direct"
+
+    direct_tp = {m: statistics.median(throughput[baseline(m)]) for m in modes}
+    direct_p50 = {m: statistics.median(latency[baseline(m)]) for m in modes}
     result = {
         "download_mib": args.mib,
         "runs": args.runs,
@@ -221,7 +355,8 @@ def main() -> None:
             mode: {
                 "median": statistics.median(v),
                 "p95_low": _p95([-x for x in v]) * -1,
-                "ratio_to_direct": statistics.median(v) / direct_tp,
+                "baseline": baseline(mode),
+                "ratio_to_direct": statistics.median(v) / direct_tp[mode],
             }
             for mode, v in throughput.items()
         },
@@ -229,7 +364,8 @@ def main() -> None:
             mode: {
                 "p50": statistics.median(v),
                 "p95": _p95(v),
-                "added_p50": statistics.median(v) - direct_p50,
+                "baseline": baseline(mode),
+                "added_p50": statistics.median(v) - direct_p50[mode],
             }
             for mode, v in latency.items()
         },
@@ -237,6 +373,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
 
+    print("ratio and added p50 are against direct (plain modes) or direct-tls (TLS modes)")
     print(f"{args.mib} MiB download, {args.runs} runs (MiB/s; p95 = 95th percentile slowest)")
     print(f"{'mode':<12}{'median':>10}{'p95':>10}{'ratio':>8}")
     for mode, row in result["throughput_mib_s"].items():

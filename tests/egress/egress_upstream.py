@@ -3,8 +3,15 @@
 Routes: `/` and anything else → `hello from ADDR:PORT` plus the Host it was asked for;
 `/bytes/N` → N bytes; `/chunked/N` → N bytes in chunked encoding; `/echo` → the request body;
 `/close` → a response without length, ended by closing; `/ws` → a websocket echo (RFC 6455
-handshake, text frames). Every request is counted in `requests` so tests can tell whether a
-packet reached it.
+handshake, text frames). Every request is counted in `requests` (and its headers kept in `seen`)
+so tests can tell whether a packet reached it and what it carried.
+
+For credential-injection tests it plays a careless service that echoes what it was given:
+`/whoami` → the Authorization and X-Api-Key headers it got, in a JSON body and in response
+headers; `/leak/FRAMING/K` → the credential it got (bearer token, or basic's base64 token,
+decoded pair and password, or X-Api-Key) in a body sent in two TLS records split K bytes into
+it, framed `chunked`, `length` or `close`; `/leak/gzip/0` → the same, gzip-encoded.
+Pass `ssl=` to serve HTTPS.
 """
 
 from __future__ import annotations
@@ -12,22 +19,27 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import gzip
 import hashlib
+import json
+import ssl as ssl_module
 
 _WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 _BLOCK = b"x" * (1024 * 1024)
 
 
 class UpstreamServer:
-    def __init__(self, host: str, port: int = 0):
+    def __init__(self, host: str, port: int = 0, *, ssl: ssl_module.SSLContext | None = None):
         self.host = host
         self.port = port
+        self.ssl = ssl
         self.requests: list[tuple[str, str, str]] = []  # (method, target, host header)
+        self.seen: list[list[tuple[str, str]]] = []  # every request's header lines, in order
         self.connections = 0
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self) -> UpstreamServer:
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self._server = await asyncio.start_server(self._serve, self.host, self.port, ssl=self.ssl)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -53,10 +65,13 @@ class UpstreamServer:
                 lines = head[:-4].decode("latin-1").split("\r\n")
                 method, target, _version = lines[0].split(" ")
                 headers = {}
+                pairs = []
                 for line in lines[1:]:
                     name, _, value = line.partition(":")
                     headers[name.strip().lower()] = value.strip()
+                    pairs.append((name.strip().lower(), value.strip()))
                 self.requests.append((method, target, headers.get("host", "")))
+                self.seen.append(pairs)
                 body = b""
                 if "content-length" in headers:
                     body = await reader.readexactly(int(headers["content-length"]))
@@ -99,6 +114,19 @@ class UpstreamServer:
             writer.write(b"0\r\nX-Trailer: done\r\n\r\n")
             await writer.drain()
             return True
+        if target == "/whoami":
+            auth = headers.get("authorization", "")
+            key = headers.get("x-api-key", "")
+            payload = json.dumps({"authorization": auth, "x-api-key": key}).encode()
+            writer.write(
+                f"HTTP/1.1 200 OK\r\nX-Echo-Authorization: {auth}\r\nX-Echo-Key: {key}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+                + payload
+            )
+            await writer.drain()
+            return True
+        if target.startswith("/leak/"):
+            return await leak_response(target, headers, writer)
         if target == "/echo":
             writer.write(f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
             await writer.drain()
@@ -133,6 +161,55 @@ class UpstreamServer:
         )
         await writer.drain()
         return True
+
+
+def credential_parts(headers: dict[str, str]) -> list[bytes]:
+    """Every form of the credential a careless service might echo back."""
+    auth = headers.get("authorization", "")
+    parts: list[bytes] = []
+    if auth.startswith("Bearer "):
+        parts.append(auth[7:].encode())
+    elif auth.startswith("Basic "):
+        token = auth[6:].encode()
+        pair = base64.b64decode(token)
+        parts += [token, pair, pair.split(b":", 1)[1]]
+    if headers.get("x-api-key"):
+        parts.append(headers["x-api-key"].encode())
+    return parts
+
+
+async def leak_response(target: str, headers: dict[str, str], writer: asyncio.StreamWriter) -> bool:
+    """`/leak/FRAMING/K`; returns whether the connection stays open."""
+    _, _, framing, split = target.split("/")
+    body = b"before " + b" | ".join(credential_parts(headers)) + b" after"
+    if framing == "gzip":
+        data = gzip.compress(body)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\n"
+            + f"Content-Length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
+        await writer.drain()
+        return True
+    k = 7 + int(split)  # K bytes into the first credential form
+    first, second = body[:k], body[k:]
+    if framing == "chunked":
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        writer.write(f"{len(first):x}\r\n".encode() + first + b"\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)  # a separate TLS record and a separate read at the proxy
+        writer.write(f"{len(second):x}\r\n".encode() + second + b"\r\n0\r\n\r\n")
+        await writer.drain()
+        return True
+    if framing == "length":
+        writer.write(f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode() + first)
+    else:
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + first)
+    await writer.drain()
+    await asyncio.sleep(0.05)
+    writer.write(second)
+    await writer.drain()
+    return framing == "length"
 
 
 def ws_frame(payload: bytes, *, mask: bool) -> bytes:

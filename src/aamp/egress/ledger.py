@@ -25,12 +25,14 @@ class EgressEvent:
     """One attempt. `host` is canonical when it could be parsed (else the raw text, escaped);
     `address` is the resolved address connected to (or refused), None before resolution.
     `decision` is "allowed" or "refused"; `rule` names what decided; `status` is the HTTP status
-    the proxy answered with (200 for an established tunnel), `time` a Unix timestamp."""
+    the proxy answered with (200 for an established tunnel), `time` a Unix timestamp.
+    For a service call (`kind` "service", or an intercepted "connect"), `service` names the
+    service and `secrets` the names of the secrets injected — never their values."""
 
     sandbox_id: str
     time: float
     connection: int
-    kind: str  # "connect" | "http" | "malformed"
+    kind: str  # "connect" | "http" | "service" | "malformed" | "overload"
     host: str
     port: int | None
     address: str | None
@@ -41,6 +43,8 @@ class EgressEvent:
     bytes_up: int
     bytes_down: int
     duration: float
+    service: str | None = None
+    secrets: tuple[str, ...] = ()
 
     @property
     def allowed(self) -> bool:
@@ -102,4 +106,5 @@ class JsonLinesSink:
         if not self.path.exists():
             return []
         with self.path.open(encoding="ascii") as handle:
-            return [EgressEvent(**json.loads(line)) for line in handle if line.strip()]
+            rows = [json.loads(line) for line in handle if line.strip()]
+        return [EgressEvent(**{**row, "secrets": tuple(row.get("secrets", ()))}) for row in rows]

@@ -19,11 +19,14 @@ Trust: every byte from the client is hostile. Parsing refuses bare CR/LF, NUL, o
 duplicate Host, Host vs absolute-URI disagreement, Content-Length with Transfer-Encoding,
 userinfo, fragments and any host the rules module cannot bring to one canonical spelling.
 
-Where credential injection slots in (a later issue): after the decision, `_open_upstream`
-is the single place that turns an allowed (host, port, address) into a byte stream. A
-service host's CONNECT will instead be handed to the TLS-terminating interceptor (which checks
-that SNI and Host match the CONNECT host and injects the credential); the decision, ledger and
-byte counting around it stay as they are.
+Credential injection (see `intercept.py`, `services.py`, `scrub.py`): a CONNECT to a granted
+service's exact (host, port) is decided, resolved and address-checked like any tunnel, then
+the proxy terminates its TLS with a leaf from the installation CA and keeps serving the inner
+requests with the same loop and parser (`_serve_requests`), each judged again, sent to the
+upstream over TLS the proxy verifies, with the credential added and the secret scrubbed from
+the response. A plain-HTTP request to a service host gets the same treatment (and TLS upstream
+if the service's upstream is https). No other host is ever injected. The ledger event of a
+service call names the service and the secret names used, never a value.
 
 `max_bytes_out` is a per-sandbox cap on bytes sent upstream across all connections (a
 per-connection cap would be bypassed by opening more connections). The connection that
@@ -40,12 +43,24 @@ import logging
 import os
 import re
 import socket
+import ssl
 import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aamp.egress.addresses import IPAddress
+from aamp.egress.ca import InstallationCA
+from aamp.egress.intercept import (
+    CREDENTIAL_RULE,
+    HANDSHAKE_RULE,
+    HOST_MISMATCH_RULE,
+    NOT_GRANTED_RULE,
+    Intercepted,
+    intercepted,
+    tls_server_name,
+    upstream_tls_context,
+)
 from aamp.egress.ledger import EgressEvent, EgressSink
 from aamp.egress.resolver import ResolveError, Resolver
 from aamp.egress.rules import (
@@ -56,6 +71,15 @@ from aamp.egress.rules import (
     normalize_host,
     parse_port,
     split_host_port,
+)
+from aamp.egress.scrub import BodyDecoder, Scrubber, UnsupportedEncoding
+from aamp.egress.services import (
+    Credential,
+    CredentialError,
+    SecretReader,
+    Service,
+    ServiceSet,
+    render,
 )
 
 log = logging.getLogger(__name__)
@@ -85,6 +109,7 @@ _REASONS = {
     408: "Request Timeout",
     414: "URI Too Long",
     417: "Expectation Failed",
+    421: "Misdirected Request",
     431: "Request Header Fields Too Large",
     503: "Service Unavailable",
     501: "Not Implemented",
@@ -94,6 +119,8 @@ _REASONS = {
 MAX_BYTES_RULE = "egress.max_bytes_out"
 _F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ on Linux (named in the module only from 3.10 on some)
 _SPLICE_BYTES = 1024 * 1024
+# Response headers dropped when a service response is scrubbed: its bytes change.
+_BODY_DIGESTS = frozenset({"content-md5", "digest", "content-digest", "repr-digest"})
 
 
 def _detach(
@@ -190,6 +217,8 @@ class _Attempt:
     bytes_down: int = 0
     cut: bool = False
     emitted: bool = False
+    service: str | None = None
+    secrets: tuple[str, ...] = ()
 
     @property
     def allowed(self) -> bool:
@@ -229,6 +258,7 @@ class _Upstream:
     address: IPAddress
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
+    tls: bool = False
 
 
 def _clean(text: str, limit: int = 200) -> str:
@@ -244,7 +274,12 @@ class EgressProxy:
     await proxy.start()
     ...                                # the guest's forwarder dials sock_path
     proxy.update_rules(new_rules)      # applies to the next connection / request
+    proxy.update_services(services)    # the same, for the granted services
     await proxy.close()                # stops, cuts connections, waits for the ledger
+
+    Credential injection needs `services` (a `ServiceSet`), `secrets` (a `SecretReader`, e.g.
+    `VaultSecretReader(vault)`) and `ca` (the `InstallationCA`); `upstream_tls` is how service
+    upstreams are verified (default: the system trust store, see `upstream_tls_context`).
     """
 
     def __init__(
@@ -255,10 +290,20 @@ class EgressProxy:
         resolver: Resolver,
         sink: EgressSink,
         limits: ProxyLimits | None = None,
+        *,
+        services: ServiceSet | None = None,
+        secrets: SecretReader | None = None,
+        ca: InstallationCA | None = None,
+        upstream_tls: ssl.SSLContext | None = None,
     ):
         self.sandbox_id = sandbox_id
         self.socket_path = Path(socket_path)
         self._rules = rules
+        self._secrets = secrets
+        self._ca = ca
+        self._upstream_tls = upstream_tls
+        self._services = ServiceSet()
+        self.update_services(services or ServiceSet())
         self._resolver = resolver
         self._sink = sink
         self.limits = limits or ProxyLimits()
@@ -321,6 +366,27 @@ class EgressProxy:
             raise TypeError("update_rules expects an EgressRules")
         self._rules = rules
 
+    @property
+    def services(self) -> ServiceSet:
+        return self._services
+
+    def update_services(self, services: ServiceSet) -> None:
+        """Replace the granted services; every connection or request judged from now on uses
+        them (an intercepted tunnel whose service is gone gets 403 on its next request)."""
+        if not isinstance(services, ServiceSet):
+            raise TypeError("update_services expects a ServiceSet")
+        if len(services) and (self._ca is None or self._secrets is None):
+            raise ValueError("services need the proxy to have a CA (ca=) and a secret reader")
+        self._services = services
+
+    def _service_for(self, host: Host, port: int) -> Service | None:
+        return self._services.for_destination(host, port)
+
+    def _upstream_context(self) -> ssl.SSLContext:
+        if self._upstream_tls is None:
+            self._upstream_tls = upstream_tls_context()
+        return self._upstream_tls
+
     def stats(self) -> EgressStats:
         c = self._counters
         return EgressStats(c.bytes_up, c.bytes_down, c.attempts, c.refused, len(self._connections))
@@ -332,32 +398,53 @@ class EgressProxy:
         assert task is not None
         self._connections.add(task)
         connection = next(self._ids)
-        upstream: _Upstream | None = None
-        attempt = _Attempt("http")
         try:
             if len(self._connections) > self.limits.max_connections:
-                attempt.kind = "overload"
+                attempt = _Attempt("overload")
                 attempt.decision = Decision(
                     False, "proxy: too many connections", "this sandbox has too many connections"
                 )
                 attempt.status = 503
                 await self._refuse(writer, _Refusal(503, attempt.decision.rule, attempt.reason))
+                self._emit(connection, attempt)
                 return
             with contextlib.suppress(Exception):
                 writer.transport.set_write_buffer_limits(high=4 * self.limits.chunk_bytes)
+            await self._serve_requests(reader, writer, connection)
+        finally:
+            writer.close()
+            self._connections.discard(task)
+
+    async def _serve_requests(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: int
+    ) -> None:
+        """Requests on one client connection until it ends; an intercepted CONNECT switches
+        the same loop to the requests inside the guest's TLS (`tunnel`)."""
+        upstream: _Upstream | None = None
+        tunnel: Intercepted | None = None
+        attempt = _Attempt("http")
+        try:
             while True:
-                attempt = _Attempt("http")
+                attempt = self._new_attempt(tunnel)
                 head = await self._read_head(reader)
                 if head is None:
                     return
-                attempt = _Attempt("connect" if head.method == "CONNECT" else "http")
                 if head.method == "CONNECT":
+                    if tunnel is not None:
+                        raise _Refusal(400, "client: malformed", "CONNECT inside a TLS tunnel")
+                    attempt = _Attempt("connect")
                     if upstream is not None:
                         await self._close_upstream(upstream)
                         upstream = None
-                    await self._tunnel(head, reader, writer, attempt)
-                    return
-                upstream, keep_going = await self._forward(head, reader, writer, attempt, upstream)
+                    tunnel = await self._tunnel(head, reader, writer, attempt)
+                    if tunnel is None:
+                        return
+                    self._emit(connection, attempt)  # the interception itself; calls follow
+                    continue
+                attempt = self._new_attempt(tunnel)
+                upstream, keep_going = await self._forward(
+                    head, reader, writer, attempt, upstream, tunnel
+                )
                 self._emit(connection, attempt)
                 if not keep_going:
                     return
@@ -372,7 +459,7 @@ class EgressProxy:
                     True, attempt.decision.rule, refusal.reason, attempt.decision.exact
                 )
             else:
-                if attempt.decision is None:
+                if attempt.decision is None and attempt.kind != "service":
                     attempt.kind = "malformed"
                 attempt.decision = Decision(False, refusal.rule, refusal.reason)
             if not answered:
@@ -384,7 +471,7 @@ class EgressProxy:
             attempt.decision = Decision(
                 False, MAX_BYTES_RULE, "connection cut: max_bytes_out exceeded"
             )
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
             pass  # the client or upstream went away; the attempt (if any) is still recorded
         except asyncio.CancelledError:
             pass  # the proxy is closing; fall through to record what was under way
@@ -395,8 +482,14 @@ class EgressProxy:
                 self._emit(connection, attempt)
             if upstream is not None:
                 upstream.writer.close()
-            writer.close()
-            self._connections.discard(task)
+
+    @staticmethod
+    def _new_attempt(tunnel: Intercepted | None) -> _Attempt:
+        if tunnel is None:
+            return _Attempt("http")
+        attempt = _Attempt("service", service=tunnel.service)
+        attempt.host, attempt.port = str(tunnel.host), tunnel.port
+        return attempt
 
     def _emit(self, connection: int, attempt: _Attempt) -> None:
         decision = attempt.decision
@@ -421,6 +514,8 @@ class EgressProxy:
             bytes_up=attempt.bytes_up,
             bytes_down=attempt.bytes_down,
             duration=round(time.monotonic() - attempt.started, 6),
+            service=attempt.service,
+            secrets=attempt.secrets,
         )
         task = asyncio.get_running_loop().create_task(self._record(event))
         self._records.add(task)
@@ -589,8 +684,12 @@ class EgressProxy:
             raise _Refusal(403, first_refusal.rule, first_refusal.reason)
         return passed
 
-    async def _open_upstream(self, host: Host, port: int, addresses: list, attempt: _Attempt):
-        """Connect to the first checked address that answers. No name lookup happens here."""
+    async def _open_upstream(
+        self, host: Host, port: int, addresses: list, attempt: _Attempt, *, tls: bool = False
+    ):
+        """Connect to the first checked address that answers. No name lookup happens here.
+
+        With `tls`, speak TLS to it, verifying its certificate for `host` (service upstreams)."""
         loop = asyncio.get_running_loop()
         last_error = "no address"
         for address in addresses:
@@ -601,13 +700,33 @@ class EgressProxy:
             try:
                 async with asyncio.timeout(self.limits.connect_timeout):
                     await loop.sock_connect(sock, (str(address), port))
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                reader, writer = await asyncio.open_connection(
-                    sock=sock, limit=4 * self.limits.chunk_bytes
-                )
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    if tls:
+                        reader, writer = await asyncio.open_connection(
+                            sock=sock,
+                            limit=4 * self.limits.chunk_bytes,
+                            ssl=self._upstream_context(),
+                            server_hostname=tls_server_name(host),
+                            ssl_handshake_timeout=self.limits.connect_timeout,
+                        )
+                    else:
+                        reader, writer = await asyncio.open_connection(
+                            sock=sock, limit=4 * self.limits.chunk_bytes
+                        )
             except TimeoutError:
                 sock.close()
                 last_error = f"connecting to {address} port {port} timed out"
+                continue
+            except ssl.SSLCertVerificationError as exc:
+                sock.close()
+                last_error = (
+                    f"the certificate of {address} port {port} is not trusted for {host}: "
+                    f"{exc.verify_message}"
+                )
+                continue
+            except ssl.SSLError as exc:
+                sock.close()
+                last_error = f"TLS with {address} port {port} failed: {exc.reason or exc}"
                 continue
             except OSError as exc:
                 sock.close()
@@ -615,7 +734,7 @@ class EgressProxy:
                 continue
             with contextlib.suppress(Exception):
                 writer.transport.set_write_buffer_limits(high=4 * self.limits.chunk_bytes)
-            return _Upstream(host, port, address, reader, writer)
+            return _Upstream(host, port, address, reader, writer, tls)
         status = 504 if "timed out" in last_error else 502
         rule = attempt.decision.rule if attempt.decision else "upstream"
         raise _Refusal(status, rule, last_error)
@@ -634,12 +753,17 @@ class EgressProxy:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         attempt: _Attempt,
-    ) -> None:
+    ) -> Intercepted | None:
+        """Serve a CONNECT. A plain tunnel is relayed here until it ends (returns None); a
+        service host's tunnel is intercepted and returned for the request loop to serve."""
         host, port = self._authority(head.target, None)
         attempt.host, attempt.port = str(host), port
         self._check_host_header(head, host, port, port)
         decision = self._judge(host, port, attempt)
         addresses = await self._addresses(host, decision, attempt)
+        service = self._service_for(host, port)
+        if service is not None:
+            return await self._intercept(host, port, service, reader, writer, attempt)
         upstream = await self._open_upstream(host, port, addresses, attempt)
         try:
             writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
@@ -648,6 +772,36 @@ class EgressProxy:
             await self._relay(reader, writer, upstream, attempt)
         finally:
             await self._close_upstream(upstream)
+        return None
+
+    async def _intercept(
+        self,
+        host: Host,
+        port: int,
+        service: Service,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        attempt: _Attempt,
+    ) -> Intercepted:
+        """Become the TLS server for `host` towards the guest (leaf from the installation CA).
+
+        The upstream connection is opened by the first request, like plain HTTP's."""
+        assert self._ca is not None
+        attempt.service = service.name
+        if getattr(reader, "_buffer", b""):
+            # Bytes sent before our 200 would be lost to the TLS layer: refuse, do not guess.
+            raise _Refusal(400, "client: malformed", "data sent before the tunnel was established")
+        context = self._ca.server_context(tls_server_name(host))
+        writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+        attempt.status = 200
+        try:
+            await writer.start_tls(context, ssl_handshake_timeout=self.limits.header_timeout)
+        except (ssl.SSLError, ConnectionError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            attempt.decision = Decision(
+                False, HANDSHAKE_RULE, f"the guest's TLS handshake failed ({type(exc).__name__})"
+            )
+            raise ConnectionResetError("client TLS handshake failed") from None
+        return intercepted(host, port, service.name, writer.get_extra_info("ssl_object"))
 
     async def _relay(
         self,
@@ -843,17 +997,34 @@ class EgressProxy:
         writer: asyncio.StreamWriter,
         attempt: _Attempt,
         upstream: _Upstream | None,
+        tunnel: Intercepted | None = None,
     ) -> tuple[_Upstream | None, bool]:
-        host, port, authority, path = self._absolute_target(head.target)
-        attempt.host, attempt.port = str(host), port
-        self._check_host_header(head, host, port, 80)
+        if tunnel is None:
+            host, port, authority, path = self._absolute_target(head.target)
+            attempt.host, attempt.port = str(host), port
+            self._check_host_header(head, host, port, 80)
+        else:
+            host, port, authority, path = self._tunnel_target(head, tunnel)
         framing = self._request_framing(head)
         expect = head.get("expect")
         if expect is not None and expect.lower() != "100-continue":
             raise _Refusal(417, "client: expectation", "only Expect: 100-continue is supported")
         decision = self._judge(host, port, attempt)
+        service = self._service_for(host, port)
+        if tunnel is not None and (service is None or service.name != tunnel.service):
+            raise _Refusal(
+                403,
+                NOT_GRANTED_RULE,
+                f"service {tunnel.service} is no longer granted to this sandbox",
+            )
+        credential: Credential | None = None
+        if service is not None:
+            attempt.service = service.name
+            attempt.secrets = service.secret_names
+            credential = await self._credential(service, head, host)
+        tls = service is not None and service.tls
         if upstream is not None:
-            same = upstream.host == host and upstream.port == port
+            same = upstream.host == host and upstream.port == port and upstream.tls == tls
             # Reuse a kept-alive upstream only for the same place, if the (possibly changed)
             # rules still pass its address, and if the upstream has not closed it meanwhile.
             stale = upstream.reader.at_eof() or upstream.writer.is_closing()
@@ -866,11 +1037,11 @@ class EgressProxy:
                 upstream = None
         if upstream is None:
             addresses = await self._addresses(host, decision, attempt)
-            upstream = await self._open_upstream(host, port, addresses, attempt)
+            upstream = await self._open_upstream(host, port, addresses, attempt, tls=tls)
         attempt.address = str(upstream.address)
         try:
             keep = await self._exchange(
-                head, path, authority, framing, reader, writer, upstream, attempt
+                head, path, authority, framing, reader, writer, upstream, attempt, credential
             )
         except BaseException:
             await self._close_upstream(upstream)
@@ -880,6 +1051,55 @@ class EgressProxy:
             await self._close_upstream(upstream)
             upstream = None
         return upstream, client_keep
+
+    def _tunnel_target(self, head: _Head, tunnel: Intercepted) -> tuple[Host, int, str, str]:
+        """(host, port, authority, path) of a request inside an intercepted tunnel: the TLS
+        server name and the Host header must both name the tunnel's host (no fronting)."""
+        problem = tunnel.sni_problem()
+        if problem is not None:
+            raise _Refusal(421, problem[0], problem[1], host=str(tunnel.host), port=tunnel.port)
+        target = head.target
+        if target.lower().startswith("https://"):
+            rest = target[8:]
+            cut = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+            authority, path = rest[:cut], rest[cut:] or "/"
+            if "@" in authority:
+                raise _Refusal(400, "client: bad target", "userinfo in the URI is refused")
+            if path.startswith("?"):
+                path = "/" + path
+            if self._authority(authority, 443) != (tunnel.host, tunnel.port):
+                raise _Refusal(
+                    421,
+                    HOST_MISMATCH_RULE,
+                    f"the request names {_clean(authority, 100)}, the tunnel is for "
+                    f"{tunnel.host}:{tunnel.port}",
+                )
+        elif target.startswith("/"):
+            path = target
+        else:
+            raise _Refusal(400, "client: bad target", "a request in a tunnel needs a /path target")
+        if "#" in path:
+            raise _Refusal(400, "client: bad target", "a fragment is not sent in a request")
+        value = head.get("host")
+        if value is None:
+            raise _Refusal(400, "client: missing host", "a request in a tunnel needs a Host header")
+        if self._authority(value, 443) != (tunnel.host, tunnel.port):
+            raise _Refusal(
+                421,
+                HOST_MISMATCH_RULE,
+                f"the Host header ({_clean(value, 100)}) is not the host of the TLS connection "
+                f"({tunnel.host}:{tunnel.port})",
+            )
+        return tunnel.host, tunnel.port, value, path
+
+    async def _credential(self, service: Service, head: _Head, host: Host) -> Credential:
+        if self._secrets is None:  # pragma: no cover - update_services refuses this
+            raise _Refusal(503, CREDENTIAL_RULE, "this proxy has no secret reader")
+        purpose = f"egress {self.sandbox_id}: service {service.name} ({head.method} {host})"
+        try:
+            return await render(service, self._secrets, purpose)
+        except CredentialError as exc:
+            raise _Refusal(503, CREDENTIAL_RULE, str(exc)) from None
 
     @staticmethod
     def _request_framing(head: _Head) -> tuple[str, int]:
@@ -908,30 +1128,40 @@ class EgressProxy:
         writer: asyncio.StreamWriter,
         upstream: _Upstream,
         attempt: _Attempt,
+        credential: Credential | None = None,
     ) -> tuple[bool, bool]:
         """Send one request upstream and its response back. Returns (client keep-alive,
-        upstream reusable)."""
+        upstream reusable). With a `credential` (a service call) its headers replace the
+        guest's of the same name and the response is scrubbed of its secret values."""
         tokens = head.connection_tokens()
         drop = _HOP_BY_HOP | tokens
+        if credential is not None:
+            drop = drop | credential.replaces | {"accept-encoding"}
         lines = [f"{head.method} {path} HTTP/1.1"]
         if head.get("host") is None:
             lines.append(f"Host: {authority}")
         for (name, value), raw in zip(head.headers, head.raw_names, strict=True):
             if name not in drop:
                 lines.append(f"{raw}: {value}")
+        if credential is not None:
+            lines.append("Accept-Encoding: identity")  # a secret inside gzip is unscrubbable
+            lines.extend(f"{name}: {value}" for name, value in credential.headers)
         kind, length = framing
         if kind == "chunked":
             lines.append("Transfer-Encoding: chunked")
         out = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        del lines
         if head.get("expect") is not None:
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         self._send_up(upstream.writer, out, attempt)
+        del out
         if kind == "length":
             await self._copy_length(reader, upstream.writer, length, attempt, up=True)
         elif kind == "chunked":
             await self._copy_chunked(reader, upstream.writer, attempt, up=True)
         await upstream.writer.drain()
 
+        scrubber = Scrubber(credential.scrub_forms) if credential is not None else None
         client_keep = (
             "close" not in tokens if head.version == "HTTP/1.1" else "keep-alive" in tokens
         )
@@ -940,7 +1170,8 @@ class EgressProxy:
             if status == 101:
                 raise _Refusal(502, attempt.decision.rule, "unexpected 101 from upstream")
             if 100 <= status < 200:
-                self._send_down(writer, response.raw, attempt)
+                raw = response.raw if scrubber is None else scrubber.scrub(response.raw)
+                self._send_down(writer, raw, attempt)
                 continue
             break
         attempt.status = status
@@ -966,18 +1197,41 @@ class EgressProxy:
         if body[0] == "eof":
             client_keep = False
             upstream_keep = False
-        out_lines = [response.status_line]
+        # How the body goes to the guest: as it came, or (scrubbed) re-framed.
+        down = body[0]
+        decoder: BodyDecoder | None = None
+        status_line = response.status_line
+        if scrubber is not None:
+            status_line = scrubber.scrub(status_line.encode("latin-1")).decode("latin-1")
+            if body[0] != "none":
+                encodings = response.get_all("content-encoding")
+                try:
+                    decoder = BodyDecoder(", ".join(encodings))
+                except UnsupportedEncoding as exc:
+                    raise _Refusal(502, attempt.decision.rule, str(exc)) from None
+                rdrop = rdrop | {"content-length"} | _BODY_DIGESTS
+                if decoder.decoding:
+                    rdrop = rdrop | {"content-encoding"}
+                down = "chunked" if head.version == "HTTP/1.1" else "eof"
+                if down == "eof":
+                    client_keep = False
+        out_lines = [status_line]
         for (name, value), raw in zip(response.headers, response.raw_names, strict=True):
             if name not in rdrop:
+                if scrubber is not None:
+                    value = scrubber.scrub(value.encode("latin-1")).decode("latin-1")
                 out_lines.append(f"{raw}: {value}")
-        if body[0] == "chunked":
+        if down == "chunked":
             out_lines.append("Transfer-Encoding: chunked")
         if not client_keep:
             out_lines.append("Connection: close")
         elif head.version == "HTTP/1.0":
             out_lines.append("Connection: keep-alive")
         self._send_down(writer, ("\r\n".join(out_lines) + "\r\n\r\n").encode("latin-1"), attempt)
-        if body[0] == "length":
+        if decoder is not None:
+            assert scrubber is not None
+            await self._scrub_body(upstream.reader, writer, body, down, decoder, scrubber, attempt)
+        elif body[0] == "length":
             await self._copy_length(upstream.reader, writer, body[1], attempt, up=False)
         elif body[0] == "chunked":
             await self._copy_chunked(upstream.reader, writer, attempt, up=False)
@@ -986,7 +1240,80 @@ class EgressProxy:
         await writer.drain()
         return client_keep, upstream_keep
 
-    def _send_down(self, writer: asyncio.StreamWriter, data: bytes, attempt: _Attempt) -> None:
+    async def _scrub_body(
+        self,
+        source: asyncio.StreamReader,
+        sink: asyncio.StreamWriter,
+        body: tuple[str, int],
+        down: str,
+        decoder: BodyDecoder,
+        scrubber: Scrubber,
+        attempt: _Attempt,
+    ) -> None:
+        """Decode the upstream body's framing and coding, scrub it, send it `down`
+        (chunked, or until close for an HTTP/1.0 guest)."""
+        chunked = down == "chunked"
+
+        def send(data: bytes | memoryview) -> None:
+            if not data:
+                return
+            if chunked:
+                self._send_down(sink, b"%x\r\n" % len(data), attempt)
+                self._send_down(sink, data, attempt)
+                self._send_down(sink, b"\r\n", attempt)
+            else:
+                self._send_down(sink, data, attempt)
+
+        try:
+            async for piece in self._body_pieces(source, body):
+                for decoded in decoder.feed(piece):
+                    send(scrubber.feed(decoded))
+                    await sink.drain()
+            send(scrubber.feed(decoder.flush()))
+        except UnsupportedEncoding as exc:
+            raise _Refusal(502, attempt.decision.rule, str(exc)) from None
+        send(scrubber.flush())
+        if chunked:
+            self._send_down(sink, b"0\r\n\r\n", attempt)
+
+    async def _body_pieces(self, source: asyncio.StreamReader, body: tuple[str, int]):
+        """The upstream body's bytes, framing removed (trailers are dropped)."""
+        kind, length = body
+        size = self.limits.chunk_bytes
+        if kind == "length":
+            remaining = length
+            while remaining:
+                data = await source.read(min(size, remaining))
+                if not data:
+                    raise asyncio.IncompleteReadError(b"", remaining)
+                remaining -= len(data)
+                yield data
+        elif kind == "eof":
+            while data := await source.read(size):
+                yield data
+        elif kind == "chunked":
+            while True:
+                line = await source.readuntil(b"\r\n")
+                size_text = line[:-2].split(b";", 1)[0].strip()
+                if not re.fullmatch(rb"[0-9a-fA-F]{1,16}", size_text):
+                    raise _Refusal(502, "upstream: malformed", "bad chunk size from upstream")
+                remaining = int(size_text, 16)
+                if remaining == 0:
+                    while await source.readuntil(b"\r\n") != b"\r\n":
+                        pass
+                    return
+                while remaining:
+                    data = await source.read(min(size, remaining))
+                    if not data:
+                        raise asyncio.IncompleteReadError(b"", remaining)
+                    remaining -= len(data)
+                    yield data
+                if await source.readexactly(2) != b"\r\n":
+                    raise _Refusal(502, "upstream: malformed", "chunk not followed by CRLF")
+
+    def _send_down(
+        self, writer: asyncio.StreamWriter, data: bytes | memoryview, attempt: _Attempt
+    ) -> None:
         writer.write(data)
         attempt.bytes_down += len(data)
         self._counters.bytes_down += len(data)

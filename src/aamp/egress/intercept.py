@@ -1,0 +1,96 @@
+"""TLS interception for service hosts: terminate the guest's TLS, re-originate it upstream.
+
+When the guest CONNECTs to a granted service's exact (host, port), the proxy — after the same
+rules decision, host-side resolution and address check as any tunnel — answers 200, then
+becomes the TLS server itself (`StreamWriter.start_tls`, server side) with a leaf for that host
+minted by the installation CA. From then on the connection is read by the proxy's one request
+loop and one strict HTTP/1.1 parser, exactly like plain HTTP, except that:
+
+- the target is origin-form (`GET /path`), and the Host header must name the CONNECT host and
+  port, and the TLS server name (SNI) must name it too; otherwise 421 with rule
+  `tls: host mismatch` / `tls: sni mismatch` (domain fronting: a TLS name for one host, a Host
+  header for another). A name host without SNI is refused as well (`tls: no sni`).
+- each request is judged again (rules and the service list are live), gets the service's
+  credential added (any header of the same name from the guest is dropped first), and is sent
+  over a TLS connection the proxy opens to the upstream, verifying the upstream's certificate
+  against the system trust store or the installation's configured CA bundle;
+- the response is scrubbed of every form of every secret value used (`scrub.py`), its body
+  re-framed as chunked since its length changes.
+
+Why on the existing proxy and not mitmproxy (issue 3 asks for a well-kept library or a reason):
+the part that must be right is not TLS (that is OpenSSL via the standard `ssl` module and
+`cryptography` for certificates, both well kept) but the boundary around it, and that already
+lives here: one strict parser that refuses smuggling, one rules decision, host-side resolution
+with the connect-to-the-checked-address guarantee, byte caps and one ledger. mitmproxy would
+bring its own HTTP parser (a second one, with its own leniencies), its own upstream connection
+logic (which resolves names itself, so the address-check guarantee would have to be re-made
+in an addon hook), a second process or event loop per installation, and a dependency tree that
+pins `cryptography`, `h11`, `h2`, `pyOpenSSL` and more to exact versions that clash with
+ours (hence "its own virtual environment" in the issue, i.e. an IPC hop per request). What we
+write by hand here is small: a leaf-minting CA (`ca.py`), header injection (`services.py`),
+and a streaming scrubber (`scrub.py`).
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+from aamp.egress.ca import client_sni
+from aamp.egress.rules import Host, HostError, normalize_host
+
+SNI_MISMATCH_RULE = "tls: sni mismatch"
+NO_SNI_RULE = "tls: no sni"
+HOST_MISMATCH_RULE = "tls: host mismatch"
+HANDSHAKE_RULE = "tls: client handshake"
+NOT_GRANTED_RULE = "services: not granted"
+CREDENTIAL_RULE = "services: credential unavailable"
+
+
+def upstream_tls_context(cafile: Path | str | None = None) -> ssl.SSLContext:
+    """How the proxy verifies service upstreams: the system trust store, or `cafile` only.
+
+    Certificate and host name are always verified; HTTP/1.1 only (ALPN)."""
+    ctx = ssl.create_default_context(cafile=str(cafile) if cafile is not None else None)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_alpn_protocols(["http/1.1"])
+    return ctx
+
+
+def tls_server_name(host: Host) -> str:
+    """The name to send as SNI and to verify the upstream's certificate against."""
+    return str(host.ip) if host.ip is not None else host.name
+
+
+@dataclass(frozen=True)
+class Intercepted:
+    """An intercepted tunnel: what its inner requests are held to."""
+
+    host: Host
+    port: int
+    service: str
+    sni: str | None
+
+    def sni_problem(self) -> tuple[str, str] | None:
+        """(rule, reason) if the TLS server name does not name the CONNECT host."""
+        if self.sni is None:
+            if self.host.ip is not None:
+                return None  # clients send no SNI for IP literals
+            return NO_SNI_RULE, f"the TLS hello named no server; expected {self.host}"
+        try:
+            named = normalize_host(self.sni)
+        except HostError:
+            return SNI_MISMATCH_RULE, "the TLS server name is not a valid host"
+        if named != self.host:
+            return (
+                SNI_MISMATCH_RULE,
+                f"the TLS server name ({named}) is not the host of the tunnel ({self.host})",
+            )
+        return None
+
+
+def intercepted(
+    host: Host, port: int, service: str, ssl_object: ssl.SSLObject | None
+) -> Intercepted:
+    return Intercepted(host, port, service, client_sni(ssl_object))

@@ -1,0 +1,142 @@
+"""Scrubbing secret values out of what a service sends back to the guest.
+
+A service may echo the credential it was given (a debug endpoint, an error page quoting the
+request, a misconfigured upstream). Whatever comes back passes through a `Scrubber` that
+replaces every occurrence of every form of every secret value used for that request with a
+run of one marker byte.
+
+Streaming: a body arrives in pieces, and a value may be split across two of them. The scrubber
+keeps the last `longest - 1` bytes of each piece back until the next one arrives (or `flush`),
+so every occurrence is seen whole; everything before that tail goes out at once. Bytes are
+never rescanned after replacement, so the marker is a byte that occurs in no needle: then no
+occurrence can span a marker, and none can be formed from the pieces around one.
+
+`BodyDecoder` undoes a gzip/deflate Content-Encoding first (a value inside compressed bytes
+is invisible to a byte search); any other coding cannot be scrubbed and is refused by the
+proxy. The proxy also asks service upstreams for `Accept-Encoding: identity`.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Iterator
+
+_MARKER_CANDIDATES = b"*#~!^|_-.\x00"
+MARKER_LENGTH = 8
+DECODED_PIECE = 1024 * 1024
+
+
+class UnsupportedEncoding(ValueError):
+    """A Content-Encoding the scrubber cannot see through."""
+
+
+class Scrubber:
+    """Replace every needle in a stream of bytes. `hits` counts replacements."""
+
+    def __init__(self, needles: Iterable[bytes]):
+        unique = {n for n in needles if n}
+        self._needles = sorted(unique, key=len, reverse=True)  # longest wins at one position
+        self._keep = max((len(n) for n in self._needles), default=1) - 1
+        used = set().union(*(set(n) for n in self._needles)) if self._needles else set()
+        marker = next((b for b in _MARKER_CANDIDATES if b not in used), None)
+        if marker is None:  # pragma: no cover - needles use every candidate byte
+            marker = next(b for b in range(256) if b not in used)
+        self.marker = bytes([marker]) * MARKER_LENGTH
+        self._carry = b""
+        self.hits = 0
+
+    def __repr__(self) -> str:  # never show the needles
+        return f"Scrubber({len(self._needles)} needles, {self.hits} hits)"
+
+    def __bool__(self) -> bool:
+        return bool(self._needles)
+
+    def _replace(self, buf: bytes, limit: int) -> tuple[bytes, int]:
+        """Replace occurrences starting before `limit`; return (output, bytes consumed)."""
+        out: list[bytes] = []
+        pos = 0
+        found = [buf.find(n) for n in self._needles]
+        while True:
+            start, index = -1, -1
+            for i, at in enumerate(found):
+                if at >= 0 and (start < 0 or at < start):
+                    start, index = at, i
+            if start < 0 or start >= limit:
+                break
+            out.append(buf[pos:start])
+            out.append(self.marker)
+            self.hits += 1
+            pos = start + len(self._needles[index])
+            for i, at in enumerate(found):
+                if 0 <= at < pos:
+                    found[i] = buf.find(self._needles[i], pos)
+        end = max(pos, limit)
+        out.append(buf[pos:end])
+        return b"".join(out), end
+
+    def feed(self, data: bytes) -> bytes | memoryview:
+        """Scrubbed bytes that are safe to send now (a short tail is held back). Without a hit
+        this is a view of the input, not a copy: bodies are large and mostly clean."""
+        if not self._needles:
+            return data
+        buf = self._carry + data if self._carry else data
+        limit = max(0, len(buf) - self._keep)
+        if all(buf.find(n) < 0 for n in self._needles):
+            self._carry = buf[limit:]
+            return memoryview(buf)[:limit]
+        out, used = self._replace(buf, limit)
+        self._carry = buf[used:]
+        return out
+
+    def flush(self) -> bytes:
+        """The held-back tail, scrubbed; the stream is over."""
+        buf, self._carry = self._carry, b""
+        if not buf:
+            return b""
+        out, _ = self._replace(buf, len(buf))
+        return out
+
+    def scrub(self, data: bytes) -> bytes:
+        """Scrub one whole value (a header), independent of the stream state."""
+        if not self._needles:
+            return data
+        out, _ = self._replace(data, len(data))
+        return out
+
+
+class BodyDecoder:
+    """Undo a response's Content-Encoding (identity, gzip, x-gzip, deflate) piece by piece."""
+
+    def __init__(self, encoding: str | None):
+        codings = [c.strip().lower() for c in (encoding or "").split(",") if c.strip()]
+        codings = [c for c in codings if c != "identity"]
+        if not codings:
+            self._z = None
+        elif len(codings) == 1 and codings[0] in ("gzip", "x-gzip"):
+            self._z = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        elif len(codings) == 1 and codings[0] == "deflate":
+            self._z = zlib.decompressobj(zlib.MAX_WBITS)
+        else:
+            raise UnsupportedEncoding(
+                f"cannot scrub a response in Content-Encoding {', '.join(codings)!r}"
+            )
+
+    @property
+    def decoding(self) -> bool:
+        return self._z is not None
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        """Decoded pieces of at most `DECODED_PIECE` bytes each (a gzip bomb stays bounded
+        in memory: the caller sends each piece before the next is inflated)."""
+        if self._z is None:
+            yield data
+            return
+        try:
+            while data:
+                yield self._z.decompress(data, DECODED_PIECE)
+                data = self._z.unconsumed_tail
+        except zlib.error as exc:
+            raise UnsupportedEncoding(f"the compressed response is corrupt: {exc}") from None
+
+    def flush(self) -> bytes:
+        return self._z.flush() if self._z is not None else b""

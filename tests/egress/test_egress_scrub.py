@@ -1,0 +1,81 @@
+"""The streaming scrubber: every split of the stream, overlapping needles, the marker, gzip."""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+
+import pytest
+
+from aamp.egress.scrub import DECODED_PIECE, BodyDecoder, Scrubber, UnsupportedEncoding
+
+SECRET = b"s3cr3t-VALUE-42"
+OTHER = b"dG9rZW4="
+
+
+def run(scrubber: Scrubber, pieces: list[bytes]) -> bytes:
+    return b"".join(scrubber.feed(p) for p in pieces) + scrubber.flush()
+
+
+def test_every_split_point_of_two_pieces():
+    text = b"head " + SECRET + b" mid " + OTHER + SECRET + b" tail"
+    for cut in range(len(text) + 1):
+        scrubber = Scrubber([SECRET, OTHER])
+        out = run(scrubber, [text[:cut], text[cut:]])
+        m = scrubber.marker
+        assert out == b"head " + m + b" mid " + m + m + b" tail", cut
+        assert scrubber.hits == 3
+
+
+def test_one_byte_at_a_time_and_empty_pieces():
+    text = (b"x" + SECRET) * 5
+    scrubber = Scrubber([SECRET])
+    out = run(scrubber, [b""] + [text[i : i + 1] for i in range(len(text))] + [b""])
+    assert out == (b"x" + scrubber.marker) * 5
+    assert SECRET not in out
+
+
+def test_longest_needle_wins_and_marker_is_not_in_any_needle():
+    scrubber = Scrubber([b"abc", b"abcdef", b"*"])
+    assert b"*" not in scrubber.marker
+    out = run(scrubber, [b"xxabcdefyy abc"])
+    assert out == b"xx" + scrubber.marker + b"yy " + scrubber.marker
+    assert "abc" not in repr(scrubber)
+
+
+def test_no_needle_reappears_around_a_marker():
+    # An upstream that knows the secret cannot rebuild it from the pieces around a marker.
+    needle = b"ab"
+    scrubber = Scrubber([needle])
+    out = run(scrubber, [b"aab", b"b", b"a", b"abb"])
+    assert needle not in out
+
+
+def test_nothing_to_scrub_passes_bytes_through():
+    scrubber = Scrubber([])
+    assert not scrubber
+    assert scrubber.feed(b"abc") == b"abc" and scrubber.flush() == b""
+
+
+def test_header_scrub_is_independent_of_the_stream():
+    scrubber = Scrubber([SECRET])
+    held = len(SECRET) - 1  # the longest needle minus one byte is kept back
+    assert scrubber.feed(b"x" * 20 + SECRET[:4]) == b"x" * (24 - held)
+    assert scrubber.scrub(b"Bearer " + SECRET) == b"Bearer " + scrubber.marker
+    assert scrubber.flush() == b"x" * (held - 4) + SECRET[:4]
+
+
+def test_gzip_and_deflate_are_decoded_in_bounded_pieces():
+    body = b"A" * (3 * DECODED_PIECE) + SECRET
+    for encoding, data in (("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))):
+        decoder = BodyDecoder(encoding)
+        pieces = [*decoder.feed(data), decoder.flush()]
+        assert max(len(p) for p in pieces) <= DECODED_PIECE
+        assert b"".join(pieces) == body
+    assert not BodyDecoder("identity").decoding
+    with pytest.raises(UnsupportedEncoding, match="br"):
+        BodyDecoder("br")
+    with pytest.raises(UnsupportedEncoding):
+        BodyDecoder("gzip, gzip")
+    with pytest.raises(UnsupportedEncoding, match="corrupt"):
+        list(BodyDecoder("gzip").feed(b"not gzip at all"))
