@@ -84,18 +84,13 @@ def _upstream_main(port_out, tls_port_out, upstream_ca_dir: str, ready) -> None:
 def _proxy_main(sock_path: str, tls_port: int, workdir: str, ready) -> None:
     from aamp.audit import AuditLog
     from aamp.config import Settings
-    from aamp.egress import (
-        Bearer,
-        EgressProxy,
-        EgressRules,
-        InstallationCA,
-        JsonLinesSink,
-        Service,
-        ServiceSet,
-        StaticResolver,
-        VaultSecretReader,
-        upstream_tls_context,
-    )
+    from aamp.egress.ca import InstallationCA
+    from aamp.egress.intercept import upstream_tls_context
+    from aamp.egress.ledger import JsonLinesSink
+    from aamp.egress.proxy import EgressProxy
+    from aamp.egress.resolver import StaticResolver
+    from aamp.egress.rules import EgressRules
+    from aamp.egress.services import Bearer, Service, ServiceSet, VaultSecretReader
     from aamp.store import Store
     from aamp.vault import Vault
 

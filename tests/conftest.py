@@ -55,14 +55,23 @@ def _need_root_and_runsc() -> None:
 
 def _build(name: str) -> object:
     _need_root_and_runsc()
+    from aamp.egress.ca import InstallationCA, ca_dir
     from aamp.sandbox.images import ImageStore
 
-    store = ImageStore(Settings.from_env({**_shared_env(), "AAMP_HOME": str(REPO / ".aamp")}))
+    # Built as `scripts/install` builds them, with the clone's installation CA baked in.
+    shared = Settings.from_env({**_shared_env(), "AAMP_HOME": str(REPO / ".aamp")})
+    ca = InstallationCA.load_or_create(ca_dir(shared))
 
     def progress(line: str) -> None:
         print(line, file=sys.stderr)
 
-    return store.build(name, progress=progress)
+    return ImageStore(shared).build(name, progress=progress, ca_cert=ca.cert_path)
+
+
+@pytest.fixture(scope="session")
+def shared_ca_dir() -> Path:
+    """Where the CA baked into the test images lives (tests that intercept TLS use it)."""
+    return REPO / ".aamp" / "ca"
 
 
 @pytest.fixture(scope="session")

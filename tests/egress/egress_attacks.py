@@ -21,14 +21,10 @@ import dns.rrset
 from egress_client import read_response
 from egress_upstream import UpstreamServer
 
-from aamp.egress import (
-    DnsServerResolver,
-    EgressProxy,
-    EgressRules,
-    JsonLinesSink,
-    ProxyLimits,
-    StaticResolver,
-)
+from aamp.egress.ledger import JsonLinesSink
+from aamp.egress.proxy import EgressProxy, ProxyLimits
+from aamp.egress.resolver import DnsServerResolver, StaticResolver
+from aamp.egress.rules import EgressRules
 
 FAKE_HOSTS = [
     "127.0.0.10",

@@ -15,7 +15,7 @@ from cryptography.x509 import DNSName, IPAddress
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
 from aamp.config import Settings
-from aamp.egress import CAError, InstallationCA, ca_cert_path
+from aamp.egress.ca import CAError, InstallationCA, ca_cert_path
 
 
 def _settings(tmp_path) -> Settings:

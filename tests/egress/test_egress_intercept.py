@@ -23,20 +23,13 @@ from sqlalchemy import text
 
 from aamp.audit import AuditLog
 from aamp.config import Settings
-from aamp.egress import (
-    Basic,
-    Bearer,
-    EgressProxy,
-    EgressRules,
-    Header,
-    InstallationCA,
-    JsonLinesSink,
-    Service,
-    ServiceSet,
-    StaticResolver,
-    VaultSecretReader,
-    upstream_tls_context,
-)
+from aamp.egress.ca import InstallationCA
+from aamp.egress.intercept import upstream_tls_context
+from aamp.egress.ledger import JsonLinesSink
+from aamp.egress.proxy import EgressProxy
+from aamp.egress.resolver import StaticResolver
+from aamp.egress.rules import EgressRules
+from aamp.egress.services import Basic, Bearer, Header, Service, ServiceSet, VaultSecretReader
 from aamp.store import Store
 from aamp.vault import Vault
 

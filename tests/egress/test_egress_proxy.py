@@ -10,7 +10,10 @@ import pytest
 from egress_client import connect, get, read_response, send
 from egress_upstream import UpstreamServer, ws_frame, ws_read_frame
 
-from aamp.egress import EgressProxy, EgressRules, JsonLinesSink, ProxyLimits, StaticResolver
+from aamp.egress.ledger import JsonLinesSink
+from aamp.egress.proxy import EgressProxy, ProxyLimits
+from aamp.egress.resolver import StaticResolver
+from aamp.egress.rules import EgressRules
 
 SANDBOX = "sb-00000000000a"
 NAMES = {"a.test": ["127.0.0.10"], "b.test": ["127.0.0.11"], "c.test": ["127.0.0.10"]}

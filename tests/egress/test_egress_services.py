@@ -7,17 +7,18 @@ import base64
 
 import pytest
 
-from aamp.egress import (
+from aamp.egress.rules import normalize_host
+from aamp.egress.services import (
     Basic,
     Bearer,
+    CredentialError,
     Header,
     Service,
     ServiceError,
     ServiceSet,
     auth_from_dict,
-    normalize_host,
+    render,
 )
-from aamp.egress.services import CredentialError, render
 
 VALUE = "v-Qm29xLp0"
 

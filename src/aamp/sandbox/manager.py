@@ -25,6 +25,7 @@ import logging
 import os
 import secrets
 import shutil
+import ssl
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -33,10 +34,12 @@ from typing import Any
 
 from aamp.audit.record import AuditSink
 from aamp.config import Settings
+from aamp.egress.ca import InstallationCA
 from aamp.egress.ledger import EgressEvent, EgressSink
 from aamp.egress.proxy import EgressProxy
 from aamp.egress.resolver import Resolver, SystemResolver
 from aamp.egress.rules import EgressRules
+from aamp.egress.services import SecretReader, ServiceSet
 from aamp.sandbox.channel import GuestChannel
 from aamp.sandbox.driver import (
     SANDBOX_ID_RE,
@@ -121,6 +124,8 @@ class CreateRequest:
     resources: Resources = field(default_factory=Resources)
     # What the sandbox may reach through its egress proxy; nothing unless a policy says so.
     egress: EgressRules = field(default_factory=block_everything)
+    # The services whose credentials the proxy injects for this sandbox.
+    services: ServiceSet = field(default_factory=ServiceSet)
 
     def __post_init__(self) -> None:
         for name in ("ttl", "idle"):
@@ -189,6 +194,9 @@ class SandboxManager:
         recorder: AuditSink | LogRecorder | None = None,
         egress_sink: EgressSink | None = None,
         resolver: Resolver | None = None,
+        secrets: SecretReader | None = None,
+        ca: InstallationCA | None = None,
+        upstream_tls: ssl.SSLContext | None = None,
         warm_pool: dict[str, int] | None = None,
         tick: float = 0.5,
     ):
@@ -201,6 +209,8 @@ class SandboxManager:
         self.recorder = recorder or LogRecorder()
         self.egress_sink: EgressSink = egress_sink or LogEgressSink()
         self.resolver: Resolver = resolver or SystemResolver()
+        # Credential injection: without a secret reader and a CA no service can be injected.
+        self.secrets, self.ca, self.upstream_tls = secrets, ca, upstream_tls
         self.warm_pool_sizes = dict(warm_pool or {})
         self.tick = tick
         self._sandboxes: dict[str, Sandbox] = {}
@@ -291,6 +301,7 @@ class SandboxManager:
         if sandbox is None:
             sandbox = await self._boot(driver_name, request.image, request.resources)
         sandbox.egress.update_rules(request.egress)
+        sandbox.egress.update_services(request.services)
         sandbox.ttl, sandbox.idle = request.ttl, request.idle
         sandbox.created_at, sandbox.started_monotonic = time.time(), time.monotonic()
         sandbox.last_used = time.monotonic()
@@ -357,6 +368,9 @@ class SandboxManager:
             block_everything(),
             self.resolver,
             self.egress_sink,
+            secrets=self.secrets,
+            ca=self.ca,
+            upstream_tls=self.upstream_tls,
         )
         handle: SandboxHandle | None = None
         try:
@@ -431,9 +445,15 @@ class SandboxManager:
                 log.warning("warm pool for %s could not start a sandbox: %s", image, exc)
                 return
 
-    def update_egress(self, sandbox_id: str, rules: EgressRules) -> None:
-        """New rules for a live sandbox; they apply to its next connection or request."""
-        self.get(sandbox_id).egress.update_rules(rules)
+    def update_egress(
+        self, sandbox_id: str, rules: EgressRules, services: ServiceSet | None = None
+    ) -> None:
+        """New rules (and services) for a live sandbox; they apply to its next connection or
+        request."""
+        proxy = self.get(sandbox_id).egress
+        proxy.update_rules(rules)
+        if services is not None:
+            proxy.update_services(services)
 
     def pool_status(self) -> dict[str, int]:
         return {image: len(pool) for image, pool in self._pools.items()}
