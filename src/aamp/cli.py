@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_parser("ls", help="list sandboxes")
     rm = sb.add_parser("rm", help="destroy sandboxes")
     rm.add_argument("sandbox_ids", nargs="+")
+
+    from aamp.cli_identity import add_parsers
+
+    add_parsers(sub)
     return p
 
 
@@ -105,20 +109,27 @@ def _dispatch(args: argparse.Namespace, command: list[str], settings: Settings) 
         return 0 if ok else EXIT_ERROR
     if args.command == "image":
         return _image(args, settings)
+    if args.command != "sandbox":
+        from aamp.cli_identity import dispatch
+
+        return dispatch(args, settings, _table)
     return _sandbox(args, command, settings)
 
 
 def _image(args: argparse.Namespace, settings: Settings) -> int:
+    from aamp.egress.ca import InstallationCA, ca_dir
     from aamp.sandbox.images import ImageStore
 
     store = ImageStore(settings)
     if args.action == "build":
+        # Every image trusts the installation's CA, so services' intercepted TLS verifies.
+        ca = InstallationCA.load_or_create(ca_dir(settings))
         started = time.monotonic()
 
         def progress(line: str) -> None:
             print(f"[{time.monotonic() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
 
-        img = store.build(args.name, progress=progress, force=args.force)
+        img = store.build(args.name, progress=progress, force=args.force, ca_cert=ca.cert_path)
         print(
             f"{img.name} {img.content_hash[:16]} {_size(img.size_bytes)} "
             f"(ext4 {_size(img.ext4_bytes)}) in {time.monotonic() - started:.1f}s"

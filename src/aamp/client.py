@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 
-from aamp.api.auth import read_token
 from aamp.config import Settings
+from aamp.identity.bootstrap import read_token
 
 
 class ClientError(Exception):
@@ -22,12 +22,12 @@ class ClientError(Exception):
 
 class ApiClient:
     def __init__(self, settings: Settings, *, timeout: float = 120.0):
-        token = read_token(settings.cli_token_path)
+        token = read_token(settings.cli_token_path, settings.env)
         if token is None:
             raise ClientError(
                 "no_token",
-                f"no API token at {settings.cli_token_path}; is the control plane set up here "
-                f"(`aamp up`) and is AAMP_HOME right?",
+                f"no API token: set AAMP_TOKEN, or run the control plane here (`aamp up` writes "
+                f"{settings.cli_token_path}) and check AAMP_HOME",
             )
         self.base = settings.api_url
         self.http = httpx.Client(
@@ -57,6 +57,11 @@ class ApiClient:
                 "unreachable",
                 f"the control plane is not reachable at {self.base}; start it with `aamp up`",
             ) from None
+
+    def call(self, method: str, url: str, **kw: Any) -> Any:
+        """One JSON request; the decoded body (None for an empty one)."""
+        resp = self._send(method, url, **kw)
+        return resp.json() if resp.content else None
 
     def create_sandbox(self, **body: Any) -> dict[str, Any]:
         return self._send("POST", "/v1/sandboxes", json=body).json()

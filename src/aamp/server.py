@@ -1,4 +1,10 @@
-"""Assembles the host process from settings: image store, drivers, sandbox manager, API."""
+"""Assembles the host process from settings: store, audit log, vault, identity, sandboxes, API.
+
+`aamp up` opens the store (SQLite under $AAMP_HOME unless AAMP_DATABASE_URL says otherwise)
+and migrates it, creates the first admin on a fresh installation (printing a generated
+password once), keeps an admin API token for the local CLI in $AAMP_HOME/cli-token (0600),
+and wires the sandbox manager's lifecycle records to the real audit log.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +14,17 @@ import logging
 import uvicorn
 
 from aamp.api.app import create_app
-from aamp.api.auth import ensure_token
+from aamp.api.context import ControlPlane
+from aamp.audit import AuditLog
 from aamp.config import Settings
+from aamp.identity import Catalog, Directory, LoginThrottle
+from aamp.identity.bootstrap import ensure_cli_token, ensure_first_admin
+from aamp.sandbox.driver import Driver
 from aamp.sandbox.drivers import available_drivers, choose_default_driver
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.manager import SandboxManager
+from aamp.store import Store
+from aamp.vault import Vault
 
 log = logging.getLogger("aamp")
 
@@ -28,24 +40,62 @@ def parse_pool(spec: str) -> dict[str, int]:
     return pool
 
 
-def build_manager(settings: Settings) -> tuple[SandboxManager, ImageStore]:
+def build_manager(
+    settings: Settings, audit: AuditLog, drivers: dict[str, Driver] | None = None
+) -> tuple[SandboxManager, ImageStore]:
     images = ImageStore(settings)
-    drivers = available_drivers(settings)
+    drivers = available_drivers(settings) if drivers is None else drivers
     if not drivers:
         raise SystemExit("no isolation driver works on this host; run `aamp doctor` to see why")
     default = choose_default_driver(settings, drivers)
     pool = parse_pool(settings.env.get("AAMP_WARM_POOL", ""))
-    return SandboxManager(settings, images, drivers, default, warm_pool=pool), images
+    manager = SandboxManager(settings, images, drivers, default, recorder=audit, warm_pool=pool)
+    return manager, images
+
+
+def build_control_plane(
+    settings: Settings, drivers: dict[str, Driver] | None = None
+) -> tuple[ControlPlane, str | None]:
+    """The whole host process; also the first admin's generated password, if one was made.
+
+    `drivers` defaults to every driver usable on this host.
+    """
+    settings.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    store = Store.open(settings)
+    audit = AuditLog.open(settings, store)
+    vault = Vault.open(settings, store, audit)
+    directory = Directory(store)
+    password = ensure_first_admin(directory, settings.env)
+    ensure_cli_token(directory, settings.cli_token_path)
+    manager, images = build_manager(settings, audit, drivers)
+    cp = ControlPlane(
+        settings=settings,
+        store=store,
+        audit=audit,
+        vault=vault,
+        directory=directory,
+        catalog=Catalog(store),
+        manager=manager,
+        images=images,
+        throttle=LoginThrottle(),
+    )
+    return cp, password
 
 
 def serve(settings: Settings) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    manager, images = build_manager(settings)
-    token = ensure_token(settings.cli_token_path)
-    app = create_app(manager, images, token)
+    cp, password = build_control_plane(settings)
+    app = create_app(cp)
+    if password is not None:
+        print(
+            f"created the first admin: user 'admin', password {password} (shown only now; "
+            "set AAMP_ADMIN_PASSWORD to choose it)",
+            flush=True,
+        )
+    drivers = ", ".join(sorted(cp.manager.drivers))
     print(
-        f"aamp control plane on {settings.api_url} (drivers: {', '.join(sorted(manager.drivers))};"
-        f" default {manager.default_driver}); API token in {settings.cli_token_path}",
+        f"aamp control plane on {settings.api_url} (drivers: {drivers};"
+        f" default {cp.manager.default_driver}); admin API token in {settings.cli_token_path}",
         flush=True,
     )
     config = uvicorn.Config(
@@ -53,7 +103,11 @@ def serve(settings: Settings) -> None:
         host=settings.listen_host,
         port=settings.listen_port,
         log_level="warning",
+        access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=5,
     )
-    asyncio.run(uvicorn.Server(config).serve())
+    try:
+        asyncio.run(uvicorn.Server(config).serve())
+    finally:
+        cp.store.close()

@@ -254,3 +254,35 @@ def test_api_needs_the_token(cp):
         f"http://127.0.0.1:{cp.port}/v1/sandboxes", headers={"authorization": "Bearer nope"}
     )
     assert r.status_code == 401
+
+
+def test_identity_commands_and_local_audit(cp, tmp_path):
+    added = cp.aamp("user", "add", "bea", "--role", "builder")
+    assert added.returncode == 0, added.stderr
+    assert b"password:" in added.stdout
+    listed = cp.aamp("user", "ls").stdout.decode()
+    assert "bea" in listed and "builder" in listed and "admin" in listed
+    assert cp.aamp("user", "role", "bea", "operator").returncode == 0
+    assert "operator" in cp.aamp("user", "ls").stdout.decode()
+    refused = cp.aamp("user", "role", "admin", "operator")
+    assert refused.returncode != 0 and b"own role" in refused.stderr
+    made = cp.aamp("token", "create", "--name", "ci")
+    token_id, secret = made.stdout.decode().split()
+    assert secret.startswith("aamp_")
+    as_token = subprocess.run(
+        [sys.executable, "-m", "aamp", "user", "ls"],
+        env={**cp.env, "AAMP_TOKEN": secret},
+        capture_output=True,
+    )
+    assert as_token.returncode == 0
+    assert cp.aamp("token", "revoke", token_id).returncode == 0
+    secret_value = b"cli-secret-value-991"
+    assert cp.aamp("secret", "set", "crm_token", input=secret_value).returncode == 0
+    assert secret_value not in cp.aamp("secret", "ls").stdout
+    verified = cp.aamp("audit", "verify")
+    assert verified.returncode == 0 and verified.stdout.startswith(b"OK"), verified.stdout
+    out = tmp_path / "audit.jsonl"
+    exported = cp.aamp("audit", "export", "--since", "2000-01-01T00:00:00Z", "-o", str(out))
+    assert exported.returncode == 0, exported.stderr
+    text = out.read_text()
+    assert '"action":"user.created"' in text and secret_value.decode() not in text

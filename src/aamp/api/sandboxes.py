@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
 
+from aamp.api.context import ControlPlane, SandboxOwner
 from aamp.api.errors import ApiError
+from aamp.api.guard import actor_of, check, cp_of, json_body, request_id, rule
+from aamp.identity.model import Actor, Resource
 from aamp.sandbox import channel as ch
 from aamp.sandbox.driver import MiB, Resources
-from aamp.sandbox.images import ImageStore
 from aamp.sandbox.manager import (
     DEFAULT_IDLE_SECONDS,
     DEFAULT_TTL_SECONDS,
     CreateRequest,
-    SandboxManager,
 )
 
 MAX_STDIN_BYTES = 16 * MiB
@@ -35,6 +37,12 @@ class ResourcesIn(BaseModel):
 
 
 class SandboxIn(BaseModel):
+    """Admins may give image, lifetime and resources directly. Everyone else names an agent
+    they can run and a policy granted to it; the policy then sets image, lifetime and
+    resources (and the fields here are ignored)."""
+
+    agent: str | None = Field(None, min_length=1, max_length=32)
+    policy: str | None = Field(None, min_length=1, max_length=64)
     image: str = Field("base", min_length=1, max_length=64)
     driver: str | None = Field(None, max_length=32)
     ttl_seconds: float = DEFAULT_TTL_SECONDS
@@ -50,11 +58,104 @@ class ExecIn(BaseModel):
     timeout_seconds: float | None = Field(None, gt=0, le=24 * 3600)
 
 
-def router(manager: SandboxManager, images: ImageStore) -> APIRouter:
-    r = APIRouter(prefix="/v1")
+SandboxId = Annotated[str, Path(min_length=1, max_length=64)]
+
+
+async def _sandbox(request: Request, cp: ControlPlane, _: Actor) -> Resource:
+    sandbox_id = str(request.path_params.get("sandbox_id", ""))[:64]
+    owner = cp.owner_of(sandbox_id)
+    return Resource(
+        "sandbox",
+        sandbox_id,
+        owner=owner.username if owner else None,
+        agent=owner.agent if owner else None,
+    )
+
+
+def _resource_of(cp: ControlPlane, sandbox_id: str) -> Resource:
+    owner = cp.sandbox_owners.get(sandbox_id)
+    return Resource(
+        "sandbox",
+        sandbox_id,
+        owner=owner.username if owner else None,
+        agent=owner.agent if owner else None,
+    )
+
+
+async def _new_sandbox(request: Request, cp: ControlPlane, _: Actor) -> Resource:
+    """The agent the sandbox is for, and whether its policy and image are granted to it."""
+    body = await json_body(request)
+    agent, policy = body.get("agent"), body.get("policy")
+    if not isinstance(agent, str) or len(agent) > 32:
+        return Resource("sandbox", "new")
+    granted: bool | None = None
+    if isinstance(policy, str) and len(policy) <= 64:
+
+        def lookup() -> bool:
+            stored = cp.catalog.find_policy(policy)
+            return (
+                stored is not None
+                and cp.catalog.is_granted(agent, "policy", policy)
+                and cp.catalog.is_granted(agent, "image", stored.policy.image)
+            )
+
+        granted = await cp.store.run(lookup)
+    return Resource("sandbox", "new", agent=agent, granted_to_agent=granted)
+
+
+async def _audit(
+    request: Request,
+    action: str,
+    sandbox_id: str,
+    details: dict[str, Any],
+    *,
+    decision: str = "allow",
+) -> None:
+    cp = cp_of(request)
+    await cp.audit.record(
+        actor=actor_of(request).audit_name,
+        action=action,
+        resource=f"sandbox:{sandbox_id}",
+        decision=decision,
+        reason=request.state.decision.reason,
+        request_id=request_id(request),
+        details=details,
+    )
+
+
+async def _create_request(cp: ControlPlane, body: SandboxIn, actor: Actor) -> CreateRequest:
+    if body.policy is None:
+        if actor.role is None or actor.role.value != "admin":
+            raise ApiError(400, "invalid_request", "policy: name a policy granted to the agent")
+        try:
+            resources = Resources(**body.resources.model_dump()) if body.resources else Resources()
+        except ValueError as exc:
+            raise ApiError(400, "invalid_request", str(exc)) from None
+        return CreateRequest(
+            image=body.image,
+            driver=body.driver,
+            ttl=body.ttl_seconds,
+            idle=body.idle_seconds,
+            resources=resources,
+        )
+    stored = await cp.store.run(cp.catalog.get_policy, body.policy)
+    policy = stored.policy
+    return CreateRequest(
+        image=policy.image,
+        driver=body.driver,
+        ttl=float(policy.lifetime.ttl_seconds),
+        idle=float(policy.lifetime.idle_seconds),
+        resources=policy.resources.to_driver(),
+    )
+
+
+def router() -> APIRouter:
+    r = APIRouter(prefix="/v1", tags=["sandboxes"])
 
     @r.get("/images")
-    async def list_images() -> list[dict[str, object]]:
+    @rule("image.list")
+    async def list_images(request: Request) -> list[dict[str, object]]:
+        images = cp_of(request).images
         return [
             {
                 "name": img.name,
@@ -67,37 +168,69 @@ def router(manager: SandboxManager, images: ImageStore) -> APIRouter:
         ]
 
     @r.post("/sandboxes", status_code=201)
-    async def create_sandbox(body: SandboxIn) -> dict[str, object]:
-        try:
-            resources = Resources(**body.resources.model_dump()) if body.resources else Resources()
-        except ValueError as exc:
-            raise ApiError(400, "invalid_request", str(exc)) from None
-        request = CreateRequest(
-            image=body.image,
-            driver=body.driver,
-            ttl=body.ttl_seconds,
-            idle=body.idle_seconds,
-            resources=resources,
-        )
-        sandbox = await manager.create(request)
-        return sandbox.describe()
+    @rule("sandbox.create", _new_sandbox)
+    async def create_sandbox(body: SandboxIn, request: Request) -> dict[str, object]:
+        cp, actor = cp_of(request), actor_of(request)
+        create = await _create_request(cp, body, actor)
+        sandbox = await cp.manager.create(create, actor=actor.audit_name)
+        cp.sandbox_owners[sandbox.id] = SandboxOwner(actor.username or "", body.agent, body.policy)
+        return {
+            **sandbox.describe(),
+            "owner": actor.username,
+            "agent": body.agent,
+            "policy": body.policy,
+        }
 
     @r.get("/sandboxes")
-    async def list_sandboxes() -> list[dict[str, object]]:
-        return [s.describe() for s in manager.list()]
+    @rule("sandbox.list")
+    async def list_sandboxes(request: Request) -> list[dict[str, object]]:
+        """The sandboxes you may see: your own (all of them for an admin)."""
+        cp = cp_of(request)
+        cp.forget_gone_sandboxes()
+        out = []
+        for s in cp.manager.list():
+            resource = _resource_of(cp, s.id)
+            if await check(request, "sandbox.view", resource):
+                out.append({**s.describe(), "owner": resource.owner, "agent": resource.agent})
+        return out
 
     @r.get("/sandboxes/{sandbox_id}")
-    async def get_sandbox(sandbox_id: str) -> dict[str, object]:
-        return manager.get(sandbox_id).describe()
+    @rule("sandbox.view", _sandbox)
+    async def get_sandbox(sandbox_id: SandboxId, request: Request) -> dict[str, object]:
+        cp = cp_of(request)
+        resource = _resource_of(cp, sandbox_id)
+        return {
+            **cp.manager.get(sandbox_id).describe(),
+            "owner": resource.owner,
+            "agent": resource.agent,
+        }
 
     @r.delete("/sandboxes/{sandbox_id}", status_code=204)
-    async def delete_sandbox(sandbox_id: str) -> None:
-        await manager.destroy(sandbox_id, reason="requested")
+    @rule("sandbox.destroy", _sandbox)
+    async def delete_sandbox(sandbox_id: SandboxId, request: Request) -> None:
+        cp = cp_of(request)
+        await cp.manager.destroy(sandbox_id, reason="requested", actor=actor_of(request).audit_name)
+        cp.sandbox_owners.pop(sandbox_id, None)
 
     @r.post("/sandboxes/{sandbox_id}/exec")
-    async def exec_in_sandbox(sandbox_id: str, body: ExecIn) -> StreamingResponse:
+    @rule("sandbox.exec", _sandbox)
+    async def exec_in_sandbox(
+        sandbox_id: SandboxId, body: ExecIn, request: Request
+    ) -> StreamingResponse:
+        manager = cp_of(request).manager
         manager.get(sandbox_id)  # 404 before the stream starts
         stdin = _decode_stdin(body.stdin_b64)
+        await _audit(
+            request,
+            "sandbox.exec",
+            sandbox_id,
+            {
+                "argv": body.argv,
+                "cwd": body.cwd,
+                "env_keys": sorted(body.env),
+                "stdin_bytes": len(stdin) if stdin is not None else 0,
+            },
+        )
 
         async def events() -> AsyncIterator[bytes]:
             async with manager.use(sandbox_id) as channel:
@@ -114,33 +247,74 @@ def router(manager: SandboxManager, images: ImageStore) -> APIRouter:
                             data = base64.b64encode(out.data).decode()
                             yield _line({"stream": out.stream, "data": data})
                     except ch.GuestTimeout as exc:
+                        await _audit(
+                            request,
+                            "sandbox.exec_result",
+                            sandbox_id,
+                            {"error": "guest_timeout"},
+                            decision="error",
+                        )
                         yield _line({"error": "guest_timeout", "message": str(exc)})
                         return
                     res = session.result
-                    yield _line(
-                        {
-                            "exit_code": res.exit_code,
-                            "signal": res.signal,
-                            "timed_out": res.timed_out,
-                            "duration": res.duration,
-                        }
+                    result = {
+                        "exit_code": res.exit_code,
+                        "signal": res.signal,
+                        "timed_out": res.timed_out,
+                        "duration": res.duration,
+                    }
+                    await _audit(
+                        request, "sandbox.exec_result", sandbox_id, result, decision="info"
                     )
+                    yield _line(result)
 
         return StreamingResponse(events(), media_type="application/x-ndjson")
 
     @r.put("/sandboxes/{sandbox_id}/files", status_code=204)
+    @rule("sandbox.file_in", _sandbox)
     async def put_file(
-        sandbox_id: str, request: Request, path: Annotated[str, Query(max_length=4096)]
+        sandbox_id: SandboxId, request: Request, path: Annotated[str, Query(max_length=4096)]
     ) -> None:
+        """Upload a file into the sandbox's workspace; its size and SHA-256 are audited."""
+        manager = cp_of(request).manager
         guest_path = ch.workspace_path(path)
         size = _content_length(request, manager.settings.max_file_bytes)
-        async with manager.use(sandbox_id) as channel:
-            await channel.put(guest_path, request.stream(), size)
+        digest = hashlib.sha256()
+        seen = 0
+
+        async def hashed() -> AsyncIterator[bytes]:
+            nonlocal seen
+            async for chunk in request.stream():
+                digest.update(chunk)
+                seen += len(chunk)
+                yield chunk
+
+        try:
+            async with manager.use(sandbox_id) as channel:
+                await channel.put(guest_path, hashed(), size)
+        except BaseException:
+            await _audit(
+                request,
+                "sandbox.file_in",
+                sandbox_id,
+                {"path": guest_path, "bytes_seen": seen, "size": size},
+                decision="error",
+            )
+            raise
+        await _audit(
+            request,
+            "sandbox.file_in",
+            sandbox_id,
+            {"path": guest_path, "size": seen, "sha256": digest.hexdigest()},
+        )
 
     @r.get("/sandboxes/{sandbox_id}/files")
+    @rule("sandbox.file_out", _sandbox)
     async def get_file(
-        sandbox_id: str, path: Annotated[str, Query(max_length=4096)]
+        sandbox_id: SandboxId, request: Request, path: Annotated[str, Query(max_length=4096)]
     ) -> StreamingResponse:
+        """Download a file; its record (size, SHA-256) is durable before the last chunk leaves."""
+        manager = cp_of(request).manager
         guest_path = ch.workspace_path(path)
         manager.get(sandbox_id)
         use = manager.use(sandbox_id)
@@ -152,11 +326,30 @@ def router(manager: SandboxManager, images: ImageStore) -> APIRouter:
             raise
 
         async def body() -> AsyncIterator[bytes]:
+            digest = hashlib.sha256()
+            sent = 0
+            held: bytes | None = None
+            complete = False
             try:
                 async for chunk in stream:
-                    yield chunk
+                    digest.update(chunk)
+                    if held is not None:
+                        yield held
+                        sent += len(held)
+                    held = chunk
+                complete = True
             finally:
                 await use.__aexit__(None, None, None)
+                total = sent + (len(held) if held else 0)
+                await _audit(
+                    request,
+                    "sandbox.file_out",
+                    sandbox_id,
+                    {"path": guest_path, "size": total, "sha256": digest.hexdigest()},
+                    decision="allow" if complete else "error",
+                )
+            if held is not None:
+                yield held
 
         return StreamingResponse(
             body(),

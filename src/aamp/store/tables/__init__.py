@@ -4,17 +4,28 @@ Add a domain by adding a module here (e.g. `identity.py` for users, tokens and g
 importing it below, and writing an Alembic revision under `aamp/store/migrations/versions/`.
 """
 
+from aamp.store.tables.agents import AgentResourceRow, AgentRow
 from aamp.store.tables.audit import AuditCheckpointRow, AuditHeadRow, AuditRecordRow
 from aamp.store.tables.base import Base
+from aamp.store.tables.catalog import PolicyRow, ServiceRow
+from aamp.store.tables.identity import ApiTokenRow, GrantRow, SessionRow, UserRow
 from aamp.store.tables.vault import SecretRow
 
 metadata = Base.metadata
 
 __all__ = [
+    "AgentResourceRow",
+    "AgentRow",
+    "ApiTokenRow",
     "AuditCheckpointRow",
     "AuditHeadRow",
     "AuditRecordRow",
     "Base",
+    "GrantRow",
+    "PolicyRow",
     "SecretRow",
+    "ServiceRow",
+    "SessionRow",
+    "UserRow",
     "metadata",
 ]

@@ -1,0 +1,179 @@
+"""Routes for agents (as grant targets), their grants, and the resources granted to them."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Path, Request
+from pydantic import BaseModel, Field
+
+from aamp.api.context import ControlPlane
+from aamp.api.guard import actor_of, check, cp_of, json_body, record_change, rule
+from aamp.identity.model import Actor, Resource
+
+AgentId = Annotated[str, Path(min_length=1, max_length=32)]
+LevelName = Literal["view", "run", "edit"]
+KindName = Literal["policy", "service", "image"]
+
+
+class AgentIn(BaseModel):
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class AgentOut(BaseModel):
+    id: str
+    name: str
+    owner: str
+    created_at: str
+
+
+class GrantIn(BaseModel):
+    user: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    role: Literal["admin", "builder", "operator"] | None = None
+    level: LevelName
+
+
+class GrantOut(BaseModel):
+    id: int
+    agent_id: str
+    user: str | None
+    role: str | None
+    level: str
+    created_at: str
+    created_by: str
+
+
+class AgentResourceIn(BaseModel):
+    kind: KindName
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class AgentResourceOut(BaseModel):
+    agent_id: str
+    kind: str
+    name: str
+    created_at: str
+    created_by: str
+
+
+async def _agent(request: Request, _: ControlPlane, __: Actor) -> Resource:
+    agent_id = str(request.path_params.get("agent_id", ""))
+    return Resource("agent", agent_id, agent=agent_id)
+
+
+async def _grant_subject(request: Request, _: ControlPlane, __: Actor) -> Resource:
+    agent_id = str(request.path_params.get("agent_id", ""))
+    body = await json_body(request)
+    user, role = body.get("user"), body.get("role")
+    return Resource(
+        "agent",
+        agent_id,
+        agent=agent_id,
+        subject_user=user if isinstance(user, str) else None,
+        subject_role=role if isinstance(role, str) else None,
+    )
+
+
+def router() -> APIRouter:
+    r = APIRouter(prefix="/v1", tags=["agents"])
+
+    @r.get("/agents", response_model=list[AgentOut])
+    @rule("agent.list")
+    async def list_agents(request: Request) -> list[dict[str, object]]:
+        """The agents you can view (all of them for an admin)."""
+        cp = cp_of(request)
+        agents = await cp.store.run(cp.directory.list_agents)
+        return [
+            a.to_dict()
+            for a in agents
+            if await check(request, "agent.view", Resource("agent", a.id, agent=a.id))
+        ]
+
+    @r.post("/agents", status_code=201, response_model=AgentOut)
+    @rule("agent.create")
+    async def create_agent(body: AgentIn, request: Request) -> dict[str, object]:
+        """Create an agent; its creator owns it (which counts as `edit` on it)."""
+        cp, actor = cp_of(request), actor_of(request)
+        agent = await cp.store.run(
+            lambda: cp.directory.create_agent(body.name, owner=actor.username or "")
+        )
+        await record_change(request, "agent.created", f"agent:{agent.id}", {"name": agent.name})
+        return agent.to_dict()
+
+    @r.get("/agents/{agent_id}", response_model=AgentOut)
+    @rule("agent.view", _agent)
+    async def get_agent(agent_id: AgentId, request: Request) -> dict[str, object]:
+        cp = cp_of(request)
+        return (await cp.store.run(cp.directory.get_agent, agent_id)).to_dict()
+
+    @r.delete("/agents/{agent_id}", status_code=204)
+    @rule("agent.delete", _agent)
+    async def delete_agent(agent_id: AgentId, request: Request) -> None:
+        cp = cp_of(request)
+        await cp.store.run(cp.directory.delete_agent, agent_id)
+        await record_change(request, "agent.deleted", f"agent:{agent_id}", {})
+
+    @r.get("/agents/{agent_id}/grants", response_model=list[GrantOut])
+    @rule("grant.list", _agent)
+    async def list_grants(agent_id: AgentId, request: Request) -> list[dict[str, object]]:
+        cp = cp_of(request)
+        await cp.store.run(cp.directory.get_agent, agent_id)
+        return [g.to_dict() for g in await cp.store.run(cp.directory.list_grants, agent_id)]
+
+    @r.post("/agents/{agent_id}/grants", status_code=201, response_model=GrantOut)
+    @rule("grant.create", _grant_subject)
+    async def create_grant(agent_id: AgentId, body: GrantIn, request: Request) -> dict[str, object]:
+        """Give a user or a whole role `view`, `run` or `edit` on the agent (never yourself)."""
+        cp, actor = cp_of(request), actor_of(request)
+        grant = await cp.store.run(
+            lambda: cp.directory.grant(
+                agent_id, level=body.level, by=actor.audit_name, user=body.user, role=body.role
+            )
+        )
+        await record_change(request, "grant.created", f"agent:{agent_id}", grant.to_dict())
+        return grant.to_dict()
+
+    @r.delete("/agents/{agent_id}/grants/{grant_id}", status_code=204)
+    @rule("grant.delete", _agent)
+    async def delete_grant(
+        agent_id: AgentId, grant_id: Annotated[int, Path(ge=1, le=2**62)], request: Request
+    ) -> None:
+        cp = cp_of(request)
+        await cp.store.run(cp.directory.revoke_grant, agent_id, grant_id)
+        await record_change(request, "grant.deleted", f"agent:{agent_id}", {"grant_id": grant_id})
+
+    @r.get("/agents/{agent_id}/resources", response_model=list[AgentResourceOut])
+    @rule("agent_resource.list", _agent)
+    async def list_resources(agent_id: AgentId, request: Request) -> list[dict[str, object]]:
+        """The policies, services and images this agent is granted."""
+        cp = cp_of(request)
+        await cp.store.run(cp.directory.get_agent, agent_id)
+        return await cp.store.run(cp.catalog.list_resources, agent_id)
+
+    @r.post("/agents/{agent_id}/resources", status_code=201, response_model=AgentResourceOut)
+    @rule("agent_resource.grant", _agent)
+    async def grant_resource(
+        agent_id: AgentId, body: AgentResourceIn, request: Request
+    ) -> dict[str, object]:
+        cp, actor = cp_of(request), actor_of(request)
+        granted = await cp.store.run(
+            lambda: cp.catalog.grant_resource(agent_id, body.kind, body.name, by=actor.audit_name)
+        )
+        await record_change(request, "agent_resource.granted", f"agent:{agent_id}", granted)
+        return granted
+
+    @r.delete("/agents/{agent_id}/resources/{kind}/{name}", status_code=204)
+    @rule("agent_resource.revoke", _agent)
+    async def revoke_resource(
+        agent_id: AgentId,
+        kind: KindName,
+        name: Annotated[str, Path(min_length=1, max_length=64)],
+        request: Request,
+    ) -> None:
+        cp = cp_of(request)
+        await cp.store.run(cp.catalog.revoke_resource, agent_id, kind, name)
+        await record_change(
+            request, "agent_resource.revoked", f"agent:{agent_id}", {"kind": kind, "name": name}
+        )
+
+    return r

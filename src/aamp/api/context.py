@@ -1,0 +1,53 @@
+"""`ControlPlane`: everything the API's routes use, built once by `aamp.server` and passed in.
+
+Routes reach it as `request.app.state.cp`; nothing is a module-level global.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aamp.audit import AuditLog
+from aamp.config import Settings
+from aamp.identity import Catalog, Directory, LoginThrottle
+from aamp.sandbox.images import ImageStore
+from aamp.sandbox.manager import SandboxManager
+from aamp.store import Store
+from aamp.vault import Vault
+
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+# An exec request carries its stdin base64-encoded in JSON (16 MiB of stdin at most).
+MAX_EXEC_BODY_BYTES = 24 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SandboxOwner:
+    username: str
+    agent: str | None
+    policy: str | None
+
+
+@dataclass
+class ControlPlane:
+    settings: Settings
+    store: Store
+    audit: AuditLog
+    vault: Vault
+    directory: Directory
+    catalog: Catalog
+    manager: SandboxManager
+    images: ImageStore
+    throttle: LoginThrottle = field(default_factory=LoginThrottle)
+    # Who created each live sandbox, for which agent and policy: the facts authorisation
+    # needs about a sandbox. Entries go when the manager no longer knows the sandbox.
+    sandbox_owners: dict[str, SandboxOwner] = field(default_factory=dict)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+    def owner_of(self, sandbox_id: str) -> SandboxOwner | None:
+        return self.sandbox_owners.get(sandbox_id)
+
+    def forget_gone_sandboxes(self) -> None:
+        """Drop ownership entries of sandboxes the manager no longer has (ttl, idle, crash)."""
+        live = {s.id for s in self.manager.list()}
+        for sandbox_id in [i for i in self.sandbox_owners if i not in live]:
+            del self.sandbox_owners[sandbox_id]

@@ -1,0 +1,77 @@
+"""Routes for secrets: values go in (to the vault) and never come out of the API.
+
+Responses carry a secret's name, version, who set it, when, and where it is used — never the
+value. The only reader of values is the egress proxy, inside the host process.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request
+from pydantic import BaseModel, Field
+
+from aamp.api.guard import actor_of, cp_of, request_id, rule
+from aamp.vault.vault import MAX_VALUE_BYTES
+
+Name = Annotated[str, Path(min_length=1, max_length=64)]
+
+
+class SecretIn(BaseModel):
+    value: Annotated[str, Field(min_length=1, max_length=MAX_VALUE_BYTES)]
+
+
+class SecretOut(BaseModel):
+    name: str
+    version: int
+    created_at: str
+    created_by: str
+    updated_at: str
+    updated_by: str
+    used_by: list[str]
+
+
+def router() -> APIRouter:
+    r = APIRouter(prefix="/v1", tags=["secrets"])
+
+    async def _with_usage(request: Request, metas: list) -> list[dict[str, object]]:  # type: ignore[type-arg]
+        cp = cp_of(request)
+        usage = await cp.store.run(cp.catalog.secret_usage)
+        return [{**m.to_dict(), "used_by": usage.get(m.name, [])} for m in metas]
+
+    @r.get("/secrets", response_model=list[SecretOut])
+    @rule("secret.list")
+    async def list_secrets(request: Request) -> list[dict[str, object]]:
+        return await _with_usage(request, await cp_of(request).vault.list())
+
+    @r.get("/secrets/{name}", response_model=SecretOut)
+    @rule("secret.read")
+    async def get_secret(name: Name, request: Request) -> dict[str, object]:
+        """A secret's metadata (never its value)."""
+        meta = await cp_of(request).vault.metadata(name)
+        return (await _with_usage(request, [meta]))[0]
+
+    @r.put("/secrets/{name}", response_model=SecretOut)
+    @rule("secret.write")
+    async def put_secret(name: Name, body: SecretIn, request: Request) -> dict[str, object]:
+        """Set a secret's value (write-only: it is never shown again)."""
+        meta = await cp_of(request).vault.put(
+            name,
+            body.value,
+            actor=actor_of(request).audit_name,
+            request_id=request_id(request),
+            reason=request.state.decision.reason,
+        )
+        return (await _with_usage(request, [meta]))[0]
+
+    @r.delete("/secrets/{name}", status_code=204)
+    @rule("secret.delete")
+    async def delete_secret(name: Name, request: Request) -> None:
+        await cp_of(request).vault.delete(
+            name,
+            actor=actor_of(request).audit_name,
+            request_id=request_id(request),
+            reason=request.state.decision.reason,
+        )
+
+    return r

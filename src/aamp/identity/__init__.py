@@ -1,0 +1,41 @@
+"""Identity and authorisation: users with one role, API tokens, UI sessions, per-agent grants.
+
+- `model` — Role, Level, Actor, Resource, Decision (small frozen values);
+- `authz.allowed(actor, action, resource)` — the one function that decides every request;
+- `Directory` — users, tokens, sessions, agents and grants in the store;
+- `Catalog` — policies, services and what each agent is granted;
+- `LoginThrottle`, `bootstrap` — failed-login lockout; the first admin and the CLI token.
+"""
+
+from aamp.identity.authz import RULES, allowed
+from aamp.identity.catalog import Catalog
+from aamp.identity.directory import Directory
+from aamp.identity.errors import (
+    AuthenticationFailed,
+    Conflict,
+    IdentityError,
+    InvalidInput,
+    NotFound,
+    Throttled,
+)
+from aamp.identity.model import Actor, Decision, Level, Resource, Role
+from aamp.identity.throttle import LoginThrottle
+
+__all__ = [
+    "RULES",
+    "Actor",
+    "AuthenticationFailed",
+    "Catalog",
+    "Conflict",
+    "Decision",
+    "Directory",
+    "IdentityError",
+    "InvalidInput",
+    "Level",
+    "LoginThrottle",
+    "NotFound",
+    "Resource",
+    "Role",
+    "Throttled",
+    "allowed",
+]

@@ -1,0 +1,202 @@
+"""`allowed(actor, action, resource)`: the one function that decides every request.
+
+Every API route names an action and how to find its resource; the API's single guard
+dependency calls this function and records the `Decision` (allowed or not, the reason, and
+the grant that allowed it) in the audit log. Nothing else decides access. An action missing
+from `RULES` is denied, so a new route without a rule is refused, not let through.
+
+The rules, in words:
+
+- public actions (health, logging in) are open to anyone; every other action needs a signed-in
+  user, and an admin may do all of them — except change their own role or status, or grant
+  themselves access (nobody can);
+- users read themselves and change their own password; tokens are their owner's (or an admin's);
+- builders read policies, services and secret metadata (never values), and create agents (they
+  own what they create, which counts as `edit`);
+- on an agent: `view` reads it and the resources it is granted; `run` makes sandboxes for it;
+  `edit` shares it with grants. Operators never get more than `run`, whatever a grant says;
+- a non-admin makes a sandbox only for an agent they can `run`, from a policy (and its image)
+  an admin granted to that agent; they see and use only sandboxes they created, and only while
+  they can still run its agent;
+- the audit log, users, roles, policies, services, secrets and agent resources are changed by
+  admins only; only admins read the audit log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aamp.identity.model import ROLE_CEILING, Actor, Decision, Level, Resource, Role
+
+Rule = Callable[[Actor, Resource], Decision]
+
+
+def _allow(reason: str, grant_id: int | None = None) -> Decision:
+    return Decision(True, reason, grant_id)
+
+
+def _deny(reason: str) -> Decision:
+    return Decision(False, reason)
+
+
+def _public(_: Actor, __: Resource) -> Decision:
+    return _allow("public route")
+
+
+def _signed_in(actor: Actor, _: Resource) -> Decision:
+    return _allow(f"signed in as {actor.role}")
+
+
+def _roles(*roles: Role) -> Rule:
+    names = " or ".join(r.value for r in roles)
+
+    def rule(actor: Actor, _: Resource) -> Decision:
+        if actor.role in roles:
+            return _allow(f"role {actor.role} may do this")
+        return _deny(f"only {names} may do this; {actor.audit_name} is {actor.role}")
+
+    return rule
+
+
+def _admin_only(actor: Actor, resource: Resource) -> Decision:
+    return _roles(Role.ADMIN)(actor, resource)
+
+
+def _self_or_admin(actor: Actor, resource: Resource) -> Decision:
+    if resource.subject_user == actor.username:
+        return _allow("acting on themselves")
+    if actor.role is Role.ADMIN:
+        return _allow("role admin may do this")
+    return _deny("only the user themselves or an admin may do this")
+
+
+def _change_user(actor: Actor, resource: Resource) -> Decision:
+    if resource.subject_user == actor.username:
+        return _deny("nobody changes their own role or status")
+    return _admin_only(actor, resource)
+
+
+def _owner_or_admin(actor: Actor, resource: Resource) -> Decision:
+    if actor.role is Role.ADMIN:
+        return _allow("role admin may do this")
+    if resource.owner is not None and resource.owner == actor.username:
+        return _allow(f"{actor.audit_name} owns {resource}")
+    return _deny(f"{resource} is not {actor.audit_name}'s")
+
+
+def _level(actor: Actor, agent: str | None, needed: Level) -> Decision:
+    """Does the actor hold `needed` on `agent` (admins hold everything)?"""
+    if actor.role is Role.ADMIN:
+        return _allow("role admin may do this")
+    access = actor.agents.get(agent) if agent else None
+    if access is None:
+        return _deny(f"{actor.audit_name} has no grant on agent:{agent}")
+    assert actor.role is not None
+    ceiling = ROLE_CEILING[actor.role]
+    effective = access.level if ceiling.implies(access.level) else ceiling
+    if effective.implies(needed):
+        return _allow(f"{access.source} gives {access.level} on agent:{agent}", access.grant_id)
+    capped = f" (capped at {ceiling} for role {actor.role})" if effective != access.level else ""
+    return _deny(
+        f"{access.source} gives {access.level}{capped} on agent:{agent}; {needed} is needed"
+    )
+
+
+def _on_agent(needed: Level) -> Rule:
+    def rule(actor: Actor, resource: Resource) -> Decision:
+        return _level(actor, resource.agent, needed)
+
+    return rule
+
+
+def _grant_create(actor: Actor, resource: Resource) -> Decision:
+    if resource.subject_user is not None and resource.subject_user == actor.username:
+        return _deny("nobody grants themselves access")
+    if resource.subject_role is not None and resource.subject_role == actor.role:
+        return _deny("nobody grants access to their own role (it includes themselves)")
+    return _level(actor, resource.agent, Level.EDIT)
+
+
+def _sandbox_create(actor: Actor, resource: Resource) -> Decision:
+    if actor.role is Role.ADMIN:
+        return _allow("role admin may do this")
+    if resource.agent is None:
+        return _deny("a sandbox is made for an agent you can run: name the agent and policy")
+    if not resource.granted_to_agent:
+        return _deny(f"the policy (or its image) is not granted to agent:{resource.agent}")
+    return _level(actor, resource.agent, Level.RUN)
+
+
+def _sandbox_use(actor: Actor, resource: Resource) -> Decision:
+    if actor.role is Role.ADMIN:
+        return _allow("role admin may do this")
+    if resource.owner is None or resource.owner != actor.username:
+        return _deny(f"{resource} is not {actor.audit_name}'s")
+    return _level(actor, resource.agent, Level.RUN)
+
+
+_STAFF = (Role.ADMIN, Role.BUILDER)
+
+RULES: dict[str, Rule] = {
+    # open
+    "health.read": _public,
+    "session.create": _public,
+    # any signed-in user (lists are filtered item by item with the item's own action)
+    "session.delete": _signed_in,
+    "me.read": _signed_in,
+    "token.list": _signed_in,
+    "token.create": _signed_in,
+    "agent.list": _signed_in,
+    "image.list": _signed_in,
+    "sandbox.list": _signed_in,
+    "token.revoke": _owner_or_admin,
+    # users
+    "user.list": _admin_only,
+    "user.create": _admin_only,
+    "user.read": _self_or_admin,
+    "user.password": _self_or_admin,
+    "user.update": _change_user,
+    # agents and grants
+    "agent.create": _roles(*_STAFF),
+    "agent.view": _on_agent(Level.VIEW),
+    "agent.delete": _on_agent(Level.EDIT),
+    "grant.list": _on_agent(Level.EDIT),
+    "grant.create": _grant_create,
+    "grant.delete": _on_agent(Level.EDIT),
+    "agent_resource.list": _on_agent(Level.VIEW),
+    "agent_resource.grant": _admin_only,
+    "agent_resource.revoke": _admin_only,
+    # catalogue
+    "policy.list": _roles(*_STAFF),
+    "policy.read": _roles(*_STAFF),
+    "policy.write": _admin_only,
+    "policy.delete": _admin_only,
+    "service.list": _roles(*_STAFF),
+    "service.read": _roles(*_STAFF),
+    "service.write": _admin_only,
+    "service.delete": _admin_only,
+    "secret.list": _roles(*_STAFF),
+    "secret.read": _roles(*_STAFF),
+    "secret.write": _admin_only,
+    "secret.delete": _admin_only,
+    "audit.read": _admin_only,
+    # sandboxes
+    "sandbox.create": _sandbox_create,
+    "sandbox.view": _sandbox_use,
+    "sandbox.exec": _sandbox_use,
+    "sandbox.file_in": _sandbox_use,
+    "sandbox.file_out": _sandbox_use,
+    "sandbox.destroy": _sandbox_use,
+}
+
+PUBLIC_ACTIONS = frozenset(a for a, r in RULES.items() if r is _public)
+
+
+def allowed(actor: Actor, action: str, resource: Resource) -> Decision:
+    """Decide one action on one resource; the reason says which rule (and grant) decided."""
+    rule = RULES.get(action)
+    if rule is None:
+        return _deny(f"no authorisation rule for action {action!r}")
+    if rule is not _public and not actor.authenticated:
+        return _deny("not signed in")
+    return rule(actor, resource)

@@ -1,0 +1,329 @@
+"""`Catalog`: what an admin defines and grants to agents — policies, services, images.
+
+Policies are kept as the document the admin wrote (YAML or JSON), validated with
+`aamp.policy` on the way in so a stored policy always parses. Services name an upstream
+origin, an auth kind and the vault secret names holding its credentials (never values).
+`agent_resources` records which of them each agent may use; sandbox creation checks it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError
+
+from aamp.identity.errors import Conflict, InvalidInput, NotFound
+from aamp.policy import Policy, PolicyError, parse_policy, policy_from_dict
+from aamp.policy.model import IMAGE_RE, NAME_RE, SERVICE_RE
+from aamp.store import Store
+from aamp.store.tables import AgentResourceRow, AgentRow, PolicyRow, ServiceRow
+from aamp.store.timestamps import now
+from aamp.vault.vault import NAME_RE as SECRET_NAME_RE
+
+RESOURCE_KINDS = ("policy", "service", "image")
+AUTH_KINDS = ("bearer", "basic", "header")
+# How many secrets each auth kind takes: bearer a token, basic a username and a password,
+# header the header's value.
+SECRETS_PER_KIND = {"bearer": 1, "basic": 2, "header": 1}
+HEADER_NAME_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")
+MAX_POLICY_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class StoredPolicy:
+    name: str
+    source: str
+    format: str
+    policy: Policy
+    created_at: str
+    created_by: str
+    updated_at: str
+    updated_by: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "format": self.format,
+            "source": self.source,
+            "image": self.policy.image,
+            "services": list(self.policy.services),
+            "created_at": self.created_at,
+            "created_by": self.created_by,
+            "updated_at": self.updated_at,
+            "updated_by": self.updated_by,
+        }
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str
+    upstream: str
+    auth: str
+    header_name: str | None
+    secrets: tuple[str, ...]
+    created_at: str
+    created_by: str
+    updated_at: str
+    updated_by: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "upstream": self.upstream,
+            "auth": self.auth,
+            "header_name": self.header_name,
+            "secrets": list(self.secrets),
+            "created_at": self.created_at,
+            "created_by": self.created_by,
+            "updated_at": self.updated_at,
+            "updated_by": self.updated_by,
+        }
+
+
+def parse_policy_document(text: str, fmt: str) -> Policy:
+    """Validate a policy document; PolicyError lists every bad field by its path."""
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_POLICY_BYTES:
+        raise PolicyError([("", f"the policy document is larger than {MAX_POLICY_BYTES} bytes")])
+    if fmt == "json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PolicyError([("", f"not valid JSON: {exc}")]) from None
+        return policy_from_dict(data)
+    return parse_policy(text)
+
+
+def _check_policy_name(name: str, policy: Policy) -> None:
+    if not NAME_RE.match(name):
+        raise InvalidInput(
+            "policy name must be 1-64 lowercase letters, digits, '.', '_' or '-', starting and "
+            "ending with a letter or digit"
+        )
+    if policy.name and policy.name != name:
+        raise InvalidInput(f"name: the document names {policy.name!r} but the URL names {name!r}")
+
+
+def check_upstream(upstream: object) -> str:
+    if not isinstance(upstream, str) or len(upstream) > 512:
+        raise InvalidInput("upstream must be an origin like https://crm.internal.example")
+    parts = urlsplit(upstream)
+    try:
+        port = parts.port
+    except ValueError:
+        raise InvalidInput("upstream: the port is not a number between 0 and 65535") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidInput("upstream must be an http(s) origin like https://crm.internal.example")
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
+        raise InvalidInput("upstream must be an origin only: no path, query or credentials")
+    netloc = parts.hostname + (f":{port}" if port is not None else "")
+    return f"{parts.scheme}://{netloc}"
+
+
+class Catalog:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # -- policies -----------------------------------------------------------------------
+
+    def put_policy(self, name: str, source: str, fmt: str, *, by: str) -> StoredPolicy:
+        policy = parse_policy_document(source, fmt)
+        _check_policy_name(name, policy)
+        stamp = now()
+        with self.store.write_session() as s:
+            row = s.scalars(
+                select(PolicyRow).where(PolicyRow.name == name).with_for_update()
+            ).first()
+            if row is None:
+                row = PolicyRow(name=name, created_at=stamp, created_by=by)
+                s.add(row)
+            row.source, row.format, row.updated_at, row.updated_by = source, fmt, stamp, by
+            s.flush()
+            return self._policy(row)
+
+    @staticmethod
+    def _policy(row: PolicyRow) -> StoredPolicy:
+        policy = parse_policy_document(row.source, row.format)
+        return StoredPolicy(
+            row.name,
+            row.source,
+            row.format,
+            policy,
+            row.created_at,
+            row.created_by,
+            row.updated_at,
+            row.updated_by,
+        )
+
+    def list_policies(self) -> list[StoredPolicy]:
+        with self.store.session() as s:
+            return [self._policy(r) for r in s.scalars(select(PolicyRow).order_by(PolicyRow.name))]
+
+    def find_policy(self, name: str) -> StoredPolicy | None:
+        with self.store.session() as s:
+            row = s.get(PolicyRow, name)
+            return self._policy(row) if row is not None else None
+
+    def get_policy(self, name: str) -> StoredPolicy:
+        found = self.find_policy(name)
+        if found is None:
+            raise NotFound(f"no policy named {name!r}")
+        return found
+
+    def delete_policy(self, name: str) -> None:
+        with self.store.write_session() as s:
+            if s.get(PolicyRow, name) is None:
+                raise NotFound(f"no policy named {name!r}")
+            s.execute(delete(PolicyRow).where(PolicyRow.name == name))
+            s.execute(
+                delete(AgentResourceRow).where(
+                    AgentResourceRow.kind == "policy", AgentResourceRow.name == name
+                )
+            )
+
+    # -- services -----------------------------------------------------------------------
+
+    def put_service(
+        self,
+        name: str,
+        *,
+        upstream: str,
+        auth: str,
+        secrets: list[str],
+        header_name: str | None,
+        by: str,
+    ) -> Service:
+        if not isinstance(name, str) or not SERVICE_RE.match(name):
+            raise InvalidInput("service name must be 1-64 lowercase letters, digits, '_' or '-'")
+        origin = check_upstream(upstream)
+        if auth not in AUTH_KINDS:
+            raise InvalidInput(f"auth must be one of {', '.join(AUTH_KINDS)}; got {auth!r}")
+        want = SECRETS_PER_KIND[auth]
+        if len(secrets) != want:
+            raise InvalidInput(f"secrets: auth {auth} takes exactly {want} secret name(s)")
+        for i, secret in enumerate(secrets):
+            if not isinstance(secret, str) or not SECRET_NAME_RE.match(secret):
+                raise InvalidInput(f"secrets[{i}]: not a valid secret name")
+        if auth == "header":
+            if not isinstance(header_name, str) or not HEADER_NAME_RE.match(header_name):
+                raise InvalidInput("header_name: auth header needs a valid HTTP header name")
+        elif header_name is not None:
+            raise InvalidInput(f"header_name: only auth header takes a header name, not {auth}")
+        stamp = now()
+        with self.store.write_session() as s:
+            row = s.scalars(
+                select(ServiceRow).where(ServiceRow.name == name).with_for_update()
+            ).first()
+            if row is None:
+                row = ServiceRow(name=name, created_at=stamp, created_by=by)
+                s.add(row)
+            row.upstream, row.auth_kind, row.header_name = origin, auth, header_name
+            row.secret_names = json.dumps(list(secrets))
+            row.updated_at, row.updated_by = stamp, by
+            s.flush()
+            return self._service(row)
+
+    @staticmethod
+    def _service(row: ServiceRow) -> Service:
+        return Service(
+            row.name,
+            row.upstream,
+            row.auth_kind,
+            row.header_name,
+            tuple(json.loads(row.secret_names)),
+            row.created_at,
+            row.created_by,
+            row.updated_at,
+            row.updated_by,
+        )
+
+    def list_services(self) -> list[Service]:
+        with self.store.session() as s:
+            rows = s.scalars(select(ServiceRow).order_by(ServiceRow.name))
+            return [self._service(r) for r in rows]
+
+    def get_service(self, name: str) -> Service:
+        with self.store.session() as s:
+            row = s.get(ServiceRow, name)
+            if row is None:
+                raise NotFound(f"no service named {name!r}")
+            return self._service(row)
+
+    def delete_service(self, name: str) -> None:
+        with self.store.write_session() as s:
+            if s.get(ServiceRow, name) is None:
+                raise NotFound(f"no service named {name!r}")
+            s.execute(delete(ServiceRow).where(ServiceRow.name == name))
+            s.execute(
+                delete(AgentResourceRow).where(
+                    AgentResourceRow.kind == "service", AgentResourceRow.name == name
+                )
+            )
+
+    def secret_usage(self) -> dict[str, list[str]]:
+        """secret name -> the services that use it (the "where used" of the secrets list)."""
+        used: dict[str, list[str]] = {}
+        for service in self.list_services():
+            for secret in service.secrets:
+                used.setdefault(secret, []).append(f"service:{service.name}")
+        return used
+
+    # -- what agents are granted --------------------------------------------------------
+
+    def grant_resource(self, agent_id: str, kind: str, name: str, *, by: str) -> dict[str, Any]:
+        if kind not in RESOURCE_KINDS:
+            raise InvalidInput(f"kind must be one of {', '.join(RESOURCE_KINDS)}; got {kind!r}")
+        if kind == "image" and (not isinstance(name, str) or not IMAGE_RE.match(name)):
+            raise InvalidInput("name: not a valid image name")
+        with self.store.write_session() as s:
+            if s.get(AgentRow, agent_id) is None:
+                raise NotFound(f"no agent {agent_id!r}")
+            if kind == "policy" and s.get(PolicyRow, name) is None:
+                raise NotFound(f"no policy named {name!r}")
+            if kind == "service" and s.get(ServiceRow, name) is None:
+                raise NotFound(f"no service named {name!r}")
+            row = AgentResourceRow(
+                agent_id=agent_id, kind=kind, name=name, created_at=now(), created_by=by
+            )
+            s.add(row)
+            try:
+                s.flush()
+            except IntegrityError:
+                raise Conflict(
+                    f"{kind} {name!r} is already granted to agent {agent_id!r}"
+                ) from None
+            return self._resource(row)
+
+    @staticmethod
+    def _resource(row: AgentResourceRow) -> dict[str, Any]:
+        return {
+            "agent_id": row.agent_id,
+            "kind": row.kind,
+            "name": row.name,
+            "created_at": row.created_at,
+            "created_by": row.created_by,
+        }
+
+    def list_resources(self, agent_id: str) -> list[dict[str, Any]]:
+        with self.store.session() as s:
+            rows = s.scalars(
+                select(AgentResourceRow)
+                .where(AgentResourceRow.agent_id == agent_id)
+                .order_by(AgentResourceRow.kind, AgentResourceRow.name)
+            )
+            return [self._resource(r) for r in rows]
+
+    def revoke_resource(self, agent_id: str, kind: str, name: str) -> None:
+        with self.store.write_session() as s:
+            row = s.get(AgentResourceRow, (agent_id, kind, name))
+            if row is None:
+                raise NotFound(f"{kind} {name!r} is not granted to agent {agent_id!r}")
+            s.delete(row)
+
+    def is_granted(self, agent_id: str, kind: str, name: str) -> bool:
+        with self.store.session() as s:
+            return s.get(AgentResourceRow, (agent_id, kind, name)) is not None

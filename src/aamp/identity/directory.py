@@ -1,0 +1,536 @@
+"""`Directory`: users, API tokens, UI sessions, agents and grants in the store.
+
+Blocking methods on purpose (callers in the event loop use `await store.run(...)`, like the
+rest of the store). Every method validates its input first and raises an `IdentityError`
+naming the problem, and changes nothing when it refuses. Authentication methods return an
+`Actor` already carrying the agent levels its grants give, so that `authz.allowed` is a pure
+function of its three arguments.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
+from typing import Any
+
+from sqlalchemy import delete, or_, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from aamp.identity import credentials as cred
+from aamp.identity.errors import AuthenticationFailed, Conflict, InvalidInput, NotFound
+from aamp.identity.model import Actor, AgentAccess, Level, Role
+from aamp.store import Store
+from aamp.store.tables import AgentRow, ApiTokenRow, GrantRow, SessionRow, UserRow
+from aamp.store.timestamps import format_time, now
+
+USERNAME_RE = re.compile(r"^[a-z][a-z0-9._-]{0,63}$")
+AGENT_NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$")
+TOKEN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$")
+MAX_TOKEN_DAYS = 3650
+SESSION_HOURS = 12
+# last_used_at is written at most this often per token: a write per request would contend
+# with the audit writer for nothing.
+LAST_USED_RESOLUTION = timedelta(seconds=60)
+
+
+def _parse_role(value: object) -> Role:
+    try:
+        return Role(str(value))
+    except ValueError:
+        raise InvalidInput(f"role must be one of admin, builder, operator; got {value!r}") from None
+
+
+def _parse_level(value: object) -> Level:
+    try:
+        return Level(str(value))
+    except ValueError:
+        raise InvalidInput(f"level must be one of view, run, edit; got {value!r}") from None
+
+
+def _username(value: object) -> str:
+    if not isinstance(value, str) or not USERNAME_RE.match(value):
+        raise InvalidInput(
+            "username must be 1-64 characters: a lowercase letter, then lowercase letters, "
+            "digits, '.', '_' or '-'"
+        )
+    return value
+
+
+def _stamp(moment: datetime) -> str:
+    return format_time(moment)
+
+
+@dataclass(frozen=True)
+class UserInfo:
+    id: int
+    username: str
+    role: Role
+    disabled: bool
+    created_at: str
+    created_by: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "username": self.username,
+            "role": self.role.value,
+            "disabled": self.disabled,
+            "created_at": self.created_at,
+            "created_by": self.created_by,
+        }
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    id: str
+    username: str
+    name: str
+    created_at: str
+    expires_at: str | None
+    revoked_at: str | None
+    last_used_at: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "username": self.username,
+            "name": self.name,
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+            "revoked_at": self.revoked_at,
+            "last_used_at": self.last_used_at,
+        }
+
+
+@dataclass(frozen=True)
+class AgentInfo:
+    id: str
+    name: str
+    owner: str
+    created_at: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "owner": self.owner,
+            "created_at": self.created_at,
+        }
+
+
+@dataclass(frozen=True)
+class GrantInfo:
+    id: int
+    agent_id: str
+    user: str | None
+    role: str | None
+    level: Level
+    created_at: str
+    created_by: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "agent_id": self.agent_id,
+            "user": self.user,
+            "role": self.role,
+            "level": self.level.value,
+            "created_at": self.created_at,
+            "created_by": self.created_by,
+        }
+
+
+def _user(row: UserRow) -> UserInfo:
+    return UserInfo(
+        row.id, row.username, Role(row.role), bool(row.disabled), row.created_at, row.created_by
+    )
+
+
+def _token(row: ApiTokenRow, username: str) -> TokenInfo:
+    return TokenInfo(
+        row.id,
+        username,
+        row.name,
+        row.created_at,
+        row.expires_at,
+        row.revoked_at,
+        row.last_used_at,
+    )
+
+
+def _agent(row: AgentRow) -> AgentInfo:
+    return AgentInfo(row.id, row.name, row.owner, row.created_at)
+
+
+class Directory:
+    """Usage::
+
+    directory = Directory(store)
+    directory.create_user("alice", "builder", "a long password", by="user:admin")
+    token, secret = directory.create_token("alice", "laptop", days=30)
+    actor = directory.actor_for_token(secret)     # AuthenticationFailed if not usable
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # -- users --------------------------------------------------------------------------
+
+    def create_user(self, username: str, role: str, password: str, *, by: str) -> UserInfo:
+        _username(username)
+        parsed = _parse_role(role)
+        try:
+            hashed = cred.hash_password(password)
+        except cred.PasswordPolicyError as exc:
+            raise InvalidInput(str(exc)) from None
+        stamp = now()
+        try:
+            with self.store.write_session() as s:
+                row = UserRow(
+                    username=username,
+                    role=parsed.value,
+                    password_hash=hashed,
+                    disabled=False,
+                    created_at=stamp,
+                    created_by=by,
+                    updated_at=stamp,
+                )
+                s.add(row)
+                s.flush()
+                return _user(row)
+        except IntegrityError:
+            raise Conflict(f"a user named {username!r} already exists") from None
+
+    def list_users(self) -> list[UserInfo]:
+        with self.store.session() as s:
+            return [_user(r) for r in s.scalars(select(UserRow).order_by(UserRow.username))]
+
+    def _row(self, s: Session, username: str, *, lock: bool = False) -> UserRow:
+        stmt = select(UserRow).where(UserRow.username == username)
+        row = s.scalars(stmt.with_for_update() if lock else stmt).first()
+        if row is None:
+            raise NotFound(f"no user named {username!r}")
+        return row
+
+    def get_user(self, username: str) -> UserInfo:
+        with self.store.session() as s:
+            return _user(self._row(s, username))
+
+    def count_admins(self) -> int:
+        with self.store.session() as s:
+            return len(list(s.scalars(select(UserRow.id).where(UserRow.role == "admin"))))
+
+    def update_user(
+        self, username: str, *, role: str | None = None, disabled: bool | None = None
+    ) -> UserInfo:
+        parsed = _parse_role(role) if role is not None else None
+        with self.store.write_session() as s:
+            row = self._row(s, username, lock=True)
+            losing_admin = row.role == "admin" and (
+                (parsed is not None and parsed is not Role.ADMIN) or disabled is True
+            )
+            if losing_admin:
+                others = s.scalars(
+                    select(UserRow.id).where(
+                        UserRow.role == "admin",
+                        UserRow.disabled.is_(False),
+                        UserRow.id != row.id,
+                    )
+                ).first()
+                if others is None:
+                    raise Conflict(f"{username!r} is the last enabled admin; keep at least one")
+            if parsed is not None:
+                row.role = parsed.value
+            if disabled is not None:
+                row.disabled = disabled
+                if disabled:
+                    s.execute(delete(SessionRow).where(SessionRow.user_id == row.id))
+            row.updated_at = now()
+            s.flush()
+            return _user(row)
+
+    def set_password(self, username: str, password: str) -> None:
+        try:
+            hashed = cred.hash_password(password)
+        except cred.PasswordPolicyError as exc:
+            raise InvalidInput(str(exc)) from None
+        with self.store.write_session() as s:
+            row = self._row(s, username, lock=True)
+            row.password_hash = hashed
+            row.updated_at = now()
+            s.execute(delete(SessionRow).where(SessionRow.user_id == row.id))
+
+    def check_password(self, username: str, password: str) -> UserInfo:
+        """The user if the password is right and the account enabled; else AuthenticationFailed.
+
+        The message is the same for an unknown user and a wrong password (no enumeration).
+        """
+        with self.store.session() as s:
+            row = s.scalars(select(UserRow).where(UserRow.username == username)).first()
+        if row is None:
+            cred.dummy_verify(password)
+            raise AuthenticationFailed("wrong username or password")
+        if not cred.verify_password(row.password_hash, password):
+            raise AuthenticationFailed("wrong username or password")
+        if row.disabled:
+            raise AuthenticationFailed("this account is disabled")
+        return _user(row)
+
+    # -- API tokens ---------------------------------------------------------------------
+
+    def create_token(
+        self, username: str, name: str, *, days: int | None = None
+    ) -> tuple[TokenInfo, str]:
+        """A new token for `username`; the secret is returned here once and never stored."""
+        if not isinstance(name, str) or not TOKEN_NAME_RE.match(name):
+            raise InvalidInput("token name must be 1-64 letters, digits, spaces, '.', '_' or '-'")
+        if days is not None and not (isinstance(days, int) and 1 <= days <= MAX_TOKEN_DAYS):
+            raise InvalidInput(f"expires_in_days must be between 1 and {MAX_TOKEN_DAYS}")
+        secret = cred.new_bearer_secret()
+        created = datetime.now(UTC)
+        with self.store.write_session() as s:
+            user = self._row(s, username)
+            row = ApiTokenRow(
+                id=cred.new_random_id("tok-"),
+                user_id=user.id,
+                name=name,
+                token_hash=cred.digest(secret),
+                created_at=_stamp(created),
+                expires_at=_stamp(created + timedelta(days=days)) if days else None,
+            )
+            s.add(row)
+            s.flush()
+            return _token(row, username), secret
+
+    def list_tokens(self, username: str | None = None) -> list[TokenInfo]:
+        with self.store.session() as s:
+            stmt = select(ApiTokenRow, UserRow.username).join(UserRow)
+            if username is not None:
+                stmt = stmt.where(UserRow.username == username)
+            rows = s.execute(stmt.order_by(ApiTokenRow.created_at)).all()
+            return [_token(t, u) for t, u in rows]
+
+    def token_owner(self, token_id: str) -> str | None:
+        with self.store.session() as s:
+            return s.scalars(
+                select(UserRow.username).join(ApiTokenRow).where(ApiTokenRow.id == token_id)
+            ).first()
+
+    def revoke_token(self, token_id: str) -> TokenInfo:
+        with self.store.write_session() as s:
+            found = s.execute(
+                select(ApiTokenRow, UserRow.username)
+                .join(UserRow)
+                .where(ApiTokenRow.id == token_id)
+            ).first()
+            if found is None:
+                raise NotFound(f"no token {token_id!r}")
+            row, username = found
+            if row.revoked_at is None:
+                row.revoked_at = now()
+            s.flush()
+            return _token(row, username)
+
+    def actor_for_token(self, secret: str) -> Actor:
+        hashed = cred.digest(secret)
+        moment = datetime.now(UTC)
+        with self.store.session() as s:
+            found = s.execute(
+                select(ApiTokenRow, UserRow).join(UserRow).where(ApiTokenRow.token_hash == hashed)
+            ).first()
+            if found is None:
+                raise AuthenticationFailed("the bearer token is not valid")
+            token, user = found
+            if token.revoked_at is not None:
+                raise AuthenticationFailed("the bearer token was revoked")
+            if token.expires_at is not None and token.expires_at <= _stamp(moment):
+                raise AuthenticationFailed("the bearer token has expired")
+            if user.disabled:
+                raise AuthenticationFailed("this account is disabled")
+            actor = self._actor(s, user, via="token", token_id=token.id)
+            stale = token.last_used_at is None or token.last_used_at <= _stamp(
+                moment - LAST_USED_RESOLUTION
+            )
+            token_id = token.id
+        if stale:
+            with self.store.write_session() as w:
+                row = w.get(ApiTokenRow, token_id)
+                if row is not None:
+                    row.last_used_at = _stamp(moment)
+        return actor
+
+    # -- UI sessions --------------------------------------------------------------------
+
+    def create_session(self, user: UserInfo) -> tuple[str, str]:
+        """(session secret for the cookie, CSRF token for the page); only hashes are kept."""
+        session_secret = cred.new_bearer_secret()
+        csrf = cred.new_bearer_secret()
+        created = datetime.now(UTC)
+        with self.store.write_session() as s:
+            s.add(
+                SessionRow(
+                    id_hash=cred.digest(session_secret),
+                    user_id=user.id,
+                    csrf_hash=cred.digest(csrf),
+                    created_at=_stamp(created),
+                    expires_at=_stamp(created + timedelta(hours=SESSION_HOURS)),
+                )
+            )
+        return session_secret, csrf
+
+    def actor_for_session(self, secret: str) -> tuple[Actor, str]:
+        """The session's actor and its CSRF token hash; AuthenticationFailed if unusable."""
+        with self.store.session() as s:
+            found = s.execute(
+                select(SessionRow, UserRow)
+                .join(UserRow)
+                .where(SessionRow.id_hash == cred.digest(secret))
+            ).first()
+            if found is None:
+                raise AuthenticationFailed("the session is not valid; sign in again")
+            session, user = found
+            if session.expires_at <= now():
+                raise AuthenticationFailed("the session has expired; sign in again")
+            if user.disabled:
+                raise AuthenticationFailed("this account is disabled")
+            return self._actor(s, user, via="session"), session.csrf_hash
+
+    def delete_session(self, secret: str) -> None:
+        with self.store.write_session() as s:
+            s.execute(delete(SessionRow).where(SessionRow.id_hash == cred.digest(secret)))
+
+    # -- actors -------------------------------------------------------------------------
+
+    def actor_for_user(self, username: str) -> Actor:
+        """The actor a user would be (used by tools and tests that act as a user directly)."""
+        with self.store.session() as s:
+            return self._actor(s, self._row(s, username), via="direct")
+
+    def _actor(self, s: Session, user: UserRow, *, via: str, token_id: str | None = None) -> Actor:
+        best: dict[str, AgentAccess] = {}
+
+        def offer(agent_id: str, access: AgentAccess) -> None:
+            held = best.get(agent_id)
+            if held is None or access.level.rank > held.level.rank:
+                best[agent_id] = access
+
+        for agent_id in s.scalars(select(AgentRow.id).where(AgentRow.owner == user.username)):
+            offer(agent_id, AgentAccess(Level.EDIT, f"owner of agent:{agent_id}"))
+        grants = s.scalars(
+            select(GrantRow).where(or_(GrantRow.user_id == user.id, GrantRow.role == user.role))
+        )
+        for g in grants:
+            subject = f"user {user.username}" if g.user_id is not None else f"role {g.role}"
+            offer(g.agent_id, AgentAccess(Level(g.level), f"grant #{g.id} to {subject}", g.id))
+        return Actor(
+            username=user.username,
+            role=Role(user.role),
+            user_id=user.id,
+            via=via,
+            token_id=token_id,
+            agents=MappingProxyType(best),
+        )
+
+    # -- agents and grants --------------------------------------------------------------
+
+    def create_agent(self, name: str, *, owner: str) -> AgentInfo:
+        if not isinstance(name, str) or not AGENT_NAME_RE.match(name):
+            raise InvalidInput(
+                "agent name must be 1-64 lowercase letters, digits, '.', '_' or '-', "
+                "starting and ending with a letter or digit"
+            )
+        try:
+            with self.store.write_session() as s:
+                row = AgentRow(
+                    id=cred.new_random_id("ag-", 6), name=name, owner=owner, created_at=now()
+                )
+                s.add(row)
+                s.flush()
+                return _agent(row)
+        except IntegrityError:
+            raise Conflict(f"an agent named {name!r} already exists") from None
+
+    def list_agents(self) -> list[AgentInfo]:
+        with self.store.session() as s:
+            return [_agent(r) for r in s.scalars(select(AgentRow).order_by(AgentRow.name))]
+
+    def find_agent(self, agent_id: str) -> AgentInfo | None:
+        with self.store.session() as s:
+            row = s.get(AgentRow, agent_id) if isinstance(agent_id, str) else None
+            return _agent(row) if row is not None else None
+
+    def get_agent(self, agent_id: str) -> AgentInfo:
+        agent = self.find_agent(agent_id)
+        if agent is None:
+            raise NotFound(f"no agent {agent_id!r}")
+        return agent
+
+    def delete_agent(self, agent_id: str) -> None:
+        with self.store.write_session() as s:
+            if s.get(AgentRow, agent_id) is None:
+                raise NotFound(f"no agent {agent_id!r}")
+            s.execute(delete(GrantRow).where(GrantRow.agent_id == agent_id))
+            s.execute(delete(AgentRow).where(AgentRow.id == agent_id))
+
+    def grant(
+        self,
+        agent_id: str,
+        *,
+        level: str,
+        by: str,
+        user: str | None = None,
+        role: str | None = None,
+    ) -> GrantInfo:
+        """Give `user` or `role` (exactly one) `level` on the agent; replaces an earlier grant."""
+        parsed = _parse_level(level)
+        if (user is None) == (role is None):
+            raise InvalidInput("a grant names exactly one of user or role")
+        parsed_role = _parse_role(role) if role is not None else None
+        with self.store.write_session() as s:
+            if s.get(AgentRow, agent_id) is None:
+                raise NotFound(f"no agent {agent_id!r}")
+            user_row = self._row(s, _username(user)) if user is not None else None
+            stmt = select(GrantRow).where(GrantRow.agent_id == agent_id)
+            stmt = (
+                stmt.where(GrantRow.user_id == user_row.id)
+                if user_row is not None
+                else stmt.where(GrantRow.role == parsed_role.value)  # type: ignore[union-attr]
+            )
+            row = s.scalars(stmt.with_for_update()).first()
+            if row is None:
+                row = GrantRow(
+                    agent_id=agent_id,
+                    user_id=user_row.id if user_row is not None else None,
+                    role=parsed_role.value if parsed_role is not None else None,
+                    level=parsed.value,
+                    created_at=now(),
+                    created_by=by,
+                )
+                s.add(row)
+            else:
+                row.level = parsed.value
+                row.created_at, row.created_by = now(), by
+            s.flush()
+            return GrantInfo(row.id, agent_id, user, row.role, parsed, row.created_at, by)
+
+    def list_grants(self, agent_id: str) -> list[GrantInfo]:
+        with self.store.session() as s:
+            rows = s.execute(
+                select(GrantRow, UserRow.username)
+                .outerjoin(UserRow, GrantRow.user_id == UserRow.id)
+                .where(GrantRow.agent_id == agent_id)
+                .order_by(GrantRow.id)
+            ).all()
+            return [
+                GrantInfo(g.id, g.agent_id, u, g.role, Level(g.level), g.created_at, g.created_by)
+                for g, u in rows
+            ]
+
+    def revoke_grant(self, agent_id: str, grant_id: int) -> None:
+        with self.store.write_session() as s:
+            row = s.get(GrantRow, grant_id)
+            if row is None or row.agent_id != agent_id:
+                raise NotFound(f"no grant #{grant_id} on agent {agent_id!r}")
+            s.delete(row)

@@ -1,0 +1,110 @@
+"""The small frozen values every authorisation decision is made of.
+
+Roles (exactly three), grant levels (ordered: edit implies run implies view), the `Actor`
+making a request with the agent levels its grants give it, the `Resource` it acts on with the
+facts a decision needs, and the `Decision` that comes back with its reason and the grant that
+allowed it (stored in the audit record). Datasette's permissions module is the model: plain
+dataclasses in, one decision with a reason out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+
+
+class Role(StrEnum):
+    ADMIN = "admin"
+    BUILDER = "builder"
+    OPERATOR = "operator"
+
+
+class Level(StrEnum):
+    VIEW = "view"
+    RUN = "run"
+    EDIT = "edit"
+
+    @property
+    def rank(self) -> int:
+        return _RANK[self]
+
+    def implies(self, other: Level) -> bool:
+        return self.rank >= other.rank
+
+
+_RANK = {Level.VIEW: 1, Level.RUN: 2, Level.EDIT: 3}
+
+# Operators run what they are granted; whatever a grant says, they never edit an agent.
+ROLE_CEILING = {Role.ADMIN: Level.EDIT, Role.BUILDER: Level.EDIT, Role.OPERATOR: Level.RUN}
+
+
+@dataclass(frozen=True)
+class AgentAccess:
+    """An actor's level on one agent and where it comes from (for the decision's reason)."""
+
+    level: Level
+    source: str
+    grant_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who makes a request. `agents` maps agent id -> the best access its grants give."""
+
+    username: str | None
+    role: Role | None
+    user_id: int | None = None
+    via: str = "anonymous"  # "token" | "session" | "anonymous"
+    token_id: str | None = None
+    agents: Mapping[str, AgentAccess] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def authenticated(self) -> bool:
+        return self.username is not None and self.role is not None
+
+    @property
+    def audit_name(self) -> str:
+        return f"user:{self.username}" if self.username else "anonymous"
+
+    @classmethod
+    def anonymous(cls) -> Actor:
+        return cls(None, None)
+
+
+ANONYMOUS = Actor(None, None)
+
+
+@dataclass(frozen=True)
+class Resource:
+    """What an action is about, with the facts `allowed` needs and nothing else.
+
+    - `owner`: the username that owns it (a token, a sandbox), when that matters;
+    - `agent`: the agent it belongs to (a sandbox, a grant), or that it is (kind "agent");
+    - `subject_user` / `subject_role`: who a grant being made or a user being changed is;
+    - `granted_to_agent`: for a sandbox made from a policy, whether the agent is granted
+      that policy and its image (None when no policy is named).
+    """
+
+    kind: str
+    id: str = ""
+    owner: str | None = None
+    agent: str | None = None
+    subject_user: str | None = None
+    subject_role: str | None = None
+    granted_to_agent: bool | None = None
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.id}" if self.id else self.kind
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    reason: str
+    grant_id: int | None = None
+
+    @property
+    def word(self) -> str:
+        return "allow" if self.allowed else "deny"

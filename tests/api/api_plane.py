@@ -1,0 +1,79 @@
+"""Helpers for an in-process control plane (real store, audit log, vault, gVisor manager).
+
+Its image directory is empty, so a sandbox request that gets past authorisation fails with
+"not built" instead of booting anything: routes can be authorisation-tested cheaply.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import text
+
+from aamp.api.context import ControlPlane
+from aamp.config import Settings
+
+ADMIN_PASSWORD = "admin-password-for-tests"
+
+
+@dataclass
+class Plane:
+    cp: ControlPlane
+    app: object
+    admin_token: str
+
+    def client(self, token: str | None = None, **kw: object) -> httpx.AsyncClient:
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        return httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=self.app),  # type: ignore[arg-type]
+            base_url="http://testserver",
+            headers=headers,
+            **kw,  # type: ignore[arg-type]
+        )
+
+    def decision(self, request_id: str) -> str | None:
+        """The guard's decision for a request: its first audit record."""
+        with self.cp.store.engine.connect() as conn:
+            return conn.execute(
+                text(
+                    "SELECT decision FROM audit_records WHERE request_id = :r ORDER BY seq LIMIT 1"
+                ),
+                {"r": request_id},
+            ).scalar()
+
+    async def user(self, username: str, role: str, password: str | None = None) -> str:
+        """Create a user as admin; returns an API token of theirs."""
+        cp = self.cp
+        await cp.store.run(
+            lambda: cp.directory.create_user(
+                username, role, password or f"{username}-password-1", by="test"
+            )
+        )
+        _, secret = await cp.store.run(lambda: cp.directory.create_token(username, "t"))
+        return secret
+
+
+def plane_settings(tmp_path: Path, **extra: str) -> Settings:
+    return Settings.from_env(
+        {
+            "AAMP_HOME": str(tmp_path / "home"),
+            "AAMP_RUNTIME_DIR": f"/run/aamp-t{secrets.token_hex(4)}",
+            "AAMP_IMAGE_DIR": str(tmp_path / "no-images"),
+            "AAMP_ADMIN_PASSWORD": ADMIN_PASSWORD,
+            **extra,
+        }
+    )
+
+
+def gvisor_only(settings: Settings) -> dict[str, object]:
+    if os.geteuid() != 0 or shutil.which("runsc") is None:
+        pytest.skip("the sandbox manager needs root and runsc here")
+    from aamp.sandbox.gvisor import GVisorDriver
+
+    return {"gvisor": GVisorDriver(settings.runtime_dir)}

@@ -1,0 +1,36 @@
+"""Child process for the API kill -9 test: a real control plane on loopback (gVisor only).
+
+Usage: python serve_plane.py HOME RUNTIME_DIR PORT
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import uvicorn
+
+from aamp.api.app import create_app
+from aamp.config import Settings
+from aamp.sandbox.gvisor import GVisorDriver
+from aamp.server import build_control_plane
+
+
+def main(home: str, runtime: str, port: int) -> None:
+    settings = Settings.from_env(
+        {
+            "AAMP_HOME": home,
+            "AAMP_RUNTIME_DIR": runtime,
+            "AAMP_IMAGE_DIR": home + "/no-images",
+            "AAMP_ADMIN_PASSWORD": "admin-password-for-tests",
+        }
+    )
+    cp, _ = build_control_plane(settings, {"gvisor": GVisorDriver(settings.runtime_dir)})
+    config = uvicorn.Config(
+        create_app(cp), host="127.0.0.1", port=port, log_level="warning", lifespan="on"
+    )
+    asyncio.run(uvicorn.Server(config).serve())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))

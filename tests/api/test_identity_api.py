@@ -1,0 +1,183 @@
+"""Identity through the API: sessions with CSRF, tokens, throttling, no self-escalation,
+operators' isolation, and that builders never read secret values or the audit log."""
+
+from __future__ import annotations
+
+import hashlib
+
+from sqlalchemy import text
+
+from aamp.api.context import SandboxOwner
+from aamp.identity.credentials import digest
+
+
+async def test_cookie_session_needs_csrf_on_unsafe_methods(plane) -> None:
+    await plane.user("bea", "builder", "bea-password-1")
+    async with plane.client() as c:
+        resp = await c.post("/v1/session", json={"username": "bea", "password": "bea-password-1"})
+        assert resp.status_code == 200
+        cookie = resp.headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=strict" in cookie
+        csrf = resp.json()["csrf_token"]
+        assert (await c.get("/v1/me")).json()["username"] == "bea"
+        refused = await c.post("/v1/agents", json={"name": "x1"})
+        assert refused.status_code == 403 and refused.json()["code"] == "csrf_failed"
+        wrong = await c.post("/v1/agents", json={"name": "x1"}, headers={"x-csrf-token": "no"})
+        assert wrong.status_code == 403
+        ok = await c.post("/v1/agents", json={"name": "x1"}, headers={"x-csrf-token": csrf})
+        assert ok.status_code == 201
+        assert (await c.delete("/v1/session", headers={"x-csrf-token": csrf})).status_code == 204
+        assert (await c.get("/v1/me")).status_code == 401
+    # Only hashes of the session id and CSRF token are stored.
+    with plane.cp.store.engine.connect() as conn:
+        rows = conn.execute(text("SELECT csrf_hash FROM sessions")).scalars().all()
+    assert digest(csrf) in rows or rows == []
+    assert csrf not in rows
+
+
+async def test_failed_logins_are_audited_and_throttled(plane) -> None:
+    await plane.user("olly", "operator", "olly-password-1")
+    async with plane.client() as c:
+        for _ in range(5):
+            bad = await c.post("/v1/session", json={"username": "olly", "password": "nope-nope"})
+            assert bad.status_code == 401
+        locked = await c.post(
+            "/v1/session", json={"username": "olly", "password": "olly-password-1"}
+        )
+        assert locked.status_code == 429 and "too many failed logins" in locked.json()["message"]
+    with plane.cp.store.engine.connect() as conn:
+        denied = conn.execute(
+            text(
+                "SELECT count(*) FROM audit_records WHERE action = 'login' "
+                "AND decision = 'deny' AND resource = 'user:olly'"
+            )
+        ).scalar()
+    assert denied == 6
+
+
+async def test_tokens_expire_revoke_and_are_stored_hashed(plane) -> None:
+    token = await plane.user("bob", "builder")
+    async with plane.client(token) as c:
+        made = (await c.post("/v1/tokens", json={"name": "ci", "expires_in_days": 1})).json()
+        assert made["token"].startswith("aamp_") and made["expires_at"]
+        async with plane.client(made["token"]) as c2:
+            assert (await c2.get("/v1/me")).status_code == 200
+            assert (await c.delete(f"/v1/tokens/{made['id']}")).status_code == 200
+            gone = await c2.get("/v1/me")
+            assert gone.status_code == 401 and "revoked" in gone.json()["message"]
+        listed = (await c.get("/v1/tokens")).json()
+        assert all("token" not in t for t in listed)
+        assert any(t["last_used_at"] for t in listed)
+    with plane.cp.store.engine.connect() as conn:
+        hashes = conn.execute(text("SELECT token_hash FROM api_tokens")).scalars().all()
+    assert hashlib.sha256(made["token"].encode()).hexdigest() in hashes
+    assert made["token"] not in hashes
+    # An expired token is refused.
+    with plane.cp.store.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE api_tokens SET expires_at = '2000-01-01T00:00:00.000000Z' WHERE id = :i"),
+            {"i": made["id"]},
+        )
+        conn.execute(text("UPDATE api_tokens SET revoked_at = NULL"))
+    async with plane.client(made["token"]) as c2:
+        assert "expired" in (await c2.get("/v1/me")).json()["message"]
+
+
+async def test_disabled_user_is_locked_out(plane) -> None:
+    token = await plane.user("dan", "operator")
+    async with plane.client(plane.admin_token) as admin:
+        assert (await admin.patch("/v1/users/dan", json={"disabled": True})).status_code == 200
+    async with plane.client(token) as c:
+        assert (await c.get("/v1/me")).status_code == 401
+
+
+async def test_nobody_escalates_themselves(plane) -> None:
+    cp = plane.cp
+    token = await plane.user("ed", "builder")
+    agent = await cp.store.run(lambda: cp.directory.create_agent("shared", owner="admin"))
+    await cp.store.run(lambda: cp.directory.grant(agent.id, level="view", by="t", user="ed"))
+    async with plane.client(token) as c:
+        assert (await c.patch("/v1/users/ed", json={"role": "admin"})).status_code == 403
+        for body in (
+            {"user": "ed", "level": "edit"},
+            {"role": "builder", "level": "edit"},
+        ):
+            resp = await c.post(f"/v1/agents/{agent.id}/grants", json=body)
+            assert resp.status_code == 403, resp.text
+        # A token someone makes carries their own role, never more.
+        made = (await c.post("/v1/tokens", json={"name": "x"})).json()
+    async with plane.client(made["token"]) as c2:
+        assert (await c2.get("/v1/me")).json()["role"] == "builder"
+        assert (await c2.get("/v1/users")).status_code == 403
+    async with plane.client(plane.admin_token) as admin:
+        own = await admin.patch("/v1/users/admin", json={"role": "operator"})
+        assert own.status_code == 403
+        assert (
+            await admin.post(
+                f"/v1/agents/{agent.id}/grants", json={"user": "admin", "level": "edit"}
+            )
+        ).status_code == 403
+    assert (await cp.store.run(cp.directory.get_user, "ed")).role.value == "builder"
+    grants = await cp.store.run(cp.directory.list_grants, agent.id)
+    assert [(g.user, g.level.value) for g in grants] == [("ed", "view")]
+
+
+async def test_operators_see_only_their_own_sandboxes(plane) -> None:
+    cp = plane.cp
+    t1 = await plane.user("op1", "operator")
+    await plane.user("op2", "operator")
+    agent = await cp.store.run(lambda: cp.directory.create_agent("ops", owner="admin"))
+    await cp.store.run(lambda: cp.directory.grant(agent.id, level="run", by="t", role="operator"))
+    cp.sandbox_owners["sb-00000000000a"] = SandboxOwner("op2", agent.id, "p")
+    async with plane.client(t1) as c:
+        resp = await c.get("/v1/sandboxes/sb-00000000000a")
+        assert resp.status_code == 403
+        assert (await c.get("/v1/sandboxes")).json() == []
+        for method, url in (
+            ("DELETE", "/v1/sandboxes/sb-00000000000a"),
+            ("GET", "/v1/sandboxes/sb-00000000000a/files?path=x"),
+        ):
+            assert (await c.request(method, url)).status_code == 403
+
+
+async def test_builders_read_neither_secret_values_nor_the_audit_log(plane) -> None:
+    token = await plane.user("bo", "builder")
+    async with plane.client(plane.admin_token) as admin:
+        await admin.put("/v1/secrets/crm_token", json={"value": "s3cr3t-value-xyz"})
+    async with plane.client(token) as c:
+        assert (await c.get("/v1/audit")).status_code == 403
+        listed = await c.get("/v1/secrets")
+        assert listed.status_code == 200 and "s3cr3t-value-xyz" not in listed.text
+        one = await c.get("/v1/secrets/crm_token")
+        assert one.status_code == 200 and "value" not in one.json()
+        assert (await c.put("/v1/secrets/crm_token", json={"value": "mine"})).status_code == 403
+
+
+async def test_bad_input_gets_clear_4xx(plane) -> None:
+    async with plane.client(plane.admin_token) as c:
+        malformed = await c.post(
+            "/v1/users", content=b'{"username": ', headers={"content-type": "application/json"}
+        )
+        assert malformed.status_code == 400 and malformed.json()["code"] == "malformed_json"
+        huge = await c.post(
+            "/v1/users",
+            content=b"x" * (2 * 1024 * 1024),
+            headers={"content-type": "application/json"},
+        )
+        assert huge.status_code == 413
+        bad_policy = await c.put(
+            "/v1/policies/p",
+            content=b"name: p\nresources: {memory: lots}\n",
+            headers={"content-type": "application/yaml"},
+        )
+        assert bad_policy.status_code == 400
+        assert "resources.memory" in bad_policy.json()["message"]
+        bad_service = await c.put(
+            "/v1/services/s", json={"upstream": "ftp://x", "auth": "bearer", "secrets": ["a"]}
+        )
+        assert bad_service.status_code == 400 and "upstream" in bad_service.json()["message"]
+    async with plane.client("aamp_not-a-token") as c:
+        assert (await c.get("/v1/me")).json()["code"] == "unauthenticated"
+    async with plane.client() as c:
+        weird = await c.get("/v1/me", headers={"authorization": "Basic abc"})
+        assert weird.status_code == 401

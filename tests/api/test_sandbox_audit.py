@@ -1,0 +1,85 @@
+"""A real sandbox through the API as an operator: created from a policy granted to an agent
+they can run; exec, file in and out, destroy — each audited with the actor, argv, sizes and
+SHA-256; another operator cannot touch it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from api_plane import Plane, gvisor_only, plane_settings  # tests/api/conftest.py
+from sqlalchemy import text
+
+from aamp.api.app import create_app
+from aamp.server import build_control_plane
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+async def real_plane(tmp_path: Path, base_image):
+    images = os.environ.get("AAMP_IMAGE_DIR") or str(REPO / ".aamp" / "images")
+    settings = plane_settings(tmp_path, AAMP_IMAGE_DIR=images)
+    cp, _ = build_control_plane(settings, gvisor_only(settings))  # type: ignore[arg-type]
+    app = create_app(cp)
+    token = settings.cli_token_path.read_text().strip()
+    try:
+        async with app.router.lifespan_context(app):
+            yield Plane(cp, app, token)
+    finally:
+        cp.store.close()
+        shutil.rmtree(settings.runtime_dir, ignore_errors=True)
+
+
+async def test_operator_sandbox_lifecycle_is_authorised_and_audited(real_plane) -> None:
+    plane, cp = real_plane, real_plane.cp
+    op = await plane.user("op", "operator")
+    other = await plane.user("op2", "operator")
+    async with plane.client(plane.admin_token) as admin:
+        agent = (await admin.post("/v1/agents", json={"name": "fin"})).json()["id"]
+        policy = {"name": "small", "image": "base", "lifetime": {"ttl": "5m", "idle": "2m"}}
+        assert (await admin.put("/v1/policies/small", json=policy)).status_code == 200
+        for kind, name in (("policy", "small"), ("image", "base")):
+            r = await admin.post(f"/v1/agents/{agent}/resources", json={"kind": kind, "name": name})
+            assert r.status_code == 201
+        r = await admin.post(f"/v1/agents/{agent}/grants", json={"user": "op", "level": "run"})
+        assert r.status_code == 201
+    async with plane.client(op) as c, plane.client(other) as c2:
+        made = await c.post("/v1/sandboxes", json={"agent": agent, "policy": "small"})
+        assert made.status_code == 201, made.text
+        sb = made.json()["id"]
+        assert made.json()["ttl_seconds"] == 300
+        assert (await c2.get(f"/v1/sandboxes/{sb}")).status_code == 403
+        assert (await c2.get("/v1/sandboxes")).json() == []
+        ran = await c.post(f"/v1/sandboxes/{sb}/exec", json={"argv": ["sh", "-c", "echo hi"]})
+        assert ran.status_code == 200
+        assert json.loads(ran.text.splitlines()[-1])["exit_code"] == 0
+        payload = os.urandom(70_000)
+        put = await c.put(f"/v1/sandboxes/{sb}/files", params={"path": "in.bin"}, content=payload)
+        assert put.status_code == 204
+        got = await c.get(f"/v1/sandboxes/{sb}/files", params={"path": "in.bin"})
+        assert got.content == payload
+        assert (await c.delete(f"/v1/sandboxes/{sb}")).status_code == 204
+    with cp.store.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT action, actor, details FROM audit_records WHERE resource = :r ORDER BY seq"
+            ),
+            {"r": f"sandbox:{sb}"},
+        ).all()
+    by_action = {a: (actor, json.loads(d)) for a, actor, d in rows}
+    digest = hashlib.sha256(payload).hexdigest()
+    assert by_action["sandbox.create"][0] == "user:op"
+    assert by_action["sandbox.exec"][1]["argv"] == ["sh", "-c", "echo hi"]
+    assert by_action["sandbox.exec_result"][1]["exit_code"] == 0
+    assert by_action["sandbox.file_in"][1] == {
+        "path": "/workspace/in.bin",
+        "size": 70_000,
+        "sha256": digest,
+    }
+    assert by_action["sandbox.file_out"][1]["sha256"] == digest
+    assert by_action["sandbox.destroy"][0] == "user:op"
