@@ -17,6 +17,10 @@ from aamp.api.app import create_app
 from aamp.api.context import ControlPlane
 from aamp.audit import AuditLog
 from aamp.config import Settings
+from aamp.egress.ca import InstallationCA, ca_dir
+from aamp.egress.ledger import AuditEgressSink
+from aamp.egress.resolver import DnsServerResolver, Resolver, SystemResolver
+from aamp.egress.services import VaultSecretReader
 from aamp.identity import Catalog, Directory, LoginThrottle
 from aamp.identity.bootstrap import ensure_cli_token, ensure_first_admin
 from aamp.sandbox.driver import Driver
@@ -40,8 +44,18 @@ def parse_pool(spec: str) -> dict[str, int]:
     return pool
 
 
+def egress_resolver(settings: Settings) -> Resolver:
+    """Names are resolved on the host: by this host's resolver, or by the DNS servers in
+    AAMP_EGRESS_DNS (comma-separated addresses), as air-gapped sites often need."""
+    servers = [s.strip() for s in settings.env.get("AAMP_EGRESS_DNS", "").split(",") if s.strip()]
+    return DnsServerResolver(servers) if servers else SystemResolver()
+
+
 def build_manager(
-    settings: Settings, audit: AuditLog, drivers: dict[str, Driver] | None = None
+    settings: Settings,
+    audit: AuditLog,
+    drivers: dict[str, Driver] | None = None,
+    vault: Vault | None = None,
 ) -> tuple[SandboxManager, ImageStore]:
     images = ImageStore(settings)
     drivers = available_drivers(settings) if drivers is None else drivers
@@ -49,7 +63,18 @@ def build_manager(
         raise SystemExit("no isolation driver works on this host; run `aamp doctor` to see why")
     default = choose_default_driver(settings, drivers)
     pool = parse_pool(settings.env.get("AAMP_WARM_POOL", ""))
-    manager = SandboxManager(settings, images, drivers, default, recorder=audit, warm_pool=pool)
+    manager = SandboxManager(
+        settings,
+        images,
+        drivers,
+        default,
+        recorder=audit,
+        warm_pool=pool,
+        egress_sink=AuditEgressSink(audit),
+        resolver=egress_resolver(settings),
+        secrets=VaultSecretReader(vault) if vault is not None else None,
+        ca=InstallationCA.load_or_create(ca_dir(settings)),
+    )
     return manager, images
 
 
@@ -67,7 +92,7 @@ def build_control_plane(
     directory = Directory(store)
     password = ensure_first_admin(directory, settings.env)
     ensure_cli_token(directory, settings.cli_token_path)
-    manager, images = build_manager(settings, audit, drivers)
+    manager, images = build_manager(settings, audit, drivers, vault)
     cp = ControlPlane(
         settings=settings,
         store=store,

@@ -4,6 +4,7 @@ SHA-256; another operator cannot touch it."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -83,3 +84,51 @@ async def test_operator_sandbox_lifecycle_is_authorised_and_audited(real_plane) 
     }
     assert by_action["sandbox.file_out"][1]["sha256"] == digest
     assert by_action["sandbox.destroy"][0] == "user:op"
+
+
+async def test_policy_egress_and_services_reach_the_sandbox_and_the_audit_log(real_plane) -> None:
+    """A policy's egress rules and services come with the sandbox; a service the agent was not
+    granted is refused; every egress attempt lands in the audit log with its rule. The guest's
+    request is refused by `default: block` before any name is resolved, so nothing is sent."""
+    plane, cp = real_plane, real_plane.cp
+    async with plane.client(plane.admin_token) as admin:
+        agent = (await admin.post("/v1/agents", json={"name": "net"})).json()["id"]
+        policy = {
+            "name": "closed",
+            "image": "base",
+            "egress": {"default": "block", "allow": ["allowed.test"]},
+            "services": ["crm"],
+        }
+        assert (await admin.put("/v1/policies/closed", json=policy)).status_code == 200
+        service = {"upstream": "https://crm.test", "auth": "bearer", "secrets": ["crm_token"]}
+        assert (await admin.put("/v1/services/crm", json=service)).status_code in (200, 201)
+        for kind, name in (("policy", "closed"), ("image", "base")):
+            r = await admin.post(f"/v1/agents/{agent}/resources", json={"kind": kind, "name": name})
+            assert r.status_code == 201
+        refused = await admin.post("/v1/sandboxes", json={"agent": agent, "policy": "closed"})
+        assert refused.status_code == 403
+        assert "crm" in refused.json()["message"]
+        r = await admin.post(
+            f"/v1/agents/{agent}/resources", json={"kind": "service", "name": "crm"}
+        )
+        assert r.status_code == 201
+        made = await admin.post("/v1/sandboxes", json={"agent": agent, "policy": "closed"})
+        assert made.status_code == 201, made.text
+        sb = made.json()["id"]
+        proxy = cp.manager.get(sb).egress
+        assert [s.name for s in proxy._services] == ["crm"]
+        ran = await admin.post(
+            f"/v1/sandboxes/{sb}/exec",
+            json={
+                "argv": ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "http://b.test/"]
+            },
+        )
+        first = json.loads(ran.text.splitlines()[0])
+        assert base64.b64decode(first["data"]) == b"403"
+        assert (await admin.delete(f"/v1/sandboxes/{sb}")).status_code == 204
+    with cp.store.engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT action, decision, reason FROM audit_records WHERE actor = :a"),
+            {"a": f"sandbox:{sb}"},
+        ).all()
+    assert ("egress.http", "deny", "default: block") in [tuple(r) for r in rows]

@@ -16,6 +16,9 @@ from pydantic import BaseModel, Field
 from aamp.api.context import ControlPlane, SandboxOwner
 from aamp.api.errors import ApiError
 from aamp.api.guard import actor_of, check, cp_of, json_body, request_id, rule
+from aamp.egress.rules import EgressRules
+from aamp.egress.services import ServiceSet
+from aamp.identity.errors import NotFound
 from aamp.identity.model import Actor, Resource
 from aamp.sandbox import channel as ch
 from aamp.sandbox.driver import MiB, Resources
@@ -146,7 +149,31 @@ async def _create_request(cp: ControlPlane, body: SandboxIn, actor: Actor) -> Cr
         ttl=float(policy.lifetime.ttl_seconds),
         idle=float(policy.lifetime.idle_seconds),
         resources=policy.resources.to_driver(),
+        egress=EgressRules.from_policy(policy.egress),
+        services=await _granted_services(cp, body.agent, policy.services),
     )
+
+
+async def _granted_services(
+    cp: ControlPlane, agent: str | None, names: tuple[str, ...]
+) -> ServiceSet:
+    """The policy's services that an admin also granted to the agent; a policy naming a
+    service the agent was not granted, or one that does not exist, is refused, not narrowed."""
+    services = []
+    for name in names:
+        granted = agent is not None and await cp.store.run(
+            cp.catalog.is_granted, agent, "service", name
+        )
+        if not granted:
+            raise ApiError(
+                403, "forbidden", f"services: {name!r} is not granted to agent {agent!r}"
+            )
+        try:
+            stored = await cp.store.run(cp.catalog.get_service, name)
+        except NotFound:
+            raise ApiError(400, "invalid_request", f"services: no service named {name!r}") from None
+        services.append(stored.for_egress())
+    return ServiceSet(services)
 
 
 def router() -> APIRouter:

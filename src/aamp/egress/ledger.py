@@ -17,7 +17,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -108,3 +108,23 @@ class JsonLinesSink:
         with self.path.open(encoding="ascii") as handle:
             rows = [json.loads(line) for line in handle if line.strip()]
         return [EgressEvent(**{**row, "secrets": tuple(row.get("secrets", ()))}) for row in rows]
+
+
+class AuditEgressSink:
+    """The egress ledger as audit records: one `egress.connect` per attempt, allowed or
+    refused, with the rule that decided and the bytes each way. `audit` is an
+    `aamp.audit.AuditSink`; it returns once the record is durable."""
+
+    def __init__(self, audit: Any):
+        self._audit = audit
+
+    async def record(self, event: EgressEvent) -> None:
+        details = asdict(event)
+        await self._audit.record(
+            actor=f"sandbox:{event.sandbox_id}",
+            action=f"egress.{event.kind}",
+            resource=f"host:{event.host}:{event.port}",
+            decision="allow" if event.allowed else "deny",
+            reason=event.rule,
+            details=details,
+        )

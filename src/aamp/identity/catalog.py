@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 
+from aamp.egress.services import Auth, Basic, Bearer, Header
+from aamp.egress.services import Service as EgressService
 from aamp.identity.errors import Conflict, InvalidInput, NotFound
 from aamp.policy import Policy, PolicyError, parse_policy, policy_from_dict
 from aamp.policy.model import IMAGE_RE, NAME_RE, SERVICE_RE
@@ -70,6 +72,17 @@ class Service:
     created_by: str
     updated_at: str
     updated_by: str
+
+    def for_egress(self) -> EgressService:
+        """The form the egress proxy injects credentials from (basic: user, then password)."""
+        auth: Auth
+        if self.auth == "bearer":
+            auth = Bearer(self.secrets[0])
+        elif self.auth == "basic":
+            auth = Basic(user_secret=self.secrets[0], password_secret=self.secrets[1])
+        else:
+            auth = Header(self.header_name or "", "{{secret:" + self.secrets[0] + "}}")
+        return EgressService(self.name, self.upstream, auth)
 
     def to_dict(self) -> dict[str, Any]:
         return {
