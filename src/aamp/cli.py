@@ -68,6 +68,12 @@ def _sandbox_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ttl", type=_positive_seconds, default=None, help="lifetime in seconds")
     p.add_argument("--idle", type=_positive_seconds, default=None, help="idle timeout in seconds")
     p.add_argument("--driver")
+    p.add_argument(
+        "--policy",
+        type=Path,
+        metavar="FILE",
+        help="a policy file (YAML); it sets image, lifetime, resources, egress and services",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,6 +195,11 @@ def _sandbox(args: argparse.Namespace, command: list[str], settings: Settings) -
 
 def _create_body(args: argparse.Namespace) -> dict[str, object]:
     body: dict[str, object] = {"image": args.image}
+    if getattr(args, "policy", None) is not None:
+        try:
+            body["policy_document"] = args.policy.read_text()
+        except OSError as exc:
+            raise ValueError(f"cannot read the policy file {args.policy}: {exc.strerror}") from None
     if args.driver:
         body["driver"] = args.driver
     if getattr(args, "ttl", None):

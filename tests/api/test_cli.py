@@ -286,3 +286,42 @@ def test_identity_commands_and_local_audit(cp, tmp_path):
     assert exported.returncode == 0, exported.stderr
     text = out.read_text()
     assert '"action":"user.created"' in text and secret_value.decode() not in text
+
+
+def test_create_with_a_policy_file(cp, tmp_path):
+    good = tmp_path / "policy.yaml"
+    good.write_text(
+        "name: small\nimage: base\nlifetime: {ttl: 2m, idle: 1m}\n"
+        "resources: {cpus: 1, memory: 512MiB, pids: 64}\n"
+        "egress: {default: block, allow: [a.test]}\n"
+    )
+    made = cp.aamp("sandbox", "create", "--policy", str(good))
+    assert made.returncode == 0, made.stderr
+    sandbox_id = made.stdout.decode().strip()
+    token = cp.settings.cli_token_path.read_text().strip()
+    info = httpx.get(
+        f"http://127.0.0.1:{cp.port}/v1/sandboxes/{sandbox_id}",
+        headers={"authorization": f"Bearer {token}"},
+    ).json()
+    assert info["ttl_seconds"] == 120 and info["idle_seconds"] == 60
+    assert info["resources"]["memory_bytes"] == 512 * 1024 * 1024
+    assert info["resources"]["pids"] == 64
+    blocked = cp.aamp(
+        "sandbox", "exec", sandbox_id, "--",
+        "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "http://b.test/",
+    )  # fmt: skip
+    assert blocked.stdout == b"403"  # refused by `default: block` before any lookup
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("image: base\negress: {default: maybe}\n")
+
+    def ids() -> set[str]:
+        return {w for w in cp.aamp("sandbox", "ls").stdout.decode().split() if w.startswith("sb-")}
+
+    before = ids()
+    done = cp.aamp("sandbox", "create", "--policy", str(bad))
+    assert done.returncode != 0
+    assert b"egress.default" in done.stderr, done.stderr
+    assert ids() == before
+    missing = cp.aamp("sandbox", "create", "--policy", str(tmp_path / "nope.yaml"))
+    assert missing.returncode != 0 and b"cannot read the policy file" in missing.stderr

@@ -18,8 +18,10 @@ from aamp.api.errors import ApiError
 from aamp.api.guard import actor_of, check, cp_of, json_body, request_id, rule
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import ServiceSet
+from aamp.identity.catalog import parse_policy_document
 from aamp.identity.errors import NotFound
 from aamp.identity.model import Actor, Resource
+from aamp.policy import Policy, PolicyError
 from aamp.sandbox import channel as ch
 from aamp.sandbox.driver import MiB, Resources
 from aamp.sandbox.manager import (
@@ -40,12 +42,14 @@ class ResourcesIn(BaseModel):
 
 
 class SandboxIn(BaseModel):
-    """Admins may give image, lifetime and resources directly. Everyone else names an agent
-    they can run and a policy granted to it; the policy then sets image, lifetime and
-    resources (and the fields here are ignored)."""
+    """Admins may give image, lifetime and resources directly, or a whole policy document
+    (`policy_document`, YAML as in PRODUCT.md; `aamp sandbox create --policy FILE`). Everyone
+    else names an agent they can run and a policy granted to it; the policy then sets image,
+    lifetime, resources, egress and services (and the fields here are ignored)."""
 
     agent: str | None = Field(None, min_length=1, max_length=32)
     policy: str | None = Field(None, min_length=1, max_length=64)
+    policy_document: str | None = Field(None, min_length=1, max_length=64 * 1024)
     image: str = Field("base", min_length=1, max_length=64)
     driver: str | None = Field(None, max_length=32)
     ttl_seconds: float = DEFAULT_TTL_SECONDS
@@ -126,7 +130,30 @@ async def _audit(
     )
 
 
+def _from_policy(policy: Policy, driver: str | None, services: ServiceSet) -> CreateRequest:
+    return CreateRequest(
+        image=policy.image,
+        driver=driver,
+        ttl=float(policy.lifetime.ttl_seconds),
+        idle=float(policy.lifetime.idle_seconds),
+        resources=policy.resources.to_driver(),
+        egress=EgressRules.from_policy(policy.egress),
+        services=services,
+    )
+
+
 async def _create_request(cp: ControlPlane, body: SandboxIn, actor: Actor) -> CreateRequest:
+    is_admin = actor.role is not None and actor.role.value == "admin"
+    if body.policy_document is not None:
+        if not is_admin:
+            raise ApiError(
+                403, "forbidden", "policy_document: only admins may give a policy inline"
+            )
+        try:
+            policy = parse_policy_document(body.policy_document, "yaml")
+        except PolicyError as exc:
+            raise ApiError(422, "invalid_policy", str(exc)) from None
+        return _from_policy(policy, body.driver, await _services(cp, None, policy.services))
     if body.policy is None:
         if actor.role is None or actor.role.value != "admin":
             raise ApiError(400, "invalid_request", "policy: name a policy granted to the agent")
@@ -143,27 +170,17 @@ async def _create_request(cp: ControlPlane, body: SandboxIn, actor: Actor) -> Cr
         )
     stored = await cp.store.run(cp.catalog.get_policy, body.policy)
     policy = stored.policy
-    return CreateRequest(
-        image=policy.image,
-        driver=body.driver,
-        ttl=float(policy.lifetime.ttl_seconds),
-        idle=float(policy.lifetime.idle_seconds),
-        resources=policy.resources.to_driver(),
-        egress=EgressRules.from_policy(policy.egress),
-        services=await _granted_services(cp, body.agent, policy.services),
-    )
+    return _from_policy(policy, body.driver, await _services(cp, body.agent, policy.services))
 
 
-async def _granted_services(
-    cp: ControlPlane, agent: str | None, names: tuple[str, ...]
-) -> ServiceSet:
-    """The policy's services that an admin also granted to the agent; a policy naming a
-    service the agent was not granted, or one that does not exist, is refused, not narrowed."""
+async def _services(cp: ControlPlane, agent: str | None, names: tuple[str, ...]) -> ServiceSet:
+    """The policy's services, each of which must exist and — when the sandbox is for an
+    agent — be granted to that agent by an admin: a policy naming one that is not is refused,
+    never silently narrowed. (Without an agent only an admin gets here: the guard and
+    `_create_request` refuse everyone else.)"""
     services = []
     for name in names:
-        granted = agent is not None and await cp.store.run(
-            cp.catalog.is_granted, agent, "service", name
-        )
+        granted = agent is None or await cp.store.run(cp.catalog.is_granted, agent, "service", name)
         if not granted:
             raise ApiError(
                 403, "forbidden", f"services: {name!r} is not granted to agent {agent!r}"
