@@ -281,6 +281,14 @@ def small_requests(mode: str, t: Target, count: int) -> list[float]:
     return latencies[50:]  # the first 50 warm the path up
 
 
+MODES = ("direct", "proxy-http", "connect", "direct-tls", "intercept")
+
+
+def _baseline(mode: str) -> str:
+    """What a mode is compared with: TLS modes with TLS straight to the upstream."""
+    return "direct-tls" if mode in ("direct-tls", "intercept") else "direct"
+
+
 def _p95(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
@@ -291,6 +299,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--small", type=int, default=1000)
     parser.add_argument("--mib", type=int, default=100)
+    parser.add_argument(
+        "--modes",
+        default="direct,proxy-http,connect,direct-tls,intercept",
+        help="comma-separated subset of the modes (a mode's baseline is added if missing)",
+    )
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "egress.json"
     )
@@ -320,7 +333,12 @@ def main() -> None:
         os.path.join(upstream_ca, "ca.crt"),
         os.path.join(workdir, "home", "ca", "ca.crt"),
     )
-    modes = ["direct", "proxy-http", "connect", "direct-tls", "intercept"]
+    wanted = {m.strip() for m in args.modes.split(",") if m.strip()}
+    unknown = wanted - set(MODES)
+    if unknown:
+        parser.error(f"unknown mode(s): {', '.join(sorted(unknown))}; known: {', '.join(MODES)}")
+    wanted |= {_baseline(m) for m in wanted}
+    modes = [m for m in MODES if m in wanted]
     try:
         size = args.mib * MiB
         throughput: dict[str, list[float]] = {mode: [] for mode in modes}
@@ -336,11 +354,8 @@ def main() -> None:
         proxy.join(5)
         upstream.join(5)
 
-    def baseline(mode: str) -> str:
-        return "direct-tls" if mode in ("direct-tls", "intercept") else "direct"
-
-    direct_tp = {m: statistics.median(throughput[baseline(m)]) for m in modes}
-    direct_p50 = {m: statistics.median(latency[baseline(m)]) for m in modes}
+    direct_tp = {m: statistics.median(throughput[_baseline(m)]) for m in modes}
+    direct_p50 = {m: statistics.median(latency[_baseline(m)]) for m in modes}
     result = {
         "download_mib": args.mib,
         "runs": args.runs,
@@ -350,7 +365,7 @@ def main() -> None:
             mode: {
                 "median": statistics.median(v),
                 "p95_low": _p95([-x for x in v]) * -1,
-                "baseline": baseline(mode),
+                "baseline": _baseline(mode),
                 "ratio_to_direct": statistics.median(v) / direct_tp[mode],
             }
             for mode, v in throughput.items()
@@ -359,7 +374,7 @@ def main() -> None:
             mode: {
                 "p50": statistics.median(v),
                 "p95": _p95(v),
-                "baseline": baseline(mode),
+                "baseline": _baseline(mode),
                 "added_p50": statistics.median(v) - direct_p50[mode],
             }
             for mode, v in latency.items()

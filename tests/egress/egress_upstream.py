@@ -114,6 +114,28 @@ class UpstreamServer:
             writer.write(b"0\r\nX-Trailer: done\r\n\r\n")
             await writer.drain()
             return True
+        if target.startswith("/bigchunked/"):  # chunks big enough for the proxy to splice
+            size = int(target.split("/")[2])
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            remaining = size
+            while remaining:
+                piece = min(remaining, 256 * 1024)
+                writer.write(f"{piece:x}\r\n".encode() + _BLOCK[:piece] + b"\r\n")
+                remaining -= piece
+                await writer.drain()
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+            return True
+        if target.startswith("/eofbytes/"):  # no length: the body ends when the upstream closes
+            size = int(target.split("/")[2])
+            writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n")
+            remaining = size
+            while remaining:
+                piece = _BLOCK[: min(remaining, len(_BLOCK))]
+                writer.write(piece)
+                remaining -= len(piece)
+                await writer.drain()
+            return False
         if target == "/whoami":
             auth = headers.get("authorization", "")
             key = headers.get("x-api-key", "")

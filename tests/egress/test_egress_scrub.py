@@ -79,3 +79,33 @@ def test_gzip_and_deflate_are_decoded_in_bounded_pieces():
         BodyDecoder("gzip, gzip")
     with pytest.raises(UnsupportedEncoding, match="corrupt"):
         list(BodyDecoder("gzip").feed(b"not gzip at all"))
+
+
+def test_clean_fast_path_agrees_with_one_whole_scrub_for_every_seam():
+    # Pieces longer than the held-back tail take the no-copy path; a needle may sit across
+    # any seam, inside the tail, or wholly inside a piece. The stream must equal one scrub.
+    body = (
+        b"".join(
+            b"." * gap + needle
+            for gap, needle in zip(range(3, 90, 7), [SECRET, OTHER] * 7, strict=False)
+        )
+        + b"." * 40
+    )
+    for size in (len(SECRET), len(SECRET) + 1, 17, 23, 64):
+        scrubber = Scrubber([SECRET, OTHER])
+        pieces = [body[i : i + size] for i in range(0, len(body), size)]
+        streamed = b"".join(b"".join(scrubber.feed_pieces(p)) for p in pieces)
+        streamed += scrubber.flush()
+        whole = Scrubber([SECRET, OTHER])
+        assert streamed == whole.scrub(body), size
+        assert scrubber.hits == whole.hits == body.count(SECRET) + body.count(OTHER)
+
+
+def test_clean_pieces_are_passed_as_views_not_copies():
+    scrubber = Scrubber([SECRET])
+    data = b"y" * 1000
+    first = scrubber.feed_pieces(data)
+    assert len(first) == 1 and isinstance(first[0], memoryview) and first[0].obj is data
+    second = scrubber.feed_pieces(data)
+    assert bytes(second[0]) == b"y" * (len(SECRET) - 1)  # the tail held back from before
+    assert second[1].obj is data

@@ -6,7 +6,9 @@ reach. Two kinds of request are served:
 
 - `CONNECT host:port` opens a byte tunnel (HTTPS, websockets over TLS, anything over TCP);
 - absolute-form plain HTTP (`GET http://host/path HTTP/1.1`), forwarded with HTTP/1.1
-  keep-alive; every request on a kept-alive connection is judged again.
+  keep-alive; every request on a kept-alive connection is judged again. Heads always go
+  through the parser; a large body between them (Content-Length, a big chunk, or until close)
+  is moved by splice(2) (`splice.py`), its length and the byte cap still enforced here.
 
 For each attempt: parse strictly → `EgressRules.decide(host, port)` → resolve once on the host
 → `check_address` on every resolved address → connect to an address that passed (never a
@@ -37,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import itertools
 import logging
 import os
@@ -49,6 +50,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aamp.egress import splice
 from aamp.egress.addresses import IPAddress
 from aamp.egress.ca import InstallationCA
 from aamp.egress.intercept import (
@@ -81,6 +83,7 @@ from aamp.egress.services import (
     ServiceSet,
     render,
 )
+from aamp.egress.splice import CapReached as _Cut  # max_bytes_out crossed: cut
 
 log = logging.getLogger(__name__)
 
@@ -117,38 +120,8 @@ _REASONS = {
     504: "Gateway Timeout",
 }
 MAX_BYTES_RULE = "egress.max_bytes_out"
-_F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ on Linux (named in the module only from 3.10 on some)
-_SPLICE_BYTES = 1024 * 1024
 # Response headers dropped when a service response is scrubbed: its bytes change.
 _BODY_DIGESTS = frozenset({"content-md5", "digest", "content-digest", "repr-digest"})
-
-
-def _detach(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-) -> tuple[socket.socket, bytes] | None:
-    """Take a connection's socket out of its asyncio transport (for splice), with any bytes
-    the reader had already buffered. None if this transport cannot be taken over."""
-    buffer = getattr(reader, "_buffer", None)  # StreamReader keeps read-ahead here
-    sock = writer.get_extra_info("socket")
-    transport = writer.transport
-    if not isinstance(buffer, bytearray) or sock is None or transport.get_write_buffer_size():
-        return None
-    transport.pause_reading()
-    left = bytes(buffer)
-    buffer.clear()
-    taken = socket.socket(fileno=os.dup(sock.fileno()))
-    taken.setblocking(False)
-    transport.abort()  # closes only the transport's descriptor; `taken` keeps the socket
-    return taken, left
-
-
-async def _wait_fd(add, remove, fd: int) -> None:
-    future = asyncio.get_running_loop().create_future()
-    add(fd, lambda: future.done() or future.set_result(None))
-    try:
-        await future
-    finally:
-        remove(fd)
 
 
 @dataclass(frozen=True)
@@ -164,6 +137,11 @@ class ProxyLimits:
     connect_timeout: float = 10.0
     response_timeout: float = 60.0  # upstream response head after the request was sent
     chunk_bytes: int = 256 * 1024
+    # SO_SNDBUF of the guest's end (the kernel caps it at net.core.wmem_max and doubles it).
+    # The default ~208 KiB makes every large response a stream of short socket writes and
+    # wake-ups; 4 MiB roughly halves the proxy's CPU per byte on TLS interception. Worst case
+    # kernel memory for a guest that stops reading: max_connections x 2 x this. 0: leave it.
+    guest_send_buffer: int = 4 * 1024 * 1024
 
 
 @dataclass
@@ -195,10 +173,6 @@ class _Refusal(Exception):
         self.reason = reason
         self.host = host
         self.port = port
-
-
-class _Cut(Exception):
-    """The per-sandbox `max_bytes_out` cap was crossed: cut the connection."""
 
 
 @dataclass
@@ -259,6 +233,11 @@ class _Upstream:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     tls: bool = False
+
+
+def _all(wanted: int) -> int:
+    """No byte budget (bytes down are not capped)."""
+    return wanted
 
 
 def _clean(text: str, limit: int = 200) -> str:
@@ -410,6 +389,12 @@ class EgressProxy:
                 return
             with contextlib.suppress(Exception):
                 writer.transport.set_write_buffer_limits(high=4 * self.limits.chunk_bytes)
+            sock = writer.get_extra_info("socket")
+            if sock is not None and self.limits.guest_send_buffer:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(
+                        socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.guest_send_buffer
+                    )
             await self._serve_requests(reader, writer, connection)
         finally:
             writer.close()
@@ -816,8 +801,8 @@ class EgressProxy:
         with splice(2) through a pipe, never entering Python: that is what makes a tunnel
         nearly as fast as a direct connection. Elsewhere (or if the streams cannot be detached)
         the stream pumps below do the same job with copies."""
-        client = _detach(client_r, client_w) if hasattr(os, "splice") else None
-        remote = _detach(upstream.reader, upstream.writer) if client else None
+        client = splice.detach(client_r, client_w) if splice.available() else None
+        remote = splice.detach(upstream.reader, upstream.writer) if client else None
         if client is not None and remote is not None:
             await self._splice_relay(client, remote, attempt)
             return
@@ -887,42 +872,16 @@ class EgressProxy:
     async def _splice(
         self, src: socket.socket, dst: socket.socket, attempt: _Attempt, *, up: bool
     ) -> None:
-        """Move bytes src → dst with splice(2) through a pipe until src ends."""
-        loop = asyncio.get_running_loop()
-        flags = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
-        pipe_r, pipe_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            with contextlib.suppress(OSError):
-                fcntl.fcntl(pipe_w, _F_SETPIPE_SZ, _SPLICE_BYTES)
-            while True:
-                size = self._room_up(_SPLICE_BYTES) if up else _SPLICE_BYTES
-                if size == 0:  # the cap is reached: any further byte up cuts the connection
-                    await _wait_fd(loop.add_reader, loop.remove_reader, src.fileno())
-                    if src.recv(1, socket.MSG_PEEK):
-                        raise _Cut()
-                    n = 0
-                else:
-                    try:
-                        n = os.splice(src.fileno(), pipe_w, size, flags=flags)
-                    except BlockingIOError:
-                        await _wait_fd(loop.add_reader, loop.remove_reader, src.fileno())
-                        continue
-                if n == 0:
-                    with contextlib.suppress(OSError):
-                        dst.shutdown(socket.SHUT_WR)
-                    return
-                pending = n
-                while pending:
-                    try:
-                        moved = os.splice(pipe_r, dst.fileno(), pending, flags=flags)
-                    except BlockingIOError:
-                        await _wait_fd(loop.add_writer, loop.remove_writer, dst.fileno())
-                        continue
-                    pending -= moved
-                    self._count(attempt, moved, up=up)
-        finally:
-            os.close(pipe_r)
-            os.close(pipe_w)
+        """Move bytes src → dst with splice(2) until src ends, then pass the half-close on."""
+        await splice.move(
+            src.fileno(),
+            dst.fileno(),
+            length=None,
+            room=self._room_up if up else _all,
+            count=lambda n: self._count(attempt, n, up=up),
+        )
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
 
     async def _pump_up(
         self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, attempt: _Attempt
@@ -1156,9 +1115,13 @@ class EgressProxy:
         self._send_up(upstream.writer, out, attempt)
         del out
         if kind == "length":
-            await self._copy_length(reader, upstream.writer, length, attempt, up=True)
+            await self._copy_length(
+                reader, upstream.writer, length, attempt, up=True, source_writer=writer
+            )
         elif kind == "chunked":
-            await self._copy_chunked(reader, upstream.writer, attempt, up=True)
+            await self._copy_chunked(
+                reader, upstream.writer, attempt, up=True, source_writer=writer
+            )
         await upstream.writer.drain()
 
         scrubber = Scrubber(credential.scrub_forms) if credential is not None else None
@@ -1232,11 +1195,22 @@ class EgressProxy:
             assert scrubber is not None
             await self._scrub_body(upstream.reader, writer, body, down, decoder, scrubber, attempt)
         elif body[0] == "length":
-            await self._copy_length(upstream.reader, writer, body[1], attempt, up=False)
+            await self._copy_length(
+                upstream.reader, writer, body[1], attempt, up=False, source_writer=upstream.writer
+            )
         elif body[0] == "chunked":
-            await self._copy_chunked(upstream.reader, writer, attempt, up=False)
+            await self._copy_chunked(
+                upstream.reader, writer, attempt, up=False, source_writer=upstream.writer
+            )
         elif body[0] == "eof":
-            await self._pump_down(upstream.reader, writer, attempt)
+            if await self._splice_body(
+                upstream.reader, upstream.writer, writer, None, attempt, up=False
+            ):
+                with contextlib.suppress(OSError, RuntimeError):
+                    if writer.can_write_eof():
+                        writer.write_eof()
+            else:
+                await self._pump_down(upstream.reader, writer, attempt)
         await writer.drain()
         return client_keep, upstream_keep
 
@@ -1254,32 +1228,36 @@ class EgressProxy:
         (chunked, or until close for an HTTP/1.0 guest)."""
         chunked = down == "chunked"
 
-        def send(data: bytes | memoryview) -> None:
-            if not data:
+        def send(pieces: tuple[bytes | memoryview, ...] | list[bytes | memoryview]) -> None:
+            # One writelines per piece of body: over TLS that is one encryption pass and one
+            # socket write for the chunk header, the data and the CRLF together.
+            size = sum(len(p) for p in pieces)
+            if not size:
                 return
             if chunked:
-                self._send_down(sink, b"%x\r\n" % len(data), attempt)
-                self._send_down(sink, data, attempt)
-                self._send_down(sink, b"\r\n", attempt)
-            else:
-                self._send_down(sink, data, attempt)
+                pieces = [b"%x\r\n" % size, *pieces, b"\r\n"]
+            sink.writelines(pieces)
+            n = sum(len(p) for p in pieces)
+            attempt.bytes_down += n
+            self._counters.bytes_down += n
 
         try:
             async for piece in self._body_pieces(source, body):
                 for decoded in decoder.feed(piece):
-                    send(scrubber.feed(decoded))
+                    send(scrubber.feed_pieces(decoded))
                     await sink.drain()
-            send(scrubber.feed(decoder.flush()))
+            send((scrubber.feed(decoder.flush()),))
         except UnsupportedEncoding as exc:
             raise _Refusal(502, attempt.decision.rule, str(exc)) from None
-        send(scrubber.flush())
+        send((scrubber.flush(),))
         if chunked:
             self._send_down(sink, b"0\r\n\r\n", attempt)
 
     async def _body_pieces(self, source: asyncio.StreamReader, body: tuple[str, int]):
-        """The upstream body's bytes, framing removed (trailers are dropped)."""
+        """The upstream body's bytes, framing removed (trailers are dropped). Read in pieces
+        of up to the upstream reader's buffer limit: fewer, larger pieces cost less per byte."""
         kind, length = body
-        size = self.limits.chunk_bytes
+        size = 4 * self.limits.chunk_bytes  # the upstream reader's limit (see _open_upstream)
         if kind == "length":
             remaining = length
             while remaining:
@@ -1361,7 +1339,16 @@ class EgressProxy:
         attempt: _Attempt,
         *,
         up: bool,
+        source_writer: asyncio.StreamWriter | None = None,
     ) -> None:
+        """Forward exactly `length` body bytes. With the source's writer (its transport) given
+        and both ends plain sockets, a large body is spliced (`_splice_body`)."""
+        if (
+            source_writer is not None
+            and length >= splice.MIN_BODY
+            and await self._splice_body(source, source_writer, sink, length, attempt, up=up)
+        ):
+            return
         remaining = length
         size = self.limits.chunk_bytes
         while remaining:
@@ -1375,6 +1362,49 @@ class EgressProxy:
                 self._send_down(sink, data, attempt)
             await sink.drain()
 
+    async def _splice_body(
+        self,
+        source: asyncio.StreamReader,
+        source_writer: asyncio.StreamWriter,
+        sink: asyncio.StreamWriter,
+        length: int | None,
+        attempt: _Attempt,
+        *,
+        up: bool,
+    ) -> bool:
+        """Forward a body of `length` bytes (None: until the source ends) with splice(2), the
+        request/response heads around it staying with the streams and the parser. False
+        (nothing moved) if either end is not a plain socket or the body is already buffered.
+
+        What the source's reader had buffered goes first, through the same accounting as the
+        copy path; the sink's buffer is emptied before the first spliced byte."""
+        if not splice.available():
+            return False
+        src = splice.plain_socket(source_writer)
+        dst = splice.plain_socket(sink)
+        ahead = splice.read_ahead(source)
+        if src is None or dst is None or ahead is None:
+            return False
+        if length is not None and length - len(ahead) < splice.MIN_BODY:
+            return False  # (nearly) all buffered already: a copy is cheaper
+        with splice.reading_paused(source, source_writer.transport):
+            if ahead:
+                data = bytes(ahead)
+                ahead.clear()
+                (self._send_up if up else self._send_down)(sink, data, attempt)
+                if length is not None:
+                    length -= len(data)
+            await splice.flushed(sink)
+            with splice.owned_fd(src) as src_fd, splice.owned_fd(dst) as dst_fd:
+                await splice.move(
+                    src_fd,
+                    dst_fd,
+                    length=length,
+                    room=self._room_up if up else _all,
+                    count=lambda n: self._count(attempt, n, up=up),
+                )
+        return True
+
     async def _copy_chunked(
         self,
         source: asyncio.StreamReader,
@@ -1382,8 +1412,10 @@ class EgressProxy:
         attempt: _Attempt,
         *,
         up: bool,
+        source_writer: asyncio.StreamWriter | None = None,
     ) -> None:
-        """Forward a chunked body verbatim while parsing it, so its end is known."""
+        """Forward a chunked body verbatim while parsing it, so its end is known (each chunk's
+        size line is parsed here; a large chunk's data may be spliced)."""
         send = self._send_up if up else self._send_down
         while True:
             line = await source.readuntil(b"\r\n")
@@ -1401,7 +1433,7 @@ class EgressProxy:
                     if trailer == b"\r\n":
                         await sink.drain()
                         return
-            await self._copy_length(source, sink, size, attempt, up=up)
+            await self._copy_length(source, sink, size, attempt, up=up, source_writer=source_writer)
             crlf = await source.readexactly(2)
             if crlf != b"\r\n":
                 raise _Refusal(

@@ -75,10 +75,34 @@ class Scrubber:
         return b"".join(out), end
 
     def feed(self, data: bytes) -> bytes | memoryview:
-        """Scrubbed bytes that are safe to send now (a short tail is held back). Without a hit
-        this is a view of the input, not a copy: bodies are large and mostly clean."""
+        """Scrubbed bytes that are safe to send now (a short tail is held back)."""
+        pieces = self.feed_pieces(data)
+        if len(pieces) == 1:
+            return pieces[0]
+        return b"".join(pieces)
+
+    def feed_pieces(self, data: bytes) -> tuple[bytes | memoryview, ...]:
+        """`feed`, as pieces to send in order: without a hit, the held-back tail and a view
+        of the input, so a clean body (the common case) is searched once and never copied.
+
+        Only an occurrence that starts in the held-back tail can span the seam; it ends within
+        `keep` bytes of the new data, so the seam search looks at `tail + data[:keep]` only."""
         if not self._needles:
-            return data
+            return (data,)
+        keep, carry = self._keep, self._carry
+        if len(data) > keep and not any(n in data for n in self._needles):
+            if carry:
+                seam = carry + data[:keep]
+                if any(n in seam for n in self._needles):
+                    return (self._feed_copy(data),)
+            limit = len(data) - keep
+            self._carry = data[limit:]
+            view = memoryview(data)[:limit]
+            return (carry, view) if carry else (view,)
+        return (self._feed_copy(data),)
+
+    def _feed_copy(self, data: bytes) -> bytes | memoryview:
+        """The general path: search the tail and the new data as one buffer."""
         buf = self._carry + data if self._carry else data
         limit = max(0, len(buf) - self._keep)
         if all(buf.find(n) < 0 for n in self._needles):
