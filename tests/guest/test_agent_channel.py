@@ -518,3 +518,19 @@ async def test_init_mounts_and_hostname_in_private_namespaces(agent_install: Pat
         await channel.close()
         shutil.rmtree(sock_dir, ignore_errors=True)
     assert socket.gethostname() == host_name
+
+
+def test_agent_arguments_are_checked():
+    from aamp.guest.agent import UsageError, parse_args
+
+    opts = parse_args(["--connect", "unix:/x", "--egress=vsock:2:5001", "--init"])
+    assert (opts["connect"], opts["egress"], opts["init"]) == ("unix:/x", "vsock:2:5001", True)
+    assert parse_args(["--connect", "unix:/x", "--retry-seconds", "2.5"])["retry_seconds"] == 2.5
+    for bad, message in (
+        ([], "--connect is required"),
+        (["--connect"], "--connect needs a value"),
+        (["--connect", "unix:/x", "--bogus"], "unknown argument '--bogus'"),
+        (["--connect", "unix:/x", "--retry-seconds", "soon"], "must be a number"),
+    ):
+        with pytest.raises(UsageError, match=message):
+            parse_args(bad)

@@ -26,7 +26,19 @@ import json
 import math
 import struct
 from enum import IntEnum
-from typing import Any, Protocol
+
+# `typing` is not imported at run time: in a gVisor guest every module imported adds to the
+# agent's start-up, which every cold sandbox waits for.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Protocol
+
+    class _Reader(Protocol):
+        async def readexactly(self, n: int) -> bytes: ...
+
+    class _Writer(Protocol):
+        def write(self, data: bytes | bytearray | memoryview) -> None: ...
+
 
 PROTOCOL_VERSION = 1
 
@@ -158,14 +170,6 @@ def send_control(sock: Any, obj: dict[str, Any]) -> None:
 
 
 # --- asyncio streams (the host) --------------------------------------------------------------
-
-
-class _Reader(Protocol):
-    async def readexactly(self, n: int) -> bytes: ...
-
-
-class _Writer(Protocol):
-    def write(self, data: bytes | bytearray | memoryview) -> None: ...
 
 
 async def read_frame(
