@@ -285,32 +285,46 @@ def _open_fds() -> set[tuple[str, str]]:
 async def test_200_concurrent_connections_lose_no_event_and_leak_no_fd(
     sockdir, sink, upstream, upstream_b
 ):
+    """200 connections at once spread over four sandboxes' proxies sharing one ledger:
+    allowed, refused, tunnelled and malformed ones mixed."""
     rules = EgressRules.from_lists("block", allow=["a.test"])
-    proxy = EgressProxy(SANDBOX, sockdir / "c.sock", rules, StaticResolver(NAMES), sink)
-    await proxy.start()
-    await get(proxy.socket_path, f"http://a.test:{upstream.port}/warm")
-    await _settle(proxy)
+    sandboxes = [f"sb-00000000000{k}" for k in range(4)]
+    proxies = [
+        EgressProxy(sb, sockdir / f"c{k}.sock", rules, StaticResolver(NAMES), sink)
+        for k, sb in enumerate(sandboxes)
+    ]
+    for proxy in proxies:
+        await proxy.start()
+        await get(proxy.socket_path, f"http://a.test:{upstream.port}/warm")
+        await _settle(proxy)
     before = _open_fds()
 
     async def one(i: int) -> int:
-        if i % 4 == 0:
-            return (await get(proxy.socket_path, f"http://b.test:{upstream_b.port}/{i}")).status
-        if i % 4 == 1:
-            response, reader, writer = await connect(proxy.socket_path, f"a.test:{upstream.port}")
+        path = proxies[i % 4].socket_path
+        kind = (i // 4) % 4
+        if kind == 0:
+            return (await get(path, f"http://b.test:{upstream_b.port}/{i}")).status
+        if kind == 1:
+            response, reader, writer = await connect(path, f"a.test:{upstream.port}")
             writer.write(f"GET /bytes/{i} HTTP/1.1\r\nHost: a.test\r\n\r\n".encode())
             body = (await read_response(reader)).body
             writer.close()
             return response.status if len(body) == i else -1
-        if i % 4 == 2:
-            return (await send(proxy.socket_path, b"GARBAGE\r\n\r\n")).status
-        return (await get(proxy.socket_path, f"http://a.test:{upstream.port}/{i}")).status
+        if kind == 2:
+            return (await send(path, b"GARBAGE\r\n\r\n")).status
+        return (await get(path, f"http://a.test:{upstream.port}/{i}")).status
 
     statuses = await asyncio.gather(*(one(i) for i in range(200)))
     assert sorted(set(statuses)) == [200, 400, 403]
-    await _settle(proxy)
+    for proxy in proxies:
+        await _settle(proxy)
     assert _open_fds() - before == set()  # nothing new is left open (sockets, pipes)
     recorded = sink.read()
-    assert len(recorded) == 201
-    assert len({(e.connection) for e in recorded}) == 201
+    assert len(recorded) == 204  # 200 plus one warm-up per proxy
+    for sb in sandboxes:
+        mine = [e for e in recorded if e.sandbox_id == sb]
+        assert len(mine) == 51
+        assert len({e.connection for e in mine}) == 51
     assert sum(1 for e in recorded if e.decision == "refused") == 100
-    await proxy.close()
+    for proxy in proxies:
+        await proxy.close()
