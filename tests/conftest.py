@@ -1,9 +1,5 @@
-"""Shared fixtures: per-test installation settings, and the guest images built once a session.
-
-Images are built into AAMP_IMAGE_DIR when set (CI keeps it outside the clone), else into the
-clone's own `.aamp/images` — where `scripts/install` put them — so the suite reuses them.
-Builds are keyed by content hash, so a reused image is always the one the code would build.
-"""
+"""Shared fixtures: per-test installation settings, and the guest images built once a session
+where `scripts/install` put them (see install_layout.py), so the suite reuses them."""
 
 from __future__ import annotations
 
@@ -16,15 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from install_layout import shared_home, shared_image_dir
 
 from aamp.config import Settings
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _shared_env() -> dict[str, str]:
     return {
-        "AAMP_IMAGE_DIR": os.environ.get("AAMP_IMAGE_DIR") or str(REPO / ".aamp" / "images"),
+        "AAMP_IMAGE_DIR": str(shared_image_dir()),
         "AAMP_DOWNLOAD_CACHE": os.environ.get("AAMP_DOWNLOAD_CACHE") or "/var/cache/aamp/downloads",
     }
 
@@ -58,8 +53,8 @@ def _build(name: str) -> object:
     from aamp.egress.ca import InstallationCA, ca_dir
     from aamp.sandbox.images import ImageStore
 
-    # Built as `scripts/install` builds them, with the clone's installation CA baked in.
-    shared = Settings.from_env({**_shared_env(), "AAMP_HOME": str(REPO / ".aamp")})
+    # Built as `scripts/install` builds them, with the installation's CA baked in.
+    shared = Settings.from_env({**_shared_env(), "AAMP_HOME": str(shared_home())})
     ca = InstallationCA.load_or_create(ca_dir(shared))
 
     def progress(line: str) -> None:
@@ -71,7 +66,7 @@ def _build(name: str) -> object:
 @pytest.fixture(scope="session")
 def shared_ca_dir() -> Path:
     """Where the CA baked into the test images lives (tests that intercept TLS use it)."""
-    return REPO / ".aamp" / "ca"
+    return shared_home() / "ca"
 
 
 @pytest.fixture(scope="session")

@@ -13,17 +13,16 @@ from pathlib import Path
 
 import pytest
 from api_plane import Plane, gvisor_only, plane_settings  # tests/api/conftest.py
+from install_layout import shared_image_dir  # tests/install_layout.py
 from sqlalchemy import text
 
 from aamp.api.app import create_app
 from aamp.server import build_control_plane
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture
 async def real_plane(tmp_path: Path, base_image):
-    images = os.environ.get("AAMP_IMAGE_DIR") or str(REPO / ".aamp" / "images")
+    images = str(shared_image_dir())
     settings = plane_settings(tmp_path, AAMP_IMAGE_DIR=images)
     cp, _ = build_control_plane(settings, gvisor_only(settings))  # type: ignore[arg-type]
     app = create_app(cp)
