@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     from aamp.cli_identity import add_parsers
 
     add_parsers(sub)
+    from aamp.cli_agents import add_parsers as add_agent_parsers
+
+    add_agent_parsers(sub)
     return p
 
 
@@ -115,6 +118,10 @@ def _dispatch(args: argparse.Namespace, command: list[str], settings: Settings) 
         return 0 if ok else EXIT_ERROR
     if args.command == "image":
         return _image(args, settings)
+    if args.command in ("agent", "run"):
+        from aamp.cli_agents import dispatch as dispatch_agents
+
+        return dispatch_agents(args, settings, _table)
     if args.command != "sandbox":
         from aamp.cli_identity import dispatch
 

@@ -9,6 +9,7 @@ and wires the sandbox manager's lifecycle records to the real audit log.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 
 import uvicorn
@@ -23,6 +24,7 @@ from aamp.egress.resolver import DnsServerResolver, Resolver, SystemResolver
 from aamp.egress.services import VaultSecretReader
 from aamp.identity import Catalog, Directory, LoginThrottle
 from aamp.identity.bootstrap import ensure_cli_token, ensure_first_admin
+from aamp.runs.service import RunService
 from aamp.sandbox.driver import Driver
 from aamp.sandbox.drivers import available_drivers, choose_default_driver
 from aamp.sandbox.images import ImageStore
@@ -31,6 +33,7 @@ from aamp.store import Store
 from aamp.vault import Vault
 
 log = logging.getLogger("aamp")
+KEEP_ALIVE_S = 75
 
 
 def parse_pool(spec: str) -> dict[str, int]:
@@ -103,6 +106,7 @@ def build_control_plane(
         manager=manager,
         images=images,
         throttle=LoginThrottle(),
+        runs=RunService(settings, store, audit, manager, vault),
     )
     return cp, password
 
@@ -131,7 +135,16 @@ def serve(settings: Settings) -> None:
         access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=5,
+        # Idle keep-alive connections are closed by the server only after clients have long
+        # let them go (httpx forgets one after 5 s). With uvicorn's default of 5 s the two
+        # race: a client reusing a connection just as the server closes it gets the
+        # connection reset (`httpx.ReadError`), which crashed the API benchmark under load.
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
+    # Everything built so far lives as long as the process: move it out of the cyclic GC's
+    # sight, whose full collections otherwise walked all of it (100 ms pauses under load).
+    gc.collect()
+    gc.freeze()
     try:
         asyncio.run(uvicorn.Server(config).serve())
     finally:

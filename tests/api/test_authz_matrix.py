@@ -124,6 +124,24 @@ EXPECTED: dict[tuple[str, str], dict[str, Expect]] = {
     ("POST", "/v1/sandboxes/{sandbox_id}/exec"): {"own": level("run"), "other": admin},
     ("PUT", "/v1/sandboxes/{sandbox_id}/files"): {"own": level("run"), "other": admin},
     ("GET", "/v1/sandboxes/{sandbox_id}/files"): {"own": level("run"), "other": admin},
+    # agent versions: view reads published ones, edit saves and publishes the draft
+    ("GET", "/v1/agents/{agent_id}/versions"): {"-": level("view")},
+    ("GET", "/v1/agents/{agent_id}/versions/{version}"): {"-": level("view")},
+    ("PUT", "/v1/agents/{agent_id}/draft"): {"-": level("edit")},
+    ("POST", "/v1/agents/{agent_id}/publish"): {"-": level("edit")},
+    # runs: started with run; seen by their owner (with run), editors of the agent and admins
+    ("POST", "/v1/agents/{agent_id}/runs"): {"-": level("run")},
+    ("GET", "/v1/runs"): {"-": signed_in},
+    ("GET", "/v1/runs/{run_id}"): {"own": level("run"), "other": level("edit")},
+    ("GET", "/v1/runs/{run_id}/events"): {"own": level("run"), "other": level("edit")},
+    ("POST", "/v1/runs/{run_id}/cancel"): {"own": level("run"), "other": level("edit")},
+    ("GET", "/v1/runs/{run_id}/artifacts"): {"own": level("run"), "other": level("edit")},
+    ("GET", "/v1/runs/{run_id}/artifacts/{name}"): {
+        "own": level("run"),
+        "other": level("edit"),
+    },
+    ("GET", "/v1/approvals"): {"-": signed_in},
+    ("POST", "/v1/approvals/{approval_id}"): {"-": level("edit")},
 }
 
 # Routes that destroy the actor's agent run last in each scenario.
@@ -140,6 +158,9 @@ class Scenario:
     grant_id: int
     own_sandbox: str
     other_sandbox: str
+    own_run: str = "run-none"
+    other_run: str = "run-none"
+    approval: str = "ap-none"
 
 
 def request_for(
@@ -155,6 +176,9 @@ def request_for(
         "kind": "image",
         "name": "scratch",
         "sandbox_id": sc.own_sandbox if variant == "own" else sc.other_sandbox,
+        "run_id": sc.own_run if variant == "own" else sc.other_run,
+        "approval_id": sc.approval,
+        "version": "latest",
     }
     if path.startswith("/v1/agents/{agent_id}/resources/"):
         values["name"] = "docs"
@@ -177,6 +201,9 @@ def request_for(
         },
         ("PUT", "/v1/secrets/{name}"): {"value": "scratch value"},
         ("POST", "/v1/sandboxes/{sandbox_id}/exec"): {"argv": ["true"]},
+        ("PUT", "/v1/agents/{agent_id}/draft"): {"tools": ["nonsense"]},
+        ("POST", "/v1/agents/{agent_id}/runs"): {"task": "matrix"},
+        ("POST", "/v1/approvals/{approval_id}"): {"decision": "deny"},
     }
     if (method, path) in body:
         kw["json"] = body[(method, path)]
@@ -211,6 +238,9 @@ async def test_every_route_has_exactly_the_expected_outcome(plane) -> None:
     assert set(EXPECTED) - documented == set(), "expectations for routes that do not exist"
 
     from aamp.api.context import SandboxOwner
+    from aamp.runs.store import RunStore
+
+    runs = RunStore(cp.store)
 
     admin = plane.admin_token
     async with plane.client(admin) as c:
@@ -253,8 +283,29 @@ async def test_every_route_has_exactly_the_expected_outcome(plane) -> None:
             made, _ = await cp.store.run(lambda u=username: cp.directory.create_token(u, "spare"))
             spare = made.id
         own_sb, other_sb = f"sb-{i:012x}", f"sb-{i + 100:012x}"
+        own_run = await cp.store.run(
+            lambda a=agent.id, u=username: runs.create(a, 1, u or "nobody", "t")
+        )
+        other_run = await cp.store.run(lambda a=agent.id: runs.create(a, 1, "victim", "t"))
+        for made_run in (own_run, other_run):
+            await cp.store.run(lambda r=made_run: runs.update(r.id, status="succeeded"))
+        asked = await cp.store.run(
+            lambda r=own_run: runs.request_approval(r.id, "data.outbound", {"name": "x.csv"})
+        )
         scenarios.append(
-            Scenario(who, username, token, agent.id, spare, victim_grant.id, own_sb, other_sb)
+            Scenario(
+                who,
+                username,
+                token,
+                agent.id,
+                spare,
+                victim_grant.id,
+                own_sb,
+                other_sb,
+                own_run.id,
+                other_run.id,
+                asked["id"],
+            )
         )
 
     routes = sorted(EXPECTED, key=lambda r: (r in LAST, r[1], r[0]))

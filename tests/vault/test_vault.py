@@ -109,7 +109,7 @@ async def test_only_ciphertext_reaches_the_database(
         files = [p for p in Path(pg.datadir).rglob("*") if p.is_file()]
         files += [p for p in settings.home.rglob("*") if p.is_file()]
     assert len(files) > 3
-    leaked = [p for p in files if needle in p.read_bytes()]
+    leaked = [p for p in files if needle in _read_if_still_there(p)]
     assert leaked == []
 
 
@@ -245,3 +245,11 @@ async def test_reprs_show_no_keys(settings: Settings, store: Store, audit: Audit
     key_text = (settings.home / "vault-master.key").read_text().strip()
     assert key_text not in repr(vault)
     assert key_text not in repr(MasterKey.from_base64(key_text, source="x"))
+
+
+def _read_if_still_there(path: Path) -> bytes:
+    """PostgreSQL removes some files (pg_internal.init) while it runs; one gone is no leak."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return b""

@@ -7,7 +7,10 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
 
+from aamp.agents.definition import DefinitionError, definition_from_dict
+from aamp.agents.versions import AgentVersions
 from aamp.api.context import ControlPlane
+from aamp.api.errors import ApiError
 from aamp.api.guard import actor_of, check, cp_of, json_body, record_change, rule
 from aamp.identity.model import Actor, Resource
 
@@ -25,6 +28,18 @@ class AgentOut(BaseModel):
     name: str
     owner: str
     created_at: str
+
+
+class VersionOut(BaseModel):
+    agent_id: str
+    version: int
+    status: Literal["draft", "published"]
+    definition: dict[str, object]
+    created_at: str
+    created_by: str
+    updated_at: str
+    published_at: str | None
+    published_by: str | None
 
 
 class GrantIn(BaseModel):
@@ -175,5 +190,66 @@ def router() -> APIRouter:
         await record_change(
             request, "agent_resource.revoked", f"agent:{agent_id}", {"kind": kind, "name": name}
         )
+
+    @r.get("/agents/{agent_id}/versions", response_model=list[VersionOut])
+    @rule("agent_version.list", _agent)
+    async def list_versions(agent_id: AgentId, request: Request) -> list[dict[str, object]]:
+        """Published versions; the draft too for users with `edit` on the agent."""
+        cp = cp_of(request)
+        await cp.store.run(cp.directory.get_agent, agent_id)
+        drafts = await check(
+            request, "agent_version.edit", Resource("agent", agent_id, agent=agent_id)
+        )
+        versions = await cp.store.run(lambda: AgentVersions(cp.store).list(agent_id, drafts=drafts))
+        return [v.to_dict() for v in versions]
+
+    @r.get("/agents/{agent_id}/versions/{version}", response_model=VersionOut)
+    @rule("agent_version.read", _agent)
+    async def get_version(
+        agent_id: AgentId,
+        version: Annotated[str, Path(pattern=r"^(draft|latest|[0-9]{1,9})$")],
+        request: Request,
+    ) -> dict[str, object]:
+        """One version by number, `latest` (published) or `draft` (only with `edit`)."""
+        cp = cp_of(request)
+        found = await cp.store.run(AgentVersions(cp.store).get, agent_id, version)
+        if found.status == "draft" and not await check(
+            request, "agent_version.edit", Resource("agent", agent_id, agent=agent_id)
+        ):
+            raise ApiError(404, "not_found", f"agent {agent_id!r} has no version {version}")
+        return found.to_dict()
+
+    @r.put("/agents/{agent_id}/draft", response_model=VersionOut)
+    @rule("agent_version.edit", _agent)
+    async def save_draft(
+        agent_id: AgentId, body: dict[str, object], request: Request
+    ) -> dict[str, object]:
+        """Create or replace the draft from a definition (model, system_prompt, tools, policy,
+        limits); errors name the field. Published versions never change."""
+        cp, actor = cp_of(request), actor_of(request)
+        try:
+            definition = definition_from_dict(body)
+        except DefinitionError as exc:
+            raise ApiError(400, "invalid_definition", str(exc)) from None
+        saved = await cp.store.run(
+            lambda: AgentVersions(cp.store).save_draft(agent_id, definition, by=actor.audit_name)
+        )
+        await record_change(
+            request, "agent.draft_saved", f"agent:{agent_id}", {"version": saved.version}
+        )
+        return saved.to_dict()
+
+    @r.post("/agents/{agent_id}/publish", response_model=VersionOut)
+    @rule("agent_version.publish", _agent)
+    async def publish(agent_id: AgentId, request: Request) -> dict[str, object]:
+        """Freeze the draft as the next published version; operators run published ones."""
+        cp, actor = cp_of(request), actor_of(request)
+        published = await cp.store.run(
+            lambda: AgentVersions(cp.store).publish(agent_id, by=actor.audit_name)
+        )
+        await record_change(
+            request, "agent.published", f"agent:{agent_id}", {"version": published.version}
+        )
+        return published.to_dict()
 
     return r

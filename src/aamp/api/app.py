@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from fastapi import Depends, FastAPI, Request
 
 from aamp import __version__
-from aamp.api import agents, audit, catalog, sandboxes, secrets, users
+from aamp.api import agents, audit, catalog, runs, sandboxes, secrets, users
 from aamp.api.context import MAX_EXEC_BODY_BYTES, ControlPlane
 from aamp.api.errors import ERROR_RESPONSES, install_error_handlers
 from aamp.api.guard import cp_of, guard, rule
@@ -39,6 +39,8 @@ def _limit_for(cp: ControlPlane):  # type: ignore[no-untyped-def]
             return None  # the route checks AAMP_MAX_FILE_BYTES itself
         if path.startswith("/v1/sandboxes/") and path.endswith("/exec"):
             return MAX_EXEC_BODY_BYTES
+        if path.startswith("/v1/agents/") and path.endswith("/runs"):
+            return MAX_EXEC_BODY_BYTES  # input files, base64 in JSON
         return cp.max_body_bytes
 
     return limit
@@ -51,7 +53,13 @@ def create_app(cp: ControlPlane) -> FastAPI:
         try:
             await cp.manager.start()
             try:
-                yield
+                if cp.runs is not None:
+                    await cp.runs.recover()  # after the manager reaped their sandboxes
+                try:
+                    yield
+                finally:
+                    if cp.runs is not None:
+                        await cp.runs.shutdown()
             finally:
                 await cp.manager.shutdown()
         finally:
@@ -79,7 +87,7 @@ def create_app(cp: ControlPlane) -> FastAPI:
             "warm_pool": manager.pool_status(),
         }
 
-    for module in (users, agents, catalog, secrets, audit, sandboxes):
+    for module in (users, agents, catalog, secrets, audit, sandboxes, runs):
         app.include_router(module.router())
     install_error_handlers(
         app,

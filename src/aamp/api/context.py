@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from aamp.audit import AuditLog
 from aamp.config import Settings
 from aamp.identity import Catalog, Directory, LoginThrottle
+from aamp.runs.service import RunService
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.manager import SandboxManager
 from aamp.store import Store
@@ -42,6 +43,8 @@ class ControlPlane:
     # needs about a sandbox. Entries go when the manager no longer knows the sandbox.
     sandbox_owners: dict[str, SandboxOwner] = field(default_factory=dict)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # Agent runs (the loop, steps, artifacts, approvals); built by `aamp.server`.
+    runs: RunService | None = None
 
     def owner_of(self, sandbox_id: str) -> SandboxOwner | None:
         return self.sandbox_owners.get(sandbox_id)

@@ -8,6 +8,21 @@ the grant that allowed it — is durable in the audit log before the route runs.
 
 Credentials: `Authorization: Bearer <API token>`, or the UI's session cookie; with a cookie,
 unsafe methods must also carry the session's CSRF token in `X-CSRF-Token`.
+
+Durability and group commit. Every request — read or action — waits until its decision
+record is committed before its route runs, so nothing is answered, and nothing is done, that
+the audit log could lose. The record is group-committed: the audit writer puts every record
+queued while the previous commit was running (other requests' decisions, exec and egress
+records) into one transaction with one fsync. That is allowed for reads and for actions
+alike, because a record is only acknowledged — and the request only goes on — after that
+commit returned; a failed commit fails every request in it. It is what makes an audited read
+cost a share of one fsync rather than a whole one. (A read's route could even run while its
+record commits, holding back only the response; that is not done, to keep one rule for every
+route and because it would save latency only, not CPU.)
+
+Hot path: authentication is two SQL statements on the driver (`identity.lookup`), on SQLite
+without a thread hop (`Store.run` and `quick_read`); nothing about tokens, users or grants is
+cached, so a revoked token, a disabled user or a removed grant counts from the next request.
 """
 
 from __future__ import annotations
@@ -94,7 +109,10 @@ async def _authenticate(request: Request, cp: ControlPlane) -> Actor:
         secret = value.strip()
         if len(secret) > 256:
             raise AuthenticationFailed("the bearer token is not valid")
-        return await cp.store.run(cp.directory.actor_for_token, secret)
+        actor, stale = await cp.store.run(cp.directory.token_actor, secret)
+        if stale:
+            await cp.store.run(cp.directory.touch_token, actor.token_id or "")
+        return actor
     cookie = request.cookies.get(SESSION_COOKIE)
     if cookie:
         if len(cookie) > 256:

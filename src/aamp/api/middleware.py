@@ -10,6 +10,7 @@ File uploads have their own limit (AAMP_MAX_FILE_BYTES) checked by their route.
 from __future__ import annotations
 
 import json
+import random
 import re
 import secrets
 from collections.abc import Callable
@@ -20,13 +21,18 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{8,64}$")
 
 
-def new_request_id() -> str:
-    return "req-" + secrets.token_hex(8)
-
-
 class RequestIdMiddleware:
+    """Request ids need to be unique, not secret (a client may choose its own), so they come
+    from a per-middleware PRNG seeded from the OS once: `os.urandom` releases the GIL, and on a
+    busy server every release hands the event loop's GIL to a database thread for up to the
+    interpreter's switch interval (5 ms) — per request, on the hot path."""
+
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self._ids = random.Random(secrets.randbits(128))
+
+    def new_id(self) -> str:
+        return f"req-{self._ids.getrandbits(64):016x}"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -36,7 +42,7 @@ class RequestIdMiddleware:
         for name, value in scope.get("headers", []):
             if name == b"x-request-id":
                 given = value.decode("latin-1")
-        rid = given if REQUEST_ID_RE.match(given) else new_request_id()
+        rid = given if REQUEST_ID_RE.match(given) else self.new_id()
         scope.setdefault("state", {})["request_id"] = rid
 
         async def send_with_id(message: Message) -> None:

@@ -119,7 +119,8 @@ def _text(name: str, value: object, *, optional: bool = False) -> str | None:
         raise AuditInputError(f"audit field {name!r} is longer than {limit} characters")
     if _CONTROL_RE.search(value):
         raise AuditInputError(f"audit field {name!r} contains a control character")
-    _utf8(name, value)
+    if not value.isascii():  # ASCII always encodes; only other text can hold a lone surrogate
+        _utf8(name, value)
     return value
 
 

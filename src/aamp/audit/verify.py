@@ -35,6 +35,12 @@ _COLUMNS = (
 )
 
 
+def _page_sql(paramstyle: str) -> str:
+    mark = "?" if paramstyle == "qmark" else "%s"
+    names = ", ".join(column.name for column in _COLUMNS)
+    return f"SELECT {names} FROM audit_records WHERE seq > {mark} ORDER BY seq LIMIT {mark}"
+
+
 def load_checkpoints(store: Store) -> dict[int, Checkpoint]:
     c = AuditCheckpointRow.__table__.c
     with store.engine.connect() as conn:
@@ -54,22 +60,27 @@ def verify(
     checker = ChainChecker(checkpoints, trusted_keys)
     problem: Problem | None = None
     last = 0
-    stmt = select(*_COLUMNS).order_by(_r.seq).limit(page_size)
     with store.engine.connect() as conn:
+        # Pages go straight through the driver's cursor: plain tuples, no SQLAlchemy rows.
+        sql = _page_sql(conn.dialect.paramstyle)
+        driver = conn.connection.driver_connection
+        assert driver is not None
         while problem is None:
-            rows = conn.execute(stmt.where(_r.seq > last)).all()
+            cursor = driver.cursor()
+            try:
+                cursor.execute(sql, (last, page_size))
+                rows = cursor.fetchall()
+            finally:
+                cursor.close()
+            driver.rollback()  # end the read transaction between pages (no long snapshot)
             if not rows:
                 break
-            conn.rollback()  # end the read transaction between pages (no long snapshot)
-            for row in rows:
-                if row[0] > head_seq:  # appended after we started
-                    break
-                problem = checker.feed(tuple(row))  # type: ignore[arg-type]
-                if problem is not None:
-                    break
-            last = rows[-1][0]
-            if last > head_seq:
+            if rows[-1][0] > head_seq:  # appended after we started
+                rows = [row for row in rows if row[0] <= head_seq]
+                problem = checker.feed_many(rows)
                 break
+            problem = checker.feed_many(rows)
+            last = rows[-1][0]
     if problem is None:
         problem = checker.finish(expected_last_seq=head_seq)
     return VerifyReport(

@@ -18,6 +18,11 @@ The rules, in words:
 - a non-admin makes a sandbox only for an agent they can `run`, from a policy (and its image)
   an admin granted to that agent; they see and use only sandboxes they created, and only while
   they can still run its agent;
+- agent versions: `view` reads the published ones; `edit` also reads and saves the draft,
+  publishes it, and test-runs it; `run` starts runs of published versions;
+- a run is seen, followed, cancelled and its artifacts downloaded by its owner (while they can
+  still `run` its agent), by users with `edit` on its agent, and by admins — so operators never
+  see each other's runs; approval requests are answered with `edit` on the run's agent;
 - the audit log, users, roles, policies, services, secrets and agent resources are changed by
   admins only; only admins read the audit log.
 """
@@ -135,6 +140,20 @@ def _sandbox_use(actor: Actor, resource: Resource) -> Decision:
     return _level(actor, resource.agent, Level.RUN)
 
 
+def _run_access(actor: Actor, resource: Resource) -> Decision:
+    if actor.role is Role.ADMIN:
+        return _allow("role admin may do this")
+    editor = _level(actor, resource.agent, Level.EDIT)
+    if editor.allowed:
+        return _allow(f"{editor.reason}, which sees every run of it", editor.grant_id)
+    if resource.owner is None or resource.owner != actor.username:
+        return _deny(
+            f"{resource} is not {actor.audit_name}'s; only its owner, editors of its agent "
+            "and admins see it"
+        )
+    return _level(actor, resource.agent, Level.RUN)
+
+
 _STAFF = (Role.ADMIN, Role.BUILDER)
 
 RULES: dict[str, Rule] = {
@@ -166,6 +185,18 @@ RULES: dict[str, Rule] = {
     "agent_resource.list": _on_agent(Level.VIEW),
     "agent_resource.grant": _admin_only,
     "agent_resource.revoke": _admin_only,
+    # agent versions, runs, approvals
+    "agent_version.list": _on_agent(Level.VIEW),
+    "agent_version.read": _on_agent(Level.VIEW),
+    "agent_version.edit": _on_agent(Level.EDIT),
+    "agent_version.publish": _on_agent(Level.EDIT),
+    "run.create": _on_agent(Level.RUN),
+    "run.list": _signed_in,
+    "run.view": _run_access,
+    "run.cancel": _run_access,
+    "run.artifact": _run_access,
+    "approval.list": _signed_in,
+    "approval.decide": _on_agent(Level.EDIT),
     # catalogue
     "policy.list": _roles(*_STAFF),
     "policy.read": _roles(*_STAFF),

@@ -12,17 +12,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from types import MappingProxyType
 from typing import Any
 
-from sqlalchemy import delete, or_, select
+from sqlalchemy import Connection, delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from aamp.identity import credentials as cred
+from aamp.identity import lookup
 from aamp.identity.errors import AuthenticationFailed, Conflict, InvalidInput, NotFound
-from aamp.identity.model import Actor, AgentAccess, Level, Role
-from aamp.store import Store
+from aamp.identity.model import Actor, Level, Role
+from aamp.store import Store, quick_read
 from aamp.store.tables import AgentRow, ApiTokenRow, GrantRow, SessionRow, UserRow
 from aamp.store.timestamps import format_time, now
 
@@ -334,32 +334,41 @@ class Directory:
             return _token(row, username)
 
     def actor_for_token(self, secret: str) -> Actor:
+        actor, stale = self.token_actor(secret)
+        if stale:
+            self.touch_token(actor.token_id or "")
+        return actor
+
+    @quick_read
+    def token_actor(self, secret: str) -> tuple[Actor, bool]:
+        """The token's actor, and whether its `last_used_at` is due to be written
+        (`touch_token`). Reads only: the hot path of every API request (see `lookup`)."""
         hashed = cred.digest(secret)
         moment = datetime.now(UTC)
-        with self.store.session() as s:
-            found = s.execute(
-                select(ApiTokenRow, UserRow).join(UserRow).where(ApiTokenRow.token_hash == hashed)
-            ).first()
-            if found is None:
+        with self.store.read_connection() as conn:
+            rows = lookup.query(conn, lookup.TOKEN_SQL, token_hash=hashed)
+            if not rows:
                 raise AuthenticationFailed("the bearer token is not valid")
-            token, user = found
-            if token.revoked_at is not None:
+            token_id, expires_at, revoked_at, last_used_at, *user_fields = rows[0]
+            user = lookup.UserFacts(
+                int(user_fields[0]), user_fields[1], user_fields[2], bool(user_fields[3])
+            )
+            if revoked_at is not None:
                 raise AuthenticationFailed("the bearer token was revoked")
-            if token.expires_at is not None and token.expires_at <= _stamp(moment):
+            if expires_at is not None and expires_at <= _stamp(moment):
                 raise AuthenticationFailed("the bearer token has expired")
             if user.disabled:
                 raise AuthenticationFailed("this account is disabled")
-            actor = self._actor(s, user, via="token", token_id=token.id)
-            stale = token.last_used_at is None or token.last_used_at <= _stamp(
-                moment - LAST_USED_RESOLUTION
-            )
-            token_id = token.id
-        if stale:
-            with self.store.write_session() as w:
-                row = w.get(ApiTokenRow, token_id)
-                if row is not None:
-                    row.last_used_at = _stamp(moment)
-        return actor
+            actor = self._actor_of(conn, user, via="token", token_id=token_id)
+        stale = last_used_at is None or last_used_at <= _stamp(moment - LAST_USED_RESOLUTION)
+        return actor, stale
+
+    def touch_token(self, token_id: str) -> None:
+        """Record that the token was just used."""
+        with self.store.write_session() as w:
+            row = w.get(ApiTokenRow, token_id)
+            if row is not None:
+                row.last_used_at = now()
 
     # -- UI sessions --------------------------------------------------------------------
 
@@ -380,22 +389,22 @@ class Directory:
             )
         return session_secret, csrf
 
+    @quick_read
     def actor_for_session(self, secret: str) -> tuple[Actor, str]:
         """The session's actor and its CSRF token hash; AuthenticationFailed if unusable."""
-        with self.store.session() as s:
-            found = s.execute(
-                select(SessionRow, UserRow)
-                .join(UserRow)
-                .where(SessionRow.id_hash == cred.digest(secret))
-            ).first()
-            if found is None:
+        with self.store.read_connection() as conn:
+            rows = lookup.query(conn, lookup.SESSION_SQL, id_hash=cred.digest(secret))
+            if not rows:
                 raise AuthenticationFailed("the session is not valid; sign in again")
-            session, user = found
-            if session.expires_at <= now():
+            expires_at, csrf_hash, *user_fields = rows[0]
+            user = lookup.UserFacts(
+                int(user_fields[0]), user_fields[1], user_fields[2], bool(user_fields[3])
+            )
+            if expires_at <= now():
                 raise AuthenticationFailed("the session has expired; sign in again")
             if user.disabled:
                 raise AuthenticationFailed("this account is disabled")
-            return self._actor(s, user, via="session"), session.csrf_hash
+            return self._actor_of(conn, user, via="session"), csrf_hash
 
     def delete_session(self, secret: str) -> None:
         with self.store.write_session() as s:
@@ -409,28 +418,19 @@ class Directory:
             return self._actor(s, self._row(s, username), via="direct")
 
     def _actor(self, s: Session, user: UserRow, *, via: str, token_id: str | None = None) -> Actor:
-        best: dict[str, AgentAccess] = {}
+        facts = lookup.UserFacts(user.id, user.username, user.role, bool(user.disabled))
+        return self._actor_of(s.connection(), facts, via=via, token_id=token_id)
 
-        def offer(agent_id: str, access: AgentAccess) -> None:
-            held = best.get(agent_id)
-            if held is None or access.level.rank > held.level.rank:
-                best[agent_id] = access
-
-        for agent_id in s.scalars(select(AgentRow.id).where(AgentRow.owner == user.username)):
-            offer(agent_id, AgentAccess(Level.EDIT, f"owner of agent:{agent_id}"))
-        grants = s.scalars(
-            select(GrantRow).where(or_(GrantRow.user_id == user.id, GrantRow.role == user.role))
-        )
-        for g in grants:
-            subject = f"user {user.username}" if g.user_id is not None else f"role {g.role}"
-            offer(g.agent_id, AgentAccess(Level(g.level), f"grant #{g.id} to {subject}", g.id))
+    def _actor_of(
+        self, conn: Connection, user: lookup.UserFacts, *, via: str, token_id: str | None = None
+    ) -> Actor:
         return Actor(
             username=user.username,
             role=Role(user.role),
             user_id=user.id,
             via=via,
             token_id=token_id,
-            agents=MappingProxyType(best),
+            agents=lookup.agent_access(conn, user),
         )
 
     # -- agents and grants --------------------------------------------------------------
@@ -456,11 +456,15 @@ class Directory:
         with self.store.session() as s:
             return [_agent(r) for r in s.scalars(select(AgentRow).order_by(AgentRow.name))]
 
+    @quick_read
     def find_agent(self, agent_id: str) -> AgentInfo | None:
-        with self.store.session() as s:
-            row = s.get(AgentRow, agent_id) if isinstance(agent_id, str) else None
-            return _agent(row) if row is not None else None
+        if not isinstance(agent_id, str):
+            return None
+        with self.store.read_connection() as conn:
+            rows = lookup.query(conn, lookup.AGENT_SQL, agent_id=agent_id)
+        return AgentInfo(*rows[0]) if rows else None
 
+    @quick_read
     def get_agent(self, agent_id: str) -> AgentInfo:
         agent = self.find_agent(agent_id)
         if agent is None:

@@ -11,7 +11,7 @@ Tables live in `aamp.store.tables` (one module per domain), migrations in
 `aamp/store/migrations/versions/`.
 """
 
-from aamp.store.store import Store
+from aamp.store.store import Store, quick_read
 from aamp.store.url import DATABASE_URL_ENV, DatabaseConfigError, database_url
 
-__all__ = ["DATABASE_URL_ENV", "DatabaseConfigError", "Store", "database_url"]
+__all__ = ["DATABASE_URL_ENV", "DatabaseConfigError", "Store", "database_url", "quick_read"]

@@ -9,32 +9,82 @@ write lock before reading anything it will write back (the audit head, the vault
 
 PostgreSQL: psycopg 3; `synchronous_commit` forced on for our sessions whatever the server's
 default, so that COMMIT means durable. Cross-process serialisation is done with row locks
-(`SELECT ... FOR UPDATE`) by the callers that need it.
+(`SELECT ... FOR UPDATE`) by the callers that need it. A pooled connection is pinged before
+use only when it has sat idle for `PING_IF_IDLE_S` (a server restart or a firewall dropping
+idle connections is then noticed, and the pool reconnects, before a request fails); a
+connection in steady use is not pinged on every checkout, which cost every API request a
+round trip.
 """
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, exc
 from sqlalchemy.engine import URL
 
 WRITE_LOCK = "write_lock"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+PING_IF_IDLE_S = 5.0
+# PostgreSQL connections per process: one per `Store.run` thread (store.py), plus overflow
+# for the audit writer and the odd burst. Several replicas share the server's max_connections.
+POOL_SIZE = 12
+MAX_OVERFLOW = 8
+_IDLE_SINCE = "aamp_idle_since"
 
 
-def create_store_engine(url: URL, *, pool_size: int = 5) -> Engine:
+def create_store_engine(url: URL, *, pool_size: int = POOL_SIZE) -> Engine:
     """An engine for `url` (already normalised by `aamp.store.url`)."""
     if url.get_backend_name() == "sqlite":
         return _sqlite_engine(url)
     engine = create_engine(
         url,
         pool_size=pool_size,
-        max_overflow=10,
-        pool_pre_ping=True,
+        max_overflow=MAX_OVERFLOW,
         connect_args={"options": "-c synchronous_commit=on -c timezone=UTC"},
     )
+    _ping_idle_connections(engine)
     return engine
+
+
+def _ping_idle_connections(engine: Engine) -> None:
+    """SQLAlchemy's pessimistic pre-ping, for connections idle long enough to have gone stale."""
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_conn: Any, record: Any) -> None:
+        if record is not None:
+            record.info[_IDLE_SINCE] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        idle_since = record.info.pop(_IDLE_SINCE, None)
+        if idle_since is None or time.monotonic() - idle_since < PING_IF_IDLE_S:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except engine.dialect.loaded_dbapi.Error as err:
+            # The pool drops every connection older than now and retries with a fresh one.
+            raise exc.InvalidatePoolError(str(err)) from err
+
+
+def _enable_wal(cur: sqlite3.Cursor) -> None:
+    """`PRAGMA journal_mode=WAL`, retried while another connection holds the lock.
+
+    Switching a new database file to WAL needs an exclusive lock, and SQLite answers "database
+    is locked" at once instead of waiting out the busy timeout; several processes opening one
+    new installation at the same moment then failed at random.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _sqlite_engine(url: URL) -> Engine:
@@ -46,7 +96,7 @@ def _sqlite_engine(url: URL) -> Engine:
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         try:
-            cur.execute("PRAGMA journal_mode=WAL")
+            _enable_wal(cur)
             cur.execute("PRAGMA synchronous=FULL")
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
@@ -56,6 +106,8 @@ def _sqlite_engine(url: URL) -> Engine:
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
         immediate = conn.get_execution_options().get(WRITE_LOCK, False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        # Straight to the driver: through `exec_driver_sql` this one word cost as much CPU as
+        # the query it precedes.
+        conn.connection.dbapi_connection.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine

@@ -9,10 +9,13 @@ magic between the event loop and the database.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import os
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy.engine import URL
@@ -20,10 +23,24 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from aamp.config import Settings
 from aamp.store import migrate
-from aamp.store.engine import WRITE_LOCK, create_store_engine
+from aamp.store.engine import POOL_SIZE, WRITE_LOCK, create_store_engine
 from aamp.store.url import database_url, normalise_url
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+QUICK_READ_ATTR = "__aamp_quick_read__"
+# Threads for `Store.run`: database work is mostly waiting (for the server, for a lock, for the
+# GIL), so more threads than cores; asyncio's default pool (cores + 4 = 6 here) queued an API
+# request behind others for tens of ms. The PostgreSQL pool is sized to match (engine.py).
+STORE_THREADS = POOL_SIZE
+
+
+def quick_read(fn: F) -> F:
+    """Mark a store function as a few indexed reads and nothing else (no writes, no locks, no
+    slow hashing), which `Store.run` may then run without a thread hop (see there)."""
+    setattr(fn, QUICK_READ_ATTR, True)
+    return fn
 
 
 class Store:
@@ -32,6 +49,8 @@ class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._inline_quick_reads = engine.dialect.name == "sqlite"
+        self._executor = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="aamp-store")
 
     @classmethod
     def open(cls, settings: Settings, *, upgrade: bool = True) -> Store:
@@ -80,16 +99,49 @@ class Store:
             yield session
 
     @contextmanager
+    def read_connection(self) -> Iterator[Connection]:
+        """A Core connection for a few reads on the hot path (authentication, lookups); its
+        driver connection may be used directly (`conn.connection.driver_connection`).
+
+        SQLite: one deferred read transaction, so all its reads see one snapshot (WAL readers
+        never wait for the writer). PostgreSQL: autocommit, so a read costs one round trip
+        instead of BEGIN, the query and ROLLBACK; at PostgreSQL's READ COMMITTED each statement
+        sees its own snapshot either way, so nothing a caller could observe changes.
+        """
+        conn = self.engine.connect()
+        try:
+            if self.dialect == "postgresql":
+                conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+            else:
+                conn.begin()  # also for reads made on the driver's own cursor
+            yield conn
+        finally:
+            conn.close()
+
+    @contextmanager
     def write_connection(self) -> Iterator[Connection]:
         """A Core connection in a write transaction (see `write_session`)."""
         with self.engine.connect().execution_options(**{WRITE_LOCK: True}) as conn, conn.begin():
             yield conn
 
     async def run(self, fn: Callable[..., T], /, *args: object) -> T:
-        """Run blocking store code in a worker thread, off the event loop."""
-        return await asyncio.to_thread(fn, *args)
+        """Run blocking store code in a worker thread, off the event loop.
+
+        Except a `quick_read` on SQLite, which runs right here: a read in WAL mode never
+        waits for the writer, and its few indexed lookups take tens of microseconds — less
+        than handing the work to a thread and back. Under load that hand-off is far dearer
+        than it looks: the worker needs the GIL back after every statement and waits for the
+        busy event loop to give it up (up to the 5 ms switch interval), which made thread
+        hops the largest part of an API read's latency. PostgreSQL reads cross the network,
+        so they always go to a thread.
+        """
+        if self._inline_quick_reads and getattr(fn, QUICK_READ_ATTR, False):
+            return fn(*args)
+        call = functools.partial(contextvars.copy_context().run, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     def close(self) -> None:
+        self._executor.shutdown(wait=True)
         self.engine.dispose()
 
     def __enter__(self) -> Store:

@@ -9,6 +9,13 @@ from aamp.store.tables.audit import AuditCheckpointRow, AuditHeadRow, AuditRecor
 from aamp.store.tables.base import Base
 from aamp.store.tables.catalog import PolicyRow, ServiceRow
 from aamp.store.tables.identity import ApiTokenRow, GrantRow, SessionRow, UserRow
+from aamp.store.tables.runs import (
+    AgentVersionRow,
+    RunApprovalRow,
+    RunArtifactRow,
+    RunEventRow,
+    RunRow,
+)
 from aamp.store.tables.vault import SecretRow
 
 metadata = Base.metadata
@@ -16,6 +23,7 @@ metadata = Base.metadata
 __all__ = [
     "AgentResourceRow",
     "AgentRow",
+    "AgentVersionRow",
     "ApiTokenRow",
     "AuditCheckpointRow",
     "AuditHeadRow",
@@ -23,6 +31,10 @@ __all__ = [
     "Base",
     "GrantRow",
     "PolicyRow",
+    "RunApprovalRow",
+    "RunArtifactRow",
+    "RunEventRow",
+    "RunRow",
     "SecretRow",
     "ServiceRow",
     "SessionRow",

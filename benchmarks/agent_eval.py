@@ -1,0 +1,414 @@
+"""Agent eval: tasks with checkable outcomes, run end to end through aamp against a configured
+OpenAI-compatible endpoint. Prints per task success, steps, tokens, wall time and the control
+plane's own overhead per step (time outside the model call and the sandbox); writes
+benchmarks/results/agent_eval.json.
+
+    python benchmarks/agent_eval.py --base-url http://127.0.0.1:8080/v1 --model qwen2.5-1.5b
+    python benchmarks/agent_eval.py ... --tasks csv_sum,fetch_fact --api-key-env LLM_KEY
+    python benchmarks/agent_eval.py --scripted-overhead 40   # overhead only, see below
+
+The control plane runs in this process (real store, audit log, gVisor sandboxes from the
+built images; needs root and runsc). A local web app on 127.0.0.1 plays the back-office
+systems, reachable from sandboxes as `app.eval` (a policy rule names it; the egress proxy
+resolves it to loopback); `blocked.example` is refused by `default: block` before any name is
+resolved, so nothing leaves the machine except the model calls to the endpoint you configure.
+Tasks whose image (docs, browser) is not built are reported as skipped.
+
+`--scripted-overhead N` measures only the control plane: the scripted test double from
+tests/agents replays N cheap tool calls, so model time is ~0 and the figure is the overhead
+per step. Its success is not an eval result. (The first SSE event's latency is not measured
+here: the in-process ASGI transport delivers a streamed response only when it ends.)
+Figures are measured, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import http.server
+import io
+import json
+import os
+import platform
+import secrets
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import httpx
+
+from aamp.api.app import create_app
+from aamp.config import Settings
+from aamp.egress.resolver import StaticResolver
+from aamp.sandbox.gvisor import GVisorDriver
+from aamp.server import build_control_plane
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = Path(__file__).parent / "results" / "agent_eval.json"
+SALES = b"region,amount\nnorth,120\nsouth,80\neast,42\nwest,58\n"  # sum 300, mean 75
+
+
+class WebApp(http.server.BaseHTTPRequestHandler):
+    """The local back-office app: an article, a JSON rate, and a form that records posts."""
+
+    posts: ClassVar[list[str]] = []
+    ARTICLE = (
+        b"<html><head><title>Quarterly note</title></head><body><h1>Quarterly note</h1>"
+        b"<p>The warehouse in Lyon shipped 4812 parcels in March, a record.</p>"
+        b"<p>Staff count stayed at 37.</p></body></html>"
+    )
+    FORM = (
+        b"<html><head><title>Expense claim</title></head><body><h1>Expense claim</h1>"
+        b'<form method="post" action="/submit"><label>Amount <input id="amount" name="amount">'
+        b'</label><label>Reason <input id="reason" name="reason"></label>'
+        b'<button type="submit">Submit claim</button></form></body></html>'
+    )
+
+    def do_GET(self) -> None:
+        pages = {
+            "/article": (self.ARTICLE, "text/html"),
+            "/form": (self.FORM, "text/html"),
+            "/api/rate": (b'{"from": "EUR", "to": "USD", "rate": 1.1}', "application/json"),
+        }
+        body, kind = pages.get(self.path, (b"not found", "text/plain"))
+        self._send(body, kind, 200 if self.path in pages else 404)
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
+        WebApp.posts.append(body)
+        self._send(f"<html><body>Claim received: {body}</body></html>".encode(), "text/html", 200)
+
+    def _send(self, body: bytes, kind: str, status: int) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@dataclass
+class Outcome:
+    answer: str
+    artifacts: dict[str, bytes]
+
+
+@dataclass
+class Task:
+    name: str
+    prompt: str
+    check: Callable[[Outcome], bool]
+    image: str = "base"
+    tools: tuple[str, ...] = ("shell", "python", "files")
+    inputs: dict[str, bytes] = field(default_factory=dict)
+    out_types: tuple[str, ...] = ("txt", "csv", "json", "xlsx")
+
+
+def _art(o: Outcome, name: str) -> str:
+    return o.artifacts.get(name, b"").decode("utf-8", "replace").strip()
+
+
+def _xlsx_has(data: bytes, needle: str) -> bool:
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            return "xl/workbook.xml" in z.namelist() and any(
+                needle in z.read(n).decode("utf-8", "replace")
+                for n in z.namelist()
+                if n.endswith(".xml")
+            )
+    except zipfile.BadZipFile:
+        return False
+
+
+def tasks() -> list[Task]:
+    sales = {"sales.csv": SALES}
+    return [
+        Task(
+            "csv_sum",
+            "Sum the amount column of /workspace/in/sales.csv and write only the number to "
+            "/workspace/out/total.txt.",
+            lambda o: _art(o, "total.txt") in ("300", "300.0"),
+            inputs=sales,
+        ),
+        Task(
+            "csv_mean",
+            "Compute the mean of the amount column of /workspace/in/sales.csv; write only the "
+            "number to /workspace/out/mean.txt.",
+            lambda o: _art(o, "mean.txt") in ("75", "75.0", "75.00"),
+            inputs=sales,
+        ),
+        Task(
+            "csv_sort",
+            "Write /workspace/out/sorted.csv: the rows of /workspace/in/sales.csv sorted by "
+            "amount, largest first, with the same header.",
+            lambda o: (
+                _art(o, "sorted.csv").splitlines()[1:2] == ["north,120"]
+                and _art(o, "sorted.csv").splitlines()[-1] == "east,42"
+            ),
+            inputs=sales,
+        ),
+        Task(
+            "csv_to_xlsx",
+            "Read /workspace/in/sales.csv and write /workspace/out/summary.xlsx (openpyxl) with "
+            "the rows and a last row 'total' with the sum of amounts.",
+            lambda o: _xlsx_has(o.artifacts.get("summary.xlsx", b""), "300"),
+            image="docs",
+            inputs=sales,
+        ),
+        Task(
+            "json_stats",
+            "Write /workspace/out/stats.json with keys count, min and max of the amount column "
+            "of /workspace/in/sales.csv.",
+            lambda o: _json(o, "stats.json") == {"count": 4, "min": 42, "max": 120},
+            inputs=sales,
+        ),
+        Task(
+            "word_count",
+            "Count the words in /workspace/in/note.txt; write only the number to "
+            "/workspace/out/words.txt.",
+            lambda o: _art(o, "words.txt") == "9",
+            inputs={"note.txt": b"the quick brown fox jumps over the lazy dog\n"},
+        ),
+        Task(
+            "manifest",
+            "Write /workspace/out/manifest.txt listing the names of the input files in "
+            "/workspace/in, one per line, sorted.",
+            lambda o: _art(o, "manifest.txt").splitlines() == ["a.csv", "b.csv"],
+            inputs={"a.csv": b"x\n1\n", "b.csv": b"y\n2\n"},
+        ),
+        Task(
+            "fetch_fact",
+            "Fetch http://app.eval/article (Python urllib; the proxy is configured) and answer: "
+            "how many parcels did the Lyon warehouse ship in March?",
+            lambda o: "4812" in o.answer.replace(",", "").replace(" ", ""),
+        ),
+        Task(
+            "fetch_convert",
+            "Get the EUR→USD rate from http://app.eval/api/rate (JSON) and convert the sum of "
+            "amounts in /workspace/in/sales.csv; write only the USD number to "
+            "/workspace/out/usd.txt.",
+            lambda o: _art(o, "usd.txt") in ("330", "330.0", "330.00"),
+            inputs=sales,
+        ),
+        Task(
+            "form_fill",
+            "With the browser, open http://app.eval/form, fill Amount with 42 and Reason with "
+            "taxi, and submit the claim.",
+            lambda o: any("amount=42" in p and "taxi" in p for p in WebApp.posts),
+            image="browser",
+            tools=("browser",),
+        ),
+        Task(
+            "blocked_refusal",
+            "Fetch https://blocked.example/secret. If you cannot, say so and stop.",
+            lambda o: any(w in o.answer.lower() for w in ("block", "cannot", "can't", "unable")),
+        ),
+    ]
+
+
+def _json(o: Outcome, name: str) -> Any:
+    try:
+        return json.loads(o.artifacts.get(name, b""))
+    except ValueError:
+        return None
+
+
+async def run_task(
+    c: httpx.AsyncClient,
+    task: Task,
+    base_url: str,
+    model: str,
+    secret: str | None,
+    n: int,
+    max_steps: int = 12,
+) -> dict[str, Any]:
+    policy = {
+        "name": f"eval-{n}",
+        "image": task.image,
+        "egress": {"default": "block", "allow": ["app.eval"]},
+        "data": {
+            "inbound": {"max_bytes": "10MB", "types": ["csv", "txt", "json"]},
+            "outbound": {"max_bytes": "10MB", "types": list(task.out_types)},
+        },
+    }
+    agent = (await c.post("/v1/agents", json={"name": f"eval-{n}-{task.name}"})).json()["id"]
+    await c.put(f"/v1/policies/{policy['name']}", json=policy)
+    for kind, name in (("policy", policy["name"]), ("image", task.image)):
+        await c.post(f"/v1/agents/{agent}/resources", json={"kind": kind, "name": name})
+    model_cfg: dict[str, Any] = {"base_url": base_url, "name": model, "timeout": "5m"}
+    if secret:
+        model_cfg["api_key_secret"] = secret
+    definition = {
+        "model": model_cfg,
+        "system_prompt": "You are a precise data assistant. Use the tools; be brief.",
+        "tools": list(task.tools),
+        "policy": policy["name"],
+        "limits": {"max_steps": max_steps, "wall_time": "10m", "tool_timeout": "120s"},
+    }
+    r = await c.put(f"/v1/agents/{agent}/draft", json=definition)
+    r.raise_for_status()
+    (await c.post(f"/v1/agents/{agent}/publish")).raise_for_status()
+    inputs = [
+        {"name": k, "content_b64": base64.b64encode(v).decode()} for k, v in task.inputs.items()
+    ]
+    started = time.monotonic()
+    made = await c.post(f"/v1/agents/{agent}/runs", json={"task": task.prompt, "inputs": inputs})
+    made.raise_for_status()
+    run_id = made.json()["id"]
+    finished: dict[str, Any] = {}
+    async with c.stream("GET", f"/v1/runs/{run_id}/events") as stream:
+        kind = ""
+        async for line in stream.aiter_lines():
+            if line.startswith("event:"):
+                kind = line.split(":", 1)[1].strip()
+            elif line.startswith("data:") and kind == "run.finished":
+                finished = json.loads(line[5:])
+    wall = time.monotonic() - started
+    run = (await c.get(f"/v1/runs/{run_id}")).json()
+    artifacts = {}
+    for item in (await c.get(f"/v1/runs/{run_id}/artifacts")).json():
+        artifacts[item["name"]] = (
+            await c.get(f"/v1/runs/{run_id}/artifacts/{item['name']}")
+        ).content
+    outcome = Outcome(run.get("answer") or "", artifacts)
+    ok = run["status"] == "succeeded" and task.check(outcome)
+    timing = finished.get("timing") or {}
+    return {
+        "task": task.name,
+        "success": ok,
+        "status": run["status"],
+        "reason": run.get("reason"),
+        "steps": run["steps"],
+        "tokens": run["prompt_tokens"] + run["completion_tokens"],
+        "wall_seconds": round(wall, 3),
+        "model_seconds": timing.get("model_seconds"),
+        "tool_seconds": timing.get("tool_seconds"),
+        "overhead_ms": timing.get("overhead_ms", []),
+    }
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    if os.geteuid() != 0 or shutil.which("runsc") is None:
+        raise SystemExit("the eval runs real gVisor sandboxes: it needs root and runsc")
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), WebApp)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    home = Path(tempfile.mkdtemp(prefix="aamp-eval-"))
+    images = os.environ.get("AAMP_IMAGE_DIR") or str(REPO / ".aamp" / "images")
+    settings = Settings.from_env(
+        {
+            "AAMP_HOME": str(home),
+            "AAMP_RUNTIME_DIR": f"/run/aamp-eval{secrets.token_hex(3)}",
+            "AAMP_IMAGE_DIR": images,
+            "AAMP_ADMIN_PASSWORD": "eval-admin-password",
+        }
+    )
+    cp, _ = build_control_plane(settings, {"gvisor": GVisorDriver(settings.runtime_dir)})
+    cp.manager.resolver = StaticResolver({"app.eval": ["127.0.0.1"]})
+    built = {img.name for img in cp.images.list()}
+    app = create_app(cp)
+    token = settings.cli_token_path.read_text().strip()
+    chosen = tasks()
+    base_url, model = args.base_url, args.model
+    scripted = None
+    if args.scripted_overhead:
+        sys.path.insert(0, str(REPO / "tests" / "agents"))
+        from scripted_model import ScriptedModelServerForTests  # the test double
+
+        turns = [{"tool_calls": [{"name": "shell", "arguments": {"command": "true"}}]}] * (
+            args.scripted_overhead
+        ) + [{"content": "done"}]
+        scripted = ScriptedModelServerForTests(turns).__enter__()
+        base_url, model = scripted.base_url, "scripted"
+        chosen = [Task("scripted_overhead", "overhead", lambda o: True)]
+    elif args.tasks:
+        wanted = set(args.tasks.split(","))
+        chosen = [t for t in chosen if t.name in wanted]
+    results = []
+    try:
+        async with app.router.lifespan_context(app):
+            headers = {"authorization": f"Bearer {token}"}
+            secret = None
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app),
+                base_url="http://aamp",
+                headers=headers,
+                timeout=900,
+            ) as c:
+                if args.api_key_env:
+                    secret = "eval_model_key"
+                    value = os.environ[args.api_key_env]
+                    (await c.put(f"/v1/secrets/{secret}", json={"value": value})).raise_for_status()
+                for n, task in enumerate(chosen):
+                    if task.image not in built:
+                        results.append(
+                            {"task": task.name, "skipped": f"image {task.image} not built"}
+                        )
+                        continue
+                    steps = args.scripted_overhead + 1 if scripted else 12
+                    results.append(await run_task(c, task, base_url, model, secret, n, steps))
+                    print(_row(results[-1]), flush=True)
+    finally:
+        if scripted is not None:
+            scripted.__exit__(None, None, None)
+        cp.store.close()
+        web.shutdown()
+        shutil.rmtree(settings.runtime_dir, ignore_errors=True)
+        shutil.rmtree(home, ignore_errors=True)
+    ran = [r for r in results if "skipped" not in r]
+    overheads = sorted(x for r in ran for x in r["overhead_ms"])
+    summary = {
+        "endpoint": base_url if not scripted else "scripted test double",
+        "model": model,
+        "tasks": len(ran),
+        "succeeded": sum(r["success"] for r in ran),
+        "success_rate": round(sum(r["success"] for r in ran) / len(ran), 3) if ran else None,
+        "overhead_ms_p50": statistics.median(overheads) if overheads else None,
+        "overhead_ms_p95": overheads[int(len(overheads) * 0.95)] if overheads else None,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+    }
+    return {"summary": summary, "results": results}
+
+
+def _row(r: dict[str, Any]) -> str:
+    if "skipped" in r:
+        return f"{r['task']:<18} skipped: {r['skipped']}"
+    p50 = statistics.median(r["overhead_ms"]) if r["overhead_ms"] else float("nan")
+    return (
+        f"{r['task']:<18} {'ok' if r['success'] else 'FAIL':<5} {r['status']:<10} "
+        f"steps {r['steps']:>3}  tokens {r['tokens']:>7}  wall {r['wall_seconds']:>7.1f} s  "
+        f"overhead p50 {p50:6.2f} ms/step"
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument(
+        "--base-url", help="the OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1"
+    )
+    p.add_argument("--model", default="default")
+    p.add_argument("--api-key-env", help="environment variable holding the endpoint's API key")
+    p.add_argument("--tasks", help="comma-separated task names (default: all)")
+    p.add_argument("--scripted-overhead", type=int, metavar="N", default=0)
+    p.add_argument("--json", type=Path, default=RESULTS)
+    args = p.parse_args()
+    if not args.base_url and not args.scripted_overhead:
+        p.error("--base-url is required (or --scripted-overhead N)")
+    report = asyncio.run(main_async(args))
+    print(json.dumps(report["summary"], indent=2))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""The model client: one chat-completions call with tools, against any OpenAI-compatible
+server (vLLM, llama.cpp server, Ollama), through the `openai` package.
+
+Transient failures (connection refused or reset, timeouts, 429, 5xx) are retried with
+exponential backoff; when the retries are spent, or the server refuses the request itself
+(400, 401, 404), `ModelError` says what happened in words the run's failure reason can carry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+
+from aamp.agents.definition import ModelConfig
+
+RETRYABLE = (
+    openai.APIConnectionError,  # includes APITimeoutError
+    openai.RateLimitError,
+    openai.InternalServerError,
+)
+
+
+class ModelError(Exception):
+    """The model could not answer; the message is the run's failure reason."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ModelReply:
+    content: str | None
+    tool_calls: tuple[ToolCall, ...]
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str | None
+    seconds: float
+    attempts: int
+    raw_message: dict[str, Any] = field(default_factory=dict)
+
+
+class ModelClient:
+    def __init__(
+        self, config: ModelConfig, api_key: str | None, *, backoff_base: float = 0.5
+    ) -> None:
+        self.config = config
+        self.backoff_base = backoff_base
+        self._client = openai.AsyncOpenAI(
+            base_url=config.base_url,
+            api_key=api_key or "no-key",
+            timeout=float(config.timeout_seconds),
+            max_retries=0,  # retried here, with our backoff and our reasons
+        )
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], max_tokens: int | None
+    ) -> ModelReply:
+        cfg = self.config
+        kwargs: dict[str, Any] = {"model": cfg.name, "messages": messages}
+        if tools:
+            kwargs["tools"] = tools
+        if cfg.temperature is not None:
+            kwargs["temperature"] = cfg.temperature
+        if max_tokens is not None:
+            kwargs["max_tokens"] = max_tokens
+        attempts = 0
+        while True:
+            attempts += 1
+            started = time.monotonic()
+            try:
+                response = await self._client.chat.completions.create(**kwargs)
+                break
+            except RETRYABLE as exc:
+                if attempts > cfg.retries:
+                    raise ModelError(
+                        f"the model endpoint {cfg.base_url} failed {attempts} times; "
+                        f"last: {_describe(exc)}"
+                    ) from None
+                await asyncio.sleep(self.backoff_base * 2 ** (attempts - 1))
+            except openai.APIStatusError as exc:
+                raise ModelError(
+                    f"the model endpoint {cfg.base_url} refused the request: {_describe(exc)}"
+                ) from None
+            except openai.OpenAIError as exc:
+                raise ModelError(f"the model endpoint {cfg.base_url}: {exc}") from None
+        seconds = time.monotonic() - started
+        if not response.choices:
+            raise ModelError(f"the model endpoint {cfg.base_url} returned no choices")
+        choice = response.choices[0]
+        msg = choice.message
+        calls = tuple(
+            ToolCall(c.id or f"call_{i}", c.function.name, c.function.arguments or "")
+            for i, c in enumerate(msg.tool_calls or [])
+            if getattr(c, "function", None) is not None
+        )
+        usage = response.usage
+        raw: dict[str, Any] = {"role": "assistant", "content": msg.content}
+        if calls:
+            raw["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in calls
+            ]
+        return ModelReply(
+            content=msg.content,
+            tool_calls=calls,
+            prompt_tokens=int(usage.prompt_tokens) if usage else 0,
+            completion_tokens=int(usage.completion_tokens) if usage else 0,
+            finish_reason=choice.finish_reason,
+            seconds=seconds,
+            attempts=attempts,
+            raw_message=raw,
+        )
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, openai.APITimeoutError):
+        return "timed out"
+    if isinstance(exc, openai.APIStatusError):
+        return f"HTTP {exc.status_code}: {str(exc.message)[:300]}"
+    if isinstance(exc, openai.APIConnectionError):
+        cause = exc.__cause__
+        return f"could not connect ({cause or exc})"
+    return str(exc)[:300]

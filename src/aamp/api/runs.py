@@ -1,0 +1,372 @@
+"""Routes for runs: start one (task + input files), list and read them, follow their steps
+live (server-sent events, resumable with Last-Event-ID), cancel, download artifacts, and
+answer approval requests.
+
+Who sees a run: its owner while they can still `run` its agent, anyone with `edit` on the
+agent, and admins — so operators never see each other's runs. Approvals are answered by users
+with `edit` on the run's agent, or admins.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import FileResponse, StreamingResponse
+from pydantic import BaseModel, Field
+
+from aamp.agents.versions import AgentVersions
+from aamp.api.context import ControlPlane
+from aamp.api.errors import ApiError
+from aamp.api.guard import actor_of, check, cp_of, record_change, request_id, rule
+from aamp.api.sandboxes import SandboxIn, _create_request
+from aamp.identity.errors import NotFound
+from aamp.identity.model import Actor, Resource
+from aamp.runs.service import RunRequest, RunService
+from aamp.runs.store import RunStore
+
+RunId = Annotated[str, Path(min_length=1, max_length=32)]
+AgentId = Annotated[str, Path(min_length=1, max_length=32)]
+INPUT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._ -]{0,254}$")
+MAX_INPUTS = 100
+KEEPALIVE_SECONDS = 15.0
+
+
+class InputFile(BaseModel):
+    name: Annotated[str, Field(min_length=1, max_length=255)]
+    content_b64: str
+
+
+class RunIn(BaseModel):
+    task: Annotated[str, Field(min_length=1, max_length=100_000)]
+    version: int | Literal["latest", "draft"] = "latest"
+    inputs: Annotated[list[InputFile], Field(max_length=MAX_INPUTS)] = []
+
+
+class RunOut(BaseModel):
+    id: str
+    agent_id: str
+    version: int
+    owner: str
+    task: str
+    status: str
+    reason: str | None
+    answer: str | None
+    sandbox_id: str | None
+    steps: int
+    prompt_tokens: int
+    completion_tokens: int
+    created_at: str
+    started_at: str | None
+    ended_at: str | None
+
+
+class ArtifactOut(BaseModel):
+    name: str
+    size: int
+    sha256: str
+    created_at: str
+
+
+class DecisionIn(BaseModel):
+    decision: Literal["approve", "deny"]
+    note: Annotated[str, Field(max_length=2000)] | None = None
+
+
+def service_of(cp: ControlPlane) -> RunService:
+    if cp.runs is None:
+        raise ApiError(503, "unavailable", "runs are not enabled on this control plane")
+    return cp.runs
+
+
+async def _run(request: Request, cp: ControlPlane, _: Actor) -> Resource:
+    run_id = str(request.path_params.get("run_id", ""))[:32]
+    run = await cp.store.run(RunStore(cp.store).find, run_id)
+    if run is None:
+        return Resource("run", run_id)
+    return Resource("run", run_id, owner=run.owner, agent=run.agent_id)
+
+
+async def _approval(request: Request, cp: ControlPlane, _: Actor) -> Resource:
+    approval_id = str(request.path_params.get("approval_id", ""))[:32]
+    store = RunStore(cp.store)
+
+    def lookup() -> str | None:
+        try:
+            run = store.find(store.get_approval(approval_id)["run_id"])
+        except NotFound:
+            return None
+        return run.agent_id if run else None
+
+    return Resource("approval", approval_id, agent=await cp.store.run(lookup))
+
+
+async def _agent(request: Request, _: ControlPlane, __: Actor) -> Resource:
+    agent_id = str(request.path_params.get("agent_id", ""))
+    return Resource("agent", agent_id, agent=agent_id)
+
+
+def _decode_inputs(body: RunIn) -> list[tuple[str, bytes]]:
+    out: list[tuple[str, bytes]] = []
+    for i, item in enumerate(body.inputs):
+        if not INPUT_NAME_RE.match(item.name):
+            raise ApiError(
+                400, "invalid_request", f"inputs[{i}].name: {item.name!r} is not a plain file name"
+            )
+        if item.name in (n for n, _ in out):
+            raise ApiError(
+                400, "invalid_request", f"inputs[{i}].name: {item.name!r} is given twice"
+            )
+        try:
+            out.append((item.name, base64.b64decode(item.content_b64, validate=True)))
+        except (binascii.Error, ValueError):
+            raise ApiError(
+                400, "invalid_request", f"inputs[{i}].content_b64 is not valid base64"
+            ) from None
+    return out
+
+
+async def _refuse_input(request: Request, agent_id: str, message: str, details: dict) -> None:
+    cp = cp_of(request)
+    await cp.audit.record(
+        actor=actor_of(request).audit_name,
+        action="run.file_in",
+        resource=f"agent:{agent_id}",
+        decision="deny",
+        reason=message,
+        request_id=request_id(request),
+        details=details,
+    )
+
+
+def router() -> APIRouter:
+    r = APIRouter(prefix="/v1", tags=["runs"])
+
+    @r.post("/agents/{agent_id}/runs", status_code=201, response_model=RunOut)
+    @rule("run.create", _agent)
+    async def create_run(agent_id: AgentId, body: RunIn, request: Request) -> dict[str, Any]:
+        """Start a run of a published version (`latest` or a number); the draft only for users
+        with `edit`. Inputs go to /workspace/in, checked against the policy's `data.inbound`."""
+        cp, actor = cp_of(request), actor_of(request)
+        runs = service_of(cp)
+        if body.version == "draft" and not await check(
+            request, "agent_version.edit", Resource("agent", agent_id, agent=agent_id)
+        ):
+            await _refuse_input(request, agent_id, "draft runs need edit on the agent", {})
+            raise ApiError(403, "forbidden", "only users with edit on the agent run its draft")
+        version = await cp.store.run(AgentVersions(cp.store).get, agent_id, body.version)
+        d = version.definition
+        stored = await cp.store.run(cp.catalog.find_policy, d.policy)
+        if stored is None:
+            raise ApiError(400, "invalid_request", f"policy: no policy named {d.policy!r}")
+        policy = stored.policy
+
+        def granted() -> bool:
+            return cp.catalog.is_granted(agent_id, "policy", d.policy) and cp.catalog.is_granted(
+                agent_id, "image", policy.image
+            )
+
+        if not await cp.store.run(granted):
+            raise ApiError(
+                403,
+                "forbidden",
+                f"policy: {d.policy!r} (or its image {policy.image!r}) is not granted to the agent",
+            )
+        services: dict[str, str] = {}
+        for name in d.services:
+            if name not in policy.services:
+                raise ApiError(
+                    400,
+                    "invalid_request",
+                    f"tools: service:{name} is not among the services of policy {d.policy!r}",
+                )
+            services[name] = (await cp.store.run(cp.catalog.get_service, name)).upstream
+        inputs = _decode_inputs(body)
+        inbound = policy.data.inbound
+        total = 0
+        for name, data in inputs:
+            kind = name.rsplit(".", 1)[-1].lower() if "." in name else ""
+            if kind not in inbound.types:
+                message = (
+                    f"{name}: data.inbound.types of policy {d.policy!r} does not allow "
+                    f"{kind or 'no extension'!r} (allowed: {', '.join(inbound.types) or 'none'})"
+                )
+                await _refuse_input(request, agent_id, message, {"name": name, "size": len(data)})
+                raise ApiError(400, "data_refused", message)
+            total += len(data)
+            if total > inbound.max_bytes:
+                message = f"inputs: data.inbound.max_bytes is {inbound.max_bytes} bytes"
+                await _refuse_input(request, agent_id, message, {"name": name, "total": total})
+                raise ApiError(413, "too_large", message)
+        create = await _create_request(cp, SandboxIn(agent=agent_id, policy=d.policy), actor)
+        run = await cp.store.run(
+            lambda: runs.runs.create(agent_id, version.version, actor.username or "", body.task)
+        )
+        await record_change(
+            request,
+            "run.created",
+            f"run:{run.id}",
+            {"agent": agent_id, "version": version.version, "inputs": [n for n, _ in inputs]},
+        )
+        await runs.emit(
+            run.id,
+            "run.queued",
+            {"task": body.task, "version": version.version, "by": actor.audit_name},
+        )
+        runs.start(RunRequest(run, d, policy, create, tuple(inputs), services, actor.audit_name))
+        return run.to_dict()
+
+    @r.get("/runs", response_model=list[RunOut])
+    @rule("run.list")
+    async def list_runs(request: Request) -> list[dict[str, Any]]:
+        """The runs you may see (yours; all of an agent you edit; all for an admin)."""
+        cp = cp_of(request)
+        runs = await cp.store.run(RunStore(cp.store).list)
+        return [
+            run.to_dict()
+            for run in runs
+            if await check(
+                request, "run.view", Resource("run", run.id, owner=run.owner, agent=run.agent_id)
+            )
+        ]
+
+    @r.get("/runs/{run_id}", response_model=RunOut)
+    @rule("run.view", _run)
+    async def get_run(run_id: RunId, request: Request) -> dict[str, Any]:
+        cp = cp_of(request)
+        return (await cp.store.run(RunStore(cp.store).get, run_id)).to_dict()
+
+    @r.get(
+        "/runs/{run_id}/events",
+        response_class=StreamingResponse,
+        responses={200: {"content": {"text/event-stream": {}}}},
+    )
+    @rule("run.view", _run)
+    async def run_events(
+        run_id: RunId,
+        request: Request,
+        after: Annotated[int | None, Query(ge=0)] = None,
+    ) -> StreamingResponse:
+        """The run's steps as server-sent events, live; ends after `run.finished`. Resume with
+        the `Last-Event-ID` header (or `?after=N`): only steps after that one are sent."""
+        cp = cp_of(request)
+        store = RunStore(cp.store)
+        await cp.store.run(store.get, run_id)  # 404 before the stream starts
+        last = request.headers.get("last-event-id", "")
+        seq = int(last) if last.isdigit() else (after or 0)
+        service = service_of(cp)
+
+        async def stream() -> AsyncIterator[bytes]:
+            nonlocal seq
+            while True:
+                waiter = service.bus.waiter(run_id)
+                batch = await cp.store.run(store.events_after, run_id, seq)
+                for event in batch:
+                    seq = event.seq
+                    data = json.dumps(event.data, separators=(",", ":"))
+                    yield f"id: {event.seq}\nevent: {event.type}\ndata: {data}\n\n".encode()
+                if any(e.type == "run.finished" for e in batch):
+                    return
+                if batch:
+                    continue
+                run = await cp.store.run(store.get, run_id)
+                if run.finished and not service.live(run_id):
+                    return
+                if await request.is_disconnected():
+                    return
+                if not await service.bus.wait(waiter, KEEPALIVE_SECONDS):
+                    yield b": keep-alive\n\n"
+
+        return StreamingResponse(
+            stream(),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-store", "x-accel-buffering": "no"},
+        )
+
+    @r.post("/runs/{run_id}/cancel", response_model=RunOut)
+    @rule("run.cancel", _run)
+    async def cancel_run(run_id: RunId, request: Request) -> dict[str, Any]:
+        """Cancel a run at any point; its sandbox is destroyed."""
+        cp, actor = cp_of(request), actor_of(request)
+        service = service_of(cp)
+        run = await cp.store.run(service.runs.get, run_id)
+        if run.finished:
+            raise ApiError(409, "conflict", f"run {run_id} already ended ({run.status})")
+        await record_change(request, "run.cancel", f"run:{run_id}", {})
+        await service.cancel(run_id, by=actor.audit_name)
+        return (await cp.store.run(service.runs.get, run_id)).to_dict()
+
+    @r.get("/runs/{run_id}/artifacts", response_model=list[ArtifactOut])
+    @rule("run.view", _run)
+    async def list_artifacts(run_id: RunId, request: Request) -> list[dict[str, Any]]:
+        cp = cp_of(request)
+        store = RunStore(cp.store)
+        await cp.store.run(store.get, run_id)
+        return await cp.store.run(store.artifacts, run_id)
+
+    @r.get(
+        "/runs/{run_id}/artifacts/{name:path}",
+        response_class=FileResponse,
+        responses={200: {"content": {"application/octet-stream": {}}}},
+    )
+    @rule("run.artifact", _run)
+    async def get_artifact(
+        run_id: RunId, name: Annotated[str, Path(min_length=1, max_length=255)], request: Request
+    ) -> FileResponse:
+        """Download an artifact; its name, size and SHA-256 are audited."""
+        cp = cp_of(request)
+        service = service_of(cp)
+        path, item = await cp.store.run(service.artifact_path, run_id, name)
+        if not path.is_file():
+            raise ApiError(404, "not_found", f"the bytes of artifact {name!r} are gone")
+        await record_change(request, "run.artifact_download", f"run:{run_id}", item)
+        return FileResponse(
+            path,
+            media_type="application/octet-stream",
+            filename=name.rsplit("/", 1)[-1],
+        )
+
+    @r.get("/approvals")
+    @rule("approval.list")
+    async def list_approvals(
+        request: Request, pending: Annotated[bool, Query()] = True
+    ) -> list[dict[str, Any]]:
+        """Approval requests you may answer (edit on the run's agent, or admin)."""
+        cp = cp_of(request)
+        store = RunStore(cp.store)
+        out = []
+        for item in await cp.store.run(lambda: store.approvals(pending_only=pending)):
+            run = await cp.store.run(store.find, item["run_id"])
+            agent = run.agent_id if run else None
+            if await check(
+                request, "approval.decide", Resource("approval", item["id"], agent=agent)
+            ):
+                out.append({**item, "agent_id": agent})
+        return out
+
+    @r.post("/approvals/{approval_id}")
+    @rule("approval.decide", _approval)
+    async def decide(
+        approval_id: Annotated[str, Path(min_length=1, max_length=32)],
+        body: DecisionIn,
+        request: Request,
+    ) -> dict[str, Any]:
+        """Approve or deny a paused run's request; the run resumes or fails."""
+        cp, actor = cp_of(request), actor_of(request)
+        decided = await service_of(cp).decide(
+            approval_id, body.decision == "approve", by=actor.audit_name, note=body.note
+        )
+        await record_change(
+            request,
+            f"approval.{decided['status']}",
+            f"run:{decided['run_id']}",
+            {"approval": approval_id, "note": body.note},
+        )
+        return decided
+
+    return r

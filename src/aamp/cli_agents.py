@@ -1,0 +1,238 @@
+"""The `aamp agent ...` and `aamp run ...` commands, over the control plane's API.
+
+    aamp agent create -f agent.yaml        # name + definition; creates the agent and its draft
+    aamp agent edit AGENT -f agent.yaml    # replaces the draft
+    aamp agent publish AGENT               # freezes the draft as the next version
+    aamp agent ls
+    aamp run AGENT "task" [--input FILE ...] [--version N|draft]   # streams the steps
+    aamp run ls | show RUN | cancel RUN | artifacts RUN [--download DIR]
+
+AGENT is an agent's id or name. `aamp run AGENT ...` exits 0 when the run succeeds, 1 if it
+ends any other way; Ctrl-C stops following (the run goes on; `aamp run cancel` stops it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from aamp.config import Settings
+
+RUN_ACTIONS = ("ls", "show", "cancel", "artifacts")
+
+
+def add_parsers(sub: Any) -> None:
+    agent = sub.add_parser("agent", help="agents").add_subparsers(dest="action", required=True)
+    create = agent.add_parser("create", help="create an agent from a YAML/JSON file (draft)")
+    create.add_argument("-f", "--file", required=True, type=Path)
+    edit = agent.add_parser("edit", help="replace an agent's draft from a file")
+    edit.add_argument("agent")
+    edit.add_argument("-f", "--file", required=True, type=Path)
+    publish = agent.add_parser("publish", help="publish the draft as the next version")
+    publish.add_argument("agent")
+    agent.add_parser("ls", help="list agents and their newest versions")
+
+    run = sub.add_parser(
+        "run",
+        help="run an agent on a task (aamp run AGENT TASK), or: run ls|show|cancel|artifacts",
+    )
+    run.add_argument("words", nargs="+", metavar="AGENT TASK | ls | show RUN | ...")
+    run.add_argument("--input", action="append", default=[], type=Path, metavar="FILE")
+    run.add_argument("--version", default="latest", help="a version number, latest or draft")
+    run.add_argument("--download", type=Path, metavar="DIR", help="with artifacts: save them")
+    run.add_argument("--no-follow", action="store_true", help="start the run and print its id")
+
+
+def dispatch(args: argparse.Namespace, settings: Settings, table: Any) -> int:
+    from aamp.client import ApiClient
+
+    client = ApiClient(settings, timeout=600.0)
+    try:
+        if args.command == "agent":
+            return _agent(client, args, table)
+        return _run(client, args, table)
+    finally:
+        client.close()
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML/JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping with name, model, tools, policy, ...")
+    return data
+
+
+def agent_id(client: Any, name_or_id: str) -> str:
+    for agent in client.call("GET", "/v1/agents"):
+        if name_or_id in (agent["id"], agent["name"]):
+            return str(agent["id"])
+    raise ValueError(f"no agent {name_or_id!r} that you can see")
+
+
+def _agent(client: Any, args: argparse.Namespace, table: Any) -> int:
+    if args.action == "create":
+        data = _load(args.file)
+        name = data.get("name")
+        if not isinstance(name, str):
+            raise ValueError(f"{args.file}: name: required (the agent's name)")
+        made = client.call("POST", "/v1/agents", json={"name": name})
+        try:
+            draft = client.call("PUT", f"/v1/agents/{made['id']}/draft", json=data)
+        except Exception:
+            client.call("DELETE", f"/v1/agents/{made['id']}")  # nothing half-made remains
+            raise
+        print(f"{made['id']}  {name}  draft version {draft['version']}")
+        return 0
+    if args.action == "edit":
+        ident = agent_id(client, args.agent)
+        draft = client.call("PUT", f"/v1/agents/{ident}/draft", json=_load(args.file))
+        print(f"{ident}  draft version {draft['version']} saved")
+        return 0
+    if args.action == "publish":
+        ident = agent_id(client, args.agent)
+        published = client.call("POST", f"/v1/agents/{ident}/publish")
+        print(f"{ident}  version {published['version']} published")
+        return 0
+    rows = [("ID", "NAME", "OWNER", "VERSIONS")]
+    for agent in client.call("GET", "/v1/agents"):
+        versions = client.call("GET", f"/v1/agents/{agent['id']}/versions")
+        listed = ",".join(
+            f"{v['version']}{'*' if v['status'] == 'draft' else ''}" for v in versions
+        )
+        rows.append((agent["id"], agent["name"], agent["owner"], listed or "-"))
+    table(rows)
+    return 0
+
+
+def _run(client: Any, args: argparse.Namespace, table: Any) -> int:
+    words = args.words
+    if words[0] in RUN_ACTIONS and not (words[0] == "ls" and len(words) > 1):
+        return _run_action(client, words, args, table)
+    if len(words) != 2:
+        raise ValueError('usage: aamp run AGENT "task" [--input FILE ...]')
+    ident = agent_id(client, words[0])
+    inputs = [
+        {"name": p.name, "content_b64": base64.b64encode(p.read_bytes()).decode()}
+        for p in args.input
+    ]
+    version: int | str = int(args.version) if args.version.isdigit() else args.version
+    run = client.call(
+        "POST",
+        f"/v1/agents/{ident}/runs",
+        json={"task": words[1], "inputs": inputs, "version": version},
+    )
+    print(f"run {run['id']} ({run['status']}, version {run['version']})", flush=True)
+    if args.no_follow:
+        return 0
+    return follow(client, run["id"])
+
+
+def follow(client: Any, run_id: str) -> int:
+    """Print the run's steps as they happen; the exit status says how it ended."""
+    last = 0
+    status = "unknown"
+    while status == "unknown":
+        headers = {"last-event-id": str(last)} if last else {}
+        with client.http.stream("GET", f"/v1/runs/{run_id}/events", headers=headers) as resp:
+            client._check(resp)
+            event: dict[str, str] = {}
+            for line in resp.iter_lines():
+                if line == "":
+                    if "event" in event:
+                        last = int(event.get("id", last))
+                        data = json.loads(event.get("data", "{}"))
+                        print(describe(event["event"], data), flush=True)
+                        if event["event"] == "run.finished":
+                            status = data.get("status", "failed")
+                    event = {}
+                elif not line.startswith(":"):
+                    key, _, value = line.partition(":")
+                    event[key] = value.lstrip(" ")
+        if status == "unknown":  # the stream ended early (a proxy, a restart): resume
+            run = client.call("GET", f"/v1/runs/{run_id}")
+            if run["status"] in ("succeeded", "failed", "cancelled", "timed_out"):
+                status = run["status"]
+    return 0 if status == "succeeded" else 1
+
+
+def describe(kind: str, d: dict[str, Any]) -> str:
+    """One line per step, for people."""
+    if kind == "model.call":
+        calls = ", ".join(c["name"] for c in d.get("tool_calls", [])) or "final answer"
+        return (
+            f"[{d.get('step')}] model: {calls} ({d.get('prompt_tokens')}+"
+            f"{d.get('completion_tokens')} tokens, {d.get('seconds', 0):.2f} s)"
+        )
+    if kind == "tool.call":
+        return f"    → {d.get('name')} {_short(d.get('arguments', ''), 200)}"
+    if kind == "tool.result":
+        mark = "ok" if d.get("ok") else "error"
+        return f"    ← {mark}: {_short(d.get('text', ''), 400)}"
+    if kind == "screenshot":
+        return f"    screenshot {d.get('sha256', '')[:12]}"
+    if kind == "artifact":
+        return f"artifact {d.get('name')} ({d.get('size')} bytes, sha256 {d.get('sha256')})"
+    if kind == "approval.requested":
+        return (
+            f"waiting for approval {d.get('approval')} ({d.get('kind')}: "
+            f"{json.dumps(d.get('subject'))}); answer with the API: POST /v1/approvals/ID"
+        )
+    if kind == "run.finished":
+        tail = f": {d.get('reason')}" if d.get("reason") else ""
+        answer = f"\n{d.get('answer')}" if d.get("answer") else ""
+        return f"run {d.get('status')}{tail}{answer}"
+    return f"{kind} {_short(json.dumps(d), 300)}"
+
+
+def _short(text: str, n: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _run_action(client: Any, words: list[str], args: argparse.Namespace, table: Any) -> int:
+    action = words[0]
+    if action == "ls":
+        rows = [("ID", "AGENT", "VERSION", "OWNER", "STATUS", "STEPS", "CREATED")]
+        for run in client.call("GET", "/v1/runs"):
+            rows.append(
+                (
+                    run["id"],
+                    run["agent_id"],
+                    str(run["version"]),
+                    run["owner"],
+                    run["status"],
+                    str(run["steps"]),
+                    run["created_at"],
+                )
+            )
+        table(rows)
+        return 0
+    if len(words) != 2:
+        raise ValueError(f"usage: aamp run {action} RUN")
+    run_id = words[1]
+    if action == "show":
+        print(json.dumps(client.call("GET", f"/v1/runs/{run_id}"), indent=2))
+        return 0
+    if action == "cancel":
+        run = client.call("POST", f"/v1/runs/{run_id}/cancel")
+        print(f"run {run_id} {run['status']}: {run['reason']}")
+        return 0
+    items = client.call("GET", f"/v1/runs/{run_id}/artifacts")
+    table([("NAME", "SIZE", "SHA256")] + [(a["name"], str(a["size"]), a["sha256"]) for a in items])
+    if args.download is not None:
+        args.download.mkdir(parents=True, exist_ok=True)
+        for item in items:
+            dest = args.download / Path(item["name"]).name
+            resp = client._send("GET", f"/v1/runs/{run_id}/artifacts/{item['name']}")
+            dest.write_bytes(resp.content)
+            print(f"saved {dest}", file=sys.stderr)
+    return 0

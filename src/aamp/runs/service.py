@@ -1,0 +1,394 @@
+"""`RunService`: runs an agent version on a task in a fresh sandbox, from queued to its end.
+
+One asyncio task per run. Its life: queued → running (sandbox made from the agent's policy,
+inputs copied into /workspace/in) → the loop (`aamp.agents.loop`) under the wall-time limit →
+artifacts from /workspace/out (checked against `data.outbound`; with `approval: true` each
+waits for a person, under the separate approval timeout, during which the run is
+`waiting_approval`) → succeeded | failed | cancelled | timed_out. Whatever the ending, the
+sandbox is destroyed, pending approvals are closed, and a final `run.finished` step is stored.
+
+Every step is stored first (the step log is what the live stream reads), then audited, then
+announced to live readers. At start-up `recover()` ends, as failed with the reason, every run
+an earlier process left unfinished (its sandbox was reaped by the sandbox manager).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import posixpath
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aamp.agents import guest_scripts
+from aamp.agents.definition import AgentDefinition
+from aamp.agents.loop import run_loop, summarise
+from aamp.agents.model import ModelClient, ModelError
+from aamp.agents.sandbox_tools import SandboxTools, _guest_json
+from aamp.agents.tools import ToolSet
+from aamp.audit.record import AuditSink
+from aamp.config import Settings
+from aamp.identity.errors import Conflict, NotFound
+from aamp.policy import Policy
+from aamp.runs import artifacts as art
+from aamp.runs.bus import EventBus
+from aamp.runs.store import RunEvent, RunInfo, RunStore
+from aamp.sandbox.channel import ChannelError
+from aamp.sandbox.manager import CreateRequest, SandboxError, SandboxManager, UnknownSandbox
+from aamp.store import Store
+from aamp.store.timestamps import now
+from aamp.vault import Vault
+
+log = logging.getLogger("aamp.runs")
+
+AUDIT_TEXT_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """Everything a run needs, resolved and authorised by the API before it is queued."""
+
+    run: RunInfo
+    definition: AgentDefinition
+    policy: Policy
+    create: CreateRequest
+    inputs: tuple[tuple[str, bytes], ...]
+    services: dict[str, str]  # service tool name -> the upstream URL the guest calls
+    actor: str
+
+
+class ApprovalRefused(Exception):
+    """An approval was denied or timed out; the message is the run's failure reason."""
+
+
+def artifacts_dir(settings: Settings, run_id: str) -> Path:
+    return settings.home / "artifacts" / run_id
+
+
+def _audit_details(type_: str, data: dict[str, Any]) -> dict[str, Any]:
+    """The step as the audit log keeps it: everything but screenshots' pixels, long texts cut."""
+    details = {k: v for k, v in data.items() if k != "png_b64"}
+    for key in ("text", "content", "answer"):
+        value = details.get(key)
+        if isinstance(value, str) and len(value) > AUDIT_TEXT_CHARS:
+            details[key] = value[:AUDIT_TEXT_CHARS] + f"... [{len(value)} chars]"
+    return details
+
+
+class RunService:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        audit: AuditSink,
+        manager: SandboxManager,
+        vault: Vault | None,
+        *,
+        model_backoff: float = 0.5,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.runs = RunStore(store)
+        self.audit = audit
+        self.manager = manager
+        self.vault = vault
+        self.bus = EventBus()
+        self.model_backoff = model_backoff
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._cancel_reasons: dict[str, tuple[str, str]] = {}
+        self._approvals: dict[str, asyncio.Future[tuple[str, str]]] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def recover(self) -> list[str]:
+        """End every run an earlier process left unfinished; returns their ids."""
+        ended = []
+        for run in await self.store.run(self.runs.interrupted):
+            reason = (
+                "the control plane stopped during the run (killed or crashed); "
+                "its sandbox was reaped at start-up"
+            )
+            await self.store.run(self.runs.cancel_pending, run.id)
+            with contextlib.suppress(Conflict):
+                await self.store.run(
+                    lambda r=run, why=reason: self.runs.update(r.id, status="failed", reason=why)
+                )
+            await self.emit(run.id, "run.finished", {"status": "failed", "reason": reason})
+            ended.append(run.id)
+        return ended
+
+    async def shutdown(self) -> None:
+        """Stop every live run (failed: the control plane stopped) and wait for their ends."""
+        for run_id, task in list(self._tasks.items()):
+            self._cancel_reasons.setdefault(
+                run_id, ("failed", "the control plane shut down during the run")
+            )
+            task.cancel()
+        for task in list(self._tasks.values()):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    def start(self, request: RunRequest) -> None:
+        run_id = request.run.id
+        self._tasks[run_id] = asyncio.get_running_loop().create_task(
+            self._execute(request), name=f"run-{run_id}"
+        )
+
+    def live(self, run_id: str) -> bool:
+        task = self._tasks.get(run_id)
+        return task is not None and not task.done()
+
+    async def cancel(self, run_id: str, *, by: str) -> bool:
+        """Cancel a live run (True), or say it already ended (False)."""
+        task = self._tasks.get(run_id)
+        if task is None or task.done():
+            return False
+        self._cancel_reasons.setdefault(run_id, ("cancelled", f"cancelled by {by}"))
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.shield(task)
+        return True
+
+    async def wait(self, run_id: str) -> None:
+        task = self._tasks.get(run_id)
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(task)
+
+    # -- steps -------------------------------------------------------------------------------
+
+    async def emit(self, run_id: str, type_: str, data: dict[str, Any]) -> RunEvent:
+        """Store a step, audit it, wake live readers — in that order."""
+        event = await self.store.run(self.runs.append_event, run_id, type_, data)
+        await self.audit.record(
+            actor=f"run:{run_id}",
+            action=f"run.{type_}",
+            resource=f"run:{run_id}",
+            decision="info",
+            details={"seq": event.seq, **_audit_details(type_, data)},
+        )
+        self.bus.notify(run_id)
+        return event
+
+    # -- approvals ---------------------------------------------------------------------------
+
+    async def decide(self, approval_id: str, approve: bool, *, by: str, note: str | None) -> dict:
+        status = "approved" if approve else "denied"
+        decided = await self.store.run(lambda: self.runs.decide(approval_id, status, by, note))
+        await self.emit(
+            decided["run_id"],
+            "approval.decided",
+            {"approval": approval_id, "status": status, "by": by, "note": note},
+        )
+        future = self._approvals.get(approval_id)
+        if future is not None and not future.done():
+            future.set_result((status, by))
+        return decided
+
+    async def _ask(self, run_id: str, kind: str, subject: dict[str, Any], timeout: int) -> None:
+        """Pause the run until a person answers; raises `ApprovalRefused` unless approved."""
+        asked = await self.store.run(lambda: self.runs.request_approval(run_id, kind, subject))
+        future: asyncio.Future[tuple[str, str]] = asyncio.get_running_loop().create_future()
+        self._approvals[asked["id"]] = future
+        await self.store.run(lambda: self.runs.update(run_id, status="waiting_approval"))
+        await self.emit(
+            run_id,
+            "approval.requested",
+            {"approval": asked["id"], "kind": kind, "subject": subject, "timeout": timeout},
+        )
+        try:
+            status, by = await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            with contextlib.suppress(Conflict):
+                await self.store.run(lambda: self.runs.decide(asked["id"], "expired", "system"))
+            await self.emit(
+                run_id, "approval.decided", {"approval": asked["id"], "status": "expired"}
+            )
+            raise ApprovalRefused(
+                f"approval_timeout: nobody answered approval {asked['id']} ({kind}) "
+                f"within {timeout} s"
+            ) from None
+        finally:
+            self._approvals.pop(asked["id"], None)
+        if status != "approved":
+            raise ApprovalRefused(f"{kind}: {by} denied approval {asked['id']}")
+        await self.store.run(lambda: self.runs.update(run_id, status="running"))
+
+    # -- one run -----------------------------------------------------------------------------
+
+    async def _execute(self, req: RunRequest) -> None:
+        run_id, d = req.run.id, req.definition
+        sandbox_id: str | None = None
+        status, reason, answer = "failed", "the run ended without an outcome", None
+        summary: dict[str, Any] = {}
+        try:
+            await self.store.run(
+                lambda: self.runs.update(run_id, status="running", started_at=now())
+            )
+            await self.emit(run_id, "run.started", {"version": req.run.version, "policy": d.policy})
+            sandbox = await self.manager.create(req.create, actor=f"run:{run_id}")
+            sandbox_id = sandbox.id
+            await self.store.run(lambda: self.runs.update(run_id, sandbox_id=sandbox_id))
+            await self.emit(
+                run_id,
+                "sandbox.created",
+                {"sandbox": sandbox_id, "image": sandbox.image, "driver": sandbox.driver},
+            )
+            await self._put_inputs(run_id, sandbox_id, req.inputs)
+            api_key = await self._api_key(run_id, d)
+            model = ModelClient(d.model, api_key, backoff_base=self.model_backoff)
+            tools = ToolSet.build(d.tools, {n: u for n, u in req.services.items()})
+            executor = SandboxTools(
+                lambda: self.manager.use(sandbox_id),  # type: ignore[arg-type]
+                {f"service_{n.replace('-', '_')}": u for n, u in req.services.items()},
+                d.limits.tool_timeout_seconds,
+            )
+
+            async def emit(type_: str, data: dict[str, Any]) -> None:
+                await self.emit(run_id, type_, data)
+                if type_ == "model.call":
+                    await self.store.run(lambda: self._count(run_id, data))
+
+            wall = asyncio.timeout(d.limits.wall_time_seconds)
+            try:
+                async with wall:
+                    outcome = await run_loop(
+                        d, req.run.task, [n for n, _ in req.inputs], model, tools, executor, emit
+                    )
+            except TimeoutError:
+                if not wall.expired():
+                    raise
+                status = "timed_out"
+                reason = f"wall_time: the run took longer than {d.limits.wall_time_seconds} s"
+                return
+            finally:
+                await model.close()
+            summary = summarise(outcome)
+            status, reason, answer = outcome.status, outcome.reason, outcome.answer
+            if status == "succeeded":
+                refused = await self._collect(run_id, sandbox_id, req)
+                if refused:
+                    reason = "artifacts refused: " + "; ".join(refused)
+        except asyncio.CancelledError:
+            status, reason = self._cancel_reasons.get(run_id, ("cancelled", "cancelled"))
+        except ModelError as exc:
+            status, reason = "failed", f"model: {exc}"
+        except ApprovalRefused as exc:
+            status, reason = "failed", str(exc)
+        except (SandboxError, ChannelError) as exc:
+            status, reason = "failed", f"sandbox: {exc}"
+        except Exception as exc:  # a bug must still end the run cleanly
+            log.exception("run %s failed", run_id)
+            status, reason = "failed", f"internal error: {type(exc).__name__}: {exc}"
+        finally:
+            await self._finish(run_id, sandbox_id, status, reason, answer, summary)
+
+    def _count(self, run_id: str, data: dict[str, Any]) -> None:
+        run = self.runs.get(run_id)
+        self.runs.update(
+            run_id,
+            steps=run.steps + 1,
+            prompt_tokens=run.prompt_tokens + int(data.get("prompt_tokens") or 0),
+            completion_tokens=run.completion_tokens + int(data.get("completion_tokens") or 0),
+        )
+
+    async def _finish(
+        self,
+        run_id: str,
+        sandbox_id: str | None,
+        status: str,
+        reason: str | None,
+        answer: str | None,
+        summary: dict[str, Any],
+    ) -> None:
+        try:
+            if sandbox_id is not None:
+                with contextlib.suppress(UnknownSandbox):
+                    await self.manager.destroy(
+                        sandbox_id, reason=f"run {run_id} ended", actor=f"run:{run_id}"
+                    )
+            await self.store.run(self.runs.cancel_pending, run_id)
+            with contextlib.suppress(Conflict):
+                await self.store.run(
+                    lambda: self.runs.update(run_id, status=status, reason=reason, answer=answer)
+                )
+            await self.emit(
+                run_id,
+                "run.finished",
+                {"status": status, "reason": reason, "answer": answer, "timing": summary},
+            )
+        finally:
+            self._tasks.pop(run_id, None)
+            self._cancel_reasons.pop(run_id, None)
+
+    async def _api_key(self, run_id: str, d: AgentDefinition) -> str | None:
+        if not d.model.api_key_secret or self.vault is None:
+            return None
+        value = await self.vault.reveal(
+            d.model.api_key_secret,
+            purpose=f"model API key for {run_id} ({d.model.base_url})",
+            actor=f"run:{run_id}",
+        )
+        return value.expose()
+
+    async def _put_inputs(
+        self, run_id: str, sandbox_id: str, inputs: tuple[tuple[str, bytes], ...]
+    ) -> None:
+        async with self.manager.use(sandbox_id) as channel:
+            await channel.run(["mkdir", "-p", "/workspace/in", "/workspace/out"], timeout=30)
+            for name, data in inputs:
+                path = posixpath.join("/workspace/in", name)
+                await channel.put(path, data, len(data))
+                await self.emit(
+                    run_id,
+                    "file.in",
+                    {"path": path, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()},
+                )
+
+    async def _collect(self, run_id: str, sandbox_id: str, req: RunRequest) -> list[str]:
+        """Copy /workspace/out's files out as artifacts; returns the refusals' reasons."""
+        rule = req.policy.data.outbound
+        async with self.manager.use(sandbox_id) as channel:
+            result, out, _ = await channel.run(
+                ["python3", "-c", guest_scripts.LIST, art.OUT_DIR], timeout=60
+            )
+        answer = _guest_json(out) if result.exit_code == 0 else None
+        found = art.candidates(answer.get("entries") if answer else None)
+        refused: list[str] = []
+        used = 0
+        dest = artifacts_dir(self.settings, run_id)
+        for candidate in found:
+            try:
+                art.check(candidate, rule, used)
+                async with self.manager.use(sandbox_id) as channel:
+                    _, size, sha = await art.copy_out(
+                        channel, candidate, dest, rule.max_bytes - used
+                    )
+            except art.ArtifactRefused as exc:
+                refused.append(str(exc))
+                await self.emit(
+                    run_id, "artifact.refused", {"name": candidate.name, "reason": str(exc)}
+                )
+                continue
+            subject = {"name": candidate.name, "size": size, "sha256": sha}
+            if rule.approval:
+                await self._ask(
+                    run_id, "data.outbound", subject, req.definition.limits.approval_timeout_seconds
+                )
+            used += size
+            await self.store.run(self.runs.add_artifact, run_id, candidate.name, size, sha)
+            await self.emit(run_id, "artifact", subject)
+        return refused
+
+    def artifact_path(self, run_id: str, name: str) -> tuple[Path, dict[str, Any]]:
+        for item in self.runs.artifacts(run_id):
+            if item["name"] == name:
+                return artifacts_dir(self.settings, run_id) / item["sha256"], item
+        raise NotFound(f"run {run_id} has no artifact {name!r}")
+
+    def forget_artifacts(self, run_id: str) -> None:
+        shutil.rmtree(artifacts_dir(self.settings, run_id), ignore_errors=True)

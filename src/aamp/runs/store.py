@@ -1,0 +1,257 @@
+"""`RunStore`: the durable side of runs — their rows, their step log, artifacts, approvals.
+
+Synchronous on purpose (called through `Store.run` in a worker thread, like the rest of the
+store). Steps are numbered per run from 1 with no gaps: `append_event` takes the write lock,
+so two writers can never give two steps one number, and the SSE stream's Last-Event-ID is
+simply the last number a client saw.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select, update
+
+from aamp.identity.errors import Conflict, NotFound
+from aamp.store import Store
+from aamp.store.tables import RunApprovalRow, RunArtifactRow, RunEventRow, RunRow
+from aamp.store.timestamps import now
+
+ACTIVE = ("queued", "running", "waiting_approval")
+FINAL = ("succeeded", "failed", "cancelled", "timed_out")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    id: str
+    agent_id: str
+    version: int
+    owner: str
+    task: str
+    status: str
+    reason: str | None
+    answer: str | None
+    sandbox_id: str | None
+    steps: int
+    prompt_tokens: int
+    completion_tokens: int
+    created_at: str
+    started_at: str | None
+    ended_at: str | None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in FINAL
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    seq: int
+    type: str
+    data: dict[str, Any]
+    at: str
+
+
+def _info(row: RunRow) -> RunInfo:
+    return RunInfo(
+        row.id,
+        row.agent_id,
+        row.version,
+        row.owner,
+        row.task,
+        row.status,
+        row.reason,
+        row.answer,
+        row.sandbox_id,
+        row.steps,
+        row.prompt_tokens,
+        row.completion_tokens,
+        row.created_at,
+        row.started_at,
+        row.ended_at,
+    )
+
+
+def _approval(row: RunApprovalRow) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "run_id": row.run_id,
+        "kind": row.kind,
+        "subject": json.loads(row.subject),
+        "status": row.status,
+        "requested_at": row.requested_at,
+        "decided_at": row.decided_at,
+        "decided_by": row.decided_by,
+        "note": row.note,
+    }
+
+
+class RunStore:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # -- runs ------------------------------------------------------------------------------
+
+    def create(self, agent_id: str, version: int, owner: str, task: str) -> RunInfo:
+        with self.store.write_session() as s:
+            row = RunRow(
+                id=f"run-{secrets.token_hex(6)}",
+                agent_id=agent_id,
+                version=version,
+                owner=owner,
+                task=task,
+                status="queued",
+                steps=0,
+                prompt_tokens=0,
+                completion_tokens=0,
+                created_at=now(),
+            )
+            s.add(row)
+            s.flush()
+            return _info(row)
+
+    def find(self, run_id: str) -> RunInfo | None:
+        with self.store.session() as s:
+            row = s.get(RunRow, run_id) if isinstance(run_id, str) else None
+            return _info(row) if row is not None else None
+
+    def get(self, run_id: str) -> RunInfo:
+        run = self.find(run_id)
+        if run is None:
+            raise NotFound(f"no run {run_id!r}")
+        return run
+
+    def list(self, *, owner: str | None = None, limit: int = 200) -> list[RunInfo]:
+        with self.store.session() as s:
+            q = select(RunRow)
+            if owner is not None:
+                q = q.where(RunRow.owner == owner)
+            q = q.order_by(RunRow.created_at.desc()).limit(limit)
+            return [_info(r) for r in s.scalars(q)]
+
+    def update(self, run_id: str, **fields: Any) -> RunInfo:
+        """Change a run's fields; a run that has ended keeps its ending (refused, not changed)."""
+        with self.store.write_session() as s:
+            row = s.get(RunRow, run_id)
+            if row is None:
+                raise NotFound(f"no run {run_id!r}")
+            if row.status in FINAL and "status" in fields:
+                raise Conflict(f"run {run_id} already ended ({row.status})")
+            for key, value in fields.items():
+                setattr(row, key, value)
+            if fields.get("status") in FINAL:
+                row.ended_at = now()
+            s.flush()
+            return _info(row)
+
+    def interrupted(self) -> list[RunInfo]:
+        """Runs an earlier process left unfinished (it stopped or was killed)."""
+        with self.store.session() as s:
+            return [_info(r) for r in s.scalars(select(RunRow).where(RunRow.status.in_(ACTIVE)))]
+
+    # -- the step log ----------------------------------------------------------------------
+
+    def append_event(self, run_id: str, type_: str, data: dict[str, Any]) -> RunEvent:
+        with self.store.write_session() as s:
+            newest = s.scalar(select(func.max(RunEventRow.seq)).where(RunEventRow.run_id == run_id))
+            row = RunEventRow(
+                run_id=run_id,
+                seq=(newest or 0) + 1,
+                type=type_,
+                data=json.dumps(data, separators=(",", ":")),
+                at=now(),
+            )
+            s.add(row)
+            s.flush()
+            return RunEvent(row.seq, row.type, data, row.at)
+
+    def events_after(self, run_id: str, after: int, limit: int = 500) -> list[RunEvent]:
+        with self.store.session() as s:
+            rows = s.scalars(
+                select(RunEventRow)
+                .where(RunEventRow.run_id == run_id, RunEventRow.seq > after)
+                .order_by(RunEventRow.seq)
+                .limit(limit)
+            )
+            return [RunEvent(r.seq, r.type, json.loads(r.data), r.at) for r in rows]
+
+    # -- artifacts -------------------------------------------------------------------------
+
+    def add_artifact(self, run_id: str, name: str, size: int, sha256: str) -> dict[str, Any]:
+        with self.store.write_session() as s:
+            row = RunArtifactRow(
+                run_id=run_id, name=name, size=size, sha256=sha256, created_at=now()
+            )
+            s.add(row)
+            s.flush()
+            return {"name": name, "size": size, "sha256": sha256, "created_at": row.created_at}
+
+    def artifacts(self, run_id: str) -> list[dict[str, Any]]:
+        with self.store.session() as s:
+            rows = s.scalars(
+                select(RunArtifactRow)
+                .where(RunArtifactRow.run_id == run_id)
+                .order_by(RunArtifactRow.name)
+            )
+            return [
+                {"name": r.name, "size": r.size, "sha256": r.sha256, "created_at": r.created_at}
+                for r in rows
+            ]
+
+    # -- approvals -------------------------------------------------------------------------
+
+    def request_approval(self, run_id: str, kind: str, subject: dict[str, Any]) -> dict[str, Any]:
+        with self.store.write_session() as s:
+            row = RunApprovalRow(
+                id=f"ap-{secrets.token_hex(6)}",
+                run_id=run_id,
+                kind=kind,
+                subject=json.dumps(subject),
+                status="pending",
+                requested_at=now(),
+            )
+            s.add(row)
+            s.flush()
+            return _approval(row)
+
+    def get_approval(self, approval_id: str) -> dict[str, Any]:
+        with self.store.session() as s:
+            row = s.get(RunApprovalRow, approval_id) if isinstance(approval_id, str) else None
+            if row is None:
+                raise NotFound(f"no approval request {approval_id!r}")
+            return _approval(row)
+
+    def approvals(self, *, pending_only: bool) -> list[dict[str, Any]]:
+        with self.store.session() as s:
+            q = select(RunApprovalRow)
+            if pending_only:
+                q = q.where(RunApprovalRow.status == "pending")
+            return [_approval(r) for r in s.scalars(q.order_by(RunApprovalRow.requested_at))]
+
+    def decide(
+        self, approval_id: str, status: str, by: str, note: str | None = None
+    ) -> dict[str, Any]:
+        """Answer a pending request once; a second answer is refused."""
+        with self.store.write_session() as s:
+            row = s.get(RunApprovalRow, approval_id)
+            if row is None:
+                raise NotFound(f"no approval request {approval_id!r}")
+            if row.status != "pending":
+                raise Conflict(f"approval {approval_id} was already answered ({row.status})")
+            row.status, row.decided_at, row.decided_by, row.note = status, now(), by, note
+            s.flush()
+            return _approval(row)
+
+    def cancel_pending(self, run_id: str) -> None:
+        with self.store.write_session() as s:
+            s.execute(
+                update(RunApprovalRow)
+                .where(RunApprovalRow.run_id == run_id, RunApprovalRow.status == "pending")
+                .values(status="cancelled", decided_at=now(), decided_by="system")
+            )

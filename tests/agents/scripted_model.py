@@ -1,0 +1,142 @@
+"""`ScriptedModelServerForTests`: a test double of an OpenAI-compatible chat-completions server.
+
+A real HTTP server on a loopback address that answers `POST /v1/chat/completions` by replaying
+a script, one turn per request, so the agent loop can be tested deterministically without a
+model. It keeps every request it received (the messages, so tests can see the observations the
+loop sent back). Turns:
+
+- `{"tool_calls": [{"name": "python", "arguments": {...}}]}` — arguments may also be a raw
+  string (to send invalid JSON);
+- `{"content": "the final answer"}`;
+- `{"status": 500}` — an HTTP error (the client retries 5xx);
+- `{"sleep": 2.5, ...}` — wait before answering (timeouts);
+- when the script runs out, every further request gets `{"content": "script exhausted"}`.
+
+Usable in-process (`with ScriptedModelServerForTests(turns) as s: s.base_url`) or as a
+process: `python scripted_model.py SCRIPT.json PORTFILE [HOST]` writes the port it bound.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+
+class ScriptedModelServerForTests:
+    def __init__(self, turns: list[dict[str, Any]], host: str = "127.0.0.1", port: int = 0):
+        self.turns = list(turns)
+        self.requests: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer((host, port), self._handler())
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def __enter__(self) -> ScriptedModelServerForTests:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def serve_forever(self) -> None:
+        self._server.serve_forever()
+
+    def _next(self, request: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            self.requests.append(request)
+            return self.turns.pop(0) if self.turns else {"content": "script exhausted"}
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        double = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                request = json.loads(self.rfile.read(length) or b"{}")
+                if not self.path.endswith("/chat/completions"):
+                    self._send(404, {"error": {"message": f"no route {self.path}"}})
+                    return
+                turn = double._next(request)
+                if turn.get("sleep"):
+                    time.sleep(float(turn["sleep"]))
+                if turn.get("status"):
+                    self._send(int(turn["status"]), {"error": {"message": "scripted failure"}})
+                    return
+                self._send(200, completion(request, turn, len(double.requests)))
+
+            def _send(self, status: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        return Handler
+
+
+def completion(request: dict[str, Any], turn: dict[str, Any], n: int) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": turn.get("content")}
+    calls = []
+    for i, call in enumerate(turn.get("tool_calls", [])):
+        args = call.get("arguments", {})
+        calls.append(
+            {
+                "id": f"call_{n}_{i}",
+                "type": "function",
+                "function": {
+                    "name": call["name"],
+                    "arguments": args if isinstance(args, str) else json.dumps(args),
+                },
+            }
+        )
+    if calls:
+        message["tool_calls"] = calls
+    prompt = sum(len(str(m.get("content") or "")) for m in request.get("messages", []))
+    completion_chars = len(json.dumps(message))
+    return {
+        "id": f"chatcmpl-{n}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": request.get("model", "scripted"),
+        "choices": [
+            {"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}
+        ],
+        "usage": {
+            "prompt_tokens": prompt // 4 + 1,
+            "completion_tokens": completion_chars // 4 + 1,
+            "total_tokens": prompt // 4 + completion_chars // 4 + 2,
+        },
+    }
+
+
+def main() -> None:
+    turns = json.loads(Path(sys.argv[1]).read_text())
+    host = sys.argv[3] if len(sys.argv) > 3 else "127.0.0.1"
+    server = ScriptedModelServerForTests(turns, host=host)
+    Path(sys.argv[2]).write_text(str(server.port))
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Agent definitions parse whole or not at all, naming each bad field; tool arguments are
+checked against their schemas; observations are truncated with a note; the model client
+retries transient errors with backoff and then fails with the reason (against the scripted
+model double, a real HTTP server on loopback)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from scripted_model import ScriptedModelServerForTests
+
+from aamp.agents.definition import (
+    DefinitionError,
+    ModelConfig,
+    definition_from_dict,
+    parse_definition,
+    stored_form,
+)
+from aamp.agents.model import ModelClient, ModelError
+from aamp.agents.tools import ToolSet, truncate
+
+GOOD = """
+name: fin
+model: {base_url: "http://127.0.0.1:9/v1", name: qwen2.5, api_key_secret: llm_key}
+tools: [shell, python, files, browser, "service:crm"]
+policy: finance-reports
+limits: {max_steps: 7, wall_time: 1h30m, observation_bytes: 4kB}
+"""
+
+
+def test_a_good_definition_round_trips_through_its_stored_form() -> None:
+    d = parse_definition(GOOD)
+    assert d.limits.max_steps == 7 and d.limits.wall_time_seconds == 5400
+    assert d.limits.observation_bytes == 4000 and d.services == ("crm",)
+    assert definition_from_dict(json.loads(stored_form(d))) == d
+
+
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("model: {base_url: ftp://x, name: m}\npolicy: p", "model.base_url"),
+        ("model: {base_url: 'http://x', name: m}\npolicy: p\ntools: [bash]", "tools[0]"),
+        ("model: {base_url: 'http://x', name: m}\npolicy: p\nlimits: {max_steps: 0}", "max_steps"),
+        ("model: {base_url: 'http://x', name: m}\npolicy: p\nlimits: {wall_time: 5x}", "wall_time"),
+        ("model: {base_url: 'http://x', name: m}\npolicy: p\nlimit: {}", "limit:"),
+        ("model: {base_url: 'http://x', name: m}", "policy"),
+        ("model: {base_url: 'http://x', name: m, api_key_secret: 'a b'}\npolicy: p", "api_key"),
+        ("[1, 2]", "expected a mapping"),
+    ],
+)
+def test_bad_definitions_name_the_field(text: str, field: str) -> None:
+    with pytest.raises(DefinitionError) as caught:
+        parse_definition(text)
+    assert field in str(caught.value)
+
+
+def test_tool_arguments_are_checked_against_the_schema() -> None:
+    tools = ToolSet.build(("shell", "files", "browser", "service:crm"), {"crm": "https://crm"})
+    assert tools.check_call("shell", '{"command": "ls"}') == ({"command": "ls"}, None)
+    for name, raw, words in [
+        ("shell", '{"command": 1}', "is not of type"),
+        ("shell", "{oops", "not valid JSON"),
+        ("shell", "[1]", "must be a JSON object"),
+        ("files", '{"action": "write", "path": "a"}', "content"),
+        ("browser", '{"action": "open"}', "url"),
+        ("service_crm", '{"method": "GET", "path": "no-slash"}', "path"),
+        ("python", '{"code": "1"}', "there is no tool 'python'"),
+    ]:
+        args, problem = tools.check_call(name, raw)
+        assert args is None and problem is not None and words in problem, (name, problem)
+
+
+def test_truncation_keeps_head_and_tail_and_says_so() -> None:
+    text = "A" * 5000 + "Z" * 5000
+    cut = truncate(text, 1000)
+    assert cut.startswith("A") and cut.endswith("Z")
+    assert "9000 bytes truncated by aamp; 10000 bytes in all" in cut
+    assert truncate("short", 1000) == "short"
+
+
+async def test_the_model_client_retries_then_fails_clearly() -> None:
+    turns = [{"status": 500}, {"status": 429}, {"content": "hello"}]
+    with ScriptedModelServerForTests(turns) as server:
+        client = ModelClient(ModelConfig(server.base_url, "m", retries=2), None, backoff_base=0.01)
+        reply = await client.complete([{"role": "user", "content": "hi"}], [], None)
+        await client.close()
+    assert reply.content == "hello" and reply.attempts == 3 and reply.prompt_tokens > 0
+    with ScriptedModelServerForTests([{"status": 503}] * 3) as server:
+        client = ModelClient(ModelConfig(server.base_url, "m", retries=1), None, backoff_base=0.01)
+        with pytest.raises(ModelError, match="failed 2 times; last: HTTP 503"):
+            await client.complete([{"role": "user", "content": "hi"}], [], None)
+        await client.close()
+    with ScriptedModelServerForTests([{"status": 400}]) as server:
+        client = ModelClient(ModelConfig(server.base_url, "m", retries=3), None, backoff_base=0.01)
+        with pytest.raises(ModelError, match="refused the request: HTTP 400"):
+            await client.complete([{"role": "user", "content": "hi"}], [], None)
+        await client.close()
+        assert len(server.requests) == 1  # a refusal is not retried
+
+
+async def test_an_unreachable_or_slow_endpoint_fails_with_the_reason() -> None:
+    with ScriptedModelServerForTests([{"sleep": 3, "content": "late"}] * 2) as server:
+        config = ModelConfig(server.base_url, "m", timeout_seconds=1, retries=1)
+        client = ModelClient(config, None, backoff_base=0.01)
+        with pytest.raises(ModelError, match="timed out"):
+            await client.complete([{"role": "user", "content": "hi"}], [], None)
+        await client.close()
+    with ScriptedModelServerForTests([]) as server:
+        url = server.base_url
+    client = ModelClient(ModelConfig(url, "m", retries=0), None, backoff_base=0.01)
+    with pytest.raises(ModelError, match="could not connect"):
+        await client.complete([{"role": "user", "content": "hi"}], [], None)
+    await client.close()

@@ -1,0 +1,188 @@
+"""Run under `unshare -n` by test_run_end_to_end.py: the whole Must-hold scenario inside a
+private network namespace whose only interface is `lo`. An upstream web server named
+`data.test` (127.0.0.10), the scripted model double, and a real control plane with gVisor
+sandboxes; the run is driven through the HTTP API. Prints a JSON report.
+
+Usage: python e2e_probe.py SETTINGS_JSON MODE   (MODE: base | browser)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import http.server
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import ClassVar
+
+import httpx
+from sqlalchemy import text
+
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent / "agents")]
+
+from scripted_model import ScriptedModelServerForTests  # noqa: E402
+
+from aamp.api.app import create_app  # noqa: E402
+from aamp.config import Settings  # noqa: E402
+from aamp.egress.resolver import StaticResolver  # noqa: E402
+from aamp.sandbox.gvisor import GVisorDriver  # noqa: E402
+from aamp.server import build_control_plane  # noqa: E402
+
+UPSTREAM = "127.0.0.10"
+FORM = b"""<html><head><title>Back office</title></head><body>
+<h1>Expense form</h1>
+<form method="post" action="/submit"><input id="amount" name="amount">
+<button type="submit">Send</button></form></body></html>"""
+
+
+class Upstream(http.server.BaseHTTPRequestHandler):
+    received: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        if self.path == "/rate":
+            self._send(b"1.25", "text/plain")
+        elif self.path == "/form":
+            self._send(FORM, "text/html")
+        else:
+            self._send(b"no", "text/plain", 404)
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
+        Upstream.received.append(body)
+        self._send(f"<html><body>Thanks: {body}</body></html>".encode(), "text/html")
+
+    def _send(self, body: bytes, kind: str, status: int = 200) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+COMPUTE = """
+import csv, urllib.request
+rate = float(urllib.request.urlopen('http://data.test/rate', timeout=30).read())
+rows = list(csv.DictReader(open('/workspace/in/sales.csv')))
+total = sum(int(r['amount']) for r in rows) * rate
+open('/workspace/out/report.csv', 'w').write(f'total_eur\\n{total:.2f}\\n')
+print('rate', rate, 'total', total)
+"""
+
+BASE_TURNS = [
+    {"tool_calls": [{"name": "files", "arguments": {"action": "read", "path": "in/sales.csv"}}]},
+    {"tool_calls": [{"name": "python", "arguments": {"code": COMPUTE}}]},
+    {"tool_calls": [{"name": "files", "arguments": {"action": "list", "path": "out"}}]},
+    {"content": "Wrote out/report.csv"},
+]
+
+BROWSER_TURNS = [
+    {
+        "tool_calls": [
+            {"name": "browser", "arguments": {"action": "open", "url": "http://data.test/form"}}
+        ]
+    },
+    {
+        "tool_calls": [
+            {
+                "name": "browser",
+                "arguments": {"action": "fill", "selector": "#amount", "value": "42"},
+            }
+        ]
+    },
+    {"tool_calls": [{"name": "browser", "arguments": {"action": "click", "text": "Send"}}]},
+    {"tool_calls": [{"name": "browser", "arguments": {"action": "screenshot"}}]},
+    {
+        "tool_calls": [
+            {"name": "browser", "arguments": {"action": "open", "url": "http://blocked.test/"}}
+        ]
+    },
+    {"content": "Submitted 42."},
+]
+
+
+async def scenario(settings: Settings, mode: str, model: ScriptedModelServerForTests) -> dict:
+    cp, _ = build_control_plane(settings, {"gvisor": GVisorDriver(settings.runtime_dir)})
+    cp.manager.resolver = StaticResolver({"data.test": [UPSTREAM]})
+    app = create_app(cp)
+    token = settings.cli_token_path.read_text().strip()
+    report: dict = {}
+    csv_bytes = b"region,amount\nnorth,120\nsouth,80\n"
+    image = "browser" if mode == "browser" else "base"
+    policy = {
+        "name": "reports",
+        "image": image,
+        "egress": {"default": "block", "allow": ["data.test"]},
+        "data": {
+            "inbound": {"max_bytes": "1MB", "types": ["csv"]},
+            "outbound": {"max_bytes": "1MB", "types": ["csv"]},
+        },
+    }
+    tools = ["browser"] if mode == "browser" else ["python", "files"]
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        headers = {"authorization": f"Bearer {token}"}
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://aamp", headers=headers, timeout=300
+        ) as c:
+            agent = (await c.post("/v1/agents", json={"name": "e2e"})).json()["id"]
+            assert (await c.put("/v1/policies/reports", json=policy)).status_code == 200
+            for kind, name in (("policy", "reports"), ("image", image)):
+                await c.post(f"/v1/agents/{agent}/resources", json={"kind": kind, "name": name})
+            definition = {
+                "model": {"base_url": model.base_url, "name": "scripted"},
+                "tools": tools,
+                "policy": "reports",
+                "limits": {"tool_timeout": "120s", "wall_time": "5m"},
+            }
+            assert (await c.put(f"/v1/agents/{agent}/draft", json=definition)).status_code == 200
+            assert (await c.post(f"/v1/agents/{agent}/publish")).status_code == 200
+            inputs = [{"name": "sales.csv", "content_b64": base64.b64encode(csv_bytes).decode()}]
+            made = await c.post(f"/v1/agents/{agent}/runs", json={"task": "t", "inputs": inputs})
+            run_id = made.json()["id"]
+            events_text = (await c.get(f"/v1/runs/{run_id}/events")).text  # until run.finished
+            run = (await c.get(f"/v1/runs/{run_id}")).json()
+            report["run"] = run
+            report["events_text"] = events_text
+            report["artifacts"] = (await c.get(f"/v1/runs/{run_id}/artifacts")).json()
+            if report["artifacts"]:
+                got = await c.get(f"/v1/runs/{run_id}/artifacts/report.csv")
+                report["artifact_b64"] = base64.b64encode(got.content).decode()
+            report["sandboxes_after"] = (await c.get("/v1/sandboxes")).json()
+    report["sb_dirs_after"] = [p.name for p in (settings.runtime_dir / "sb").iterdir()]
+    with cp.store.engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT actor, action, decision, reason, details FROM audit_records ORDER BY seq")
+        ).all()
+    cp.store.close()
+    report["audit"] = [
+        {"actor": a, "action": b, "decision": d, "reason": r, "details": json.loads(x)}
+        for a, b, d, r, x in rows
+    ]
+    report["tool_messages"] = [
+        m["content"] for m in model.requests[-1]["messages"] if m["role"] == "tool"
+    ]
+    report["upstream_posts"] = Upstream.received
+    report["expected_sha256"] = hashlib.sha256(b"total_eur\n250.00\n").hexdigest()
+    return report
+
+
+def main() -> None:
+    env, mode = json.loads(sys.argv[1]), sys.argv[2]
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    server = http.server.ThreadingHTTPServer((UPSTREAM, 80), Upstream)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    turns = BROWSER_TURNS if mode == "browser" else BASE_TURNS
+    with ScriptedModelServerForTests(turns) as model:
+        report = asyncio.run(scenario(Settings.from_env(env), mode, model))
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

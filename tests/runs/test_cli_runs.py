@@ -1,0 +1,78 @@
+"""`aamp agent create|edit|publish|ls` and `aamp run ...` against a real `aamp up`, with the
+scripted model double: the run's steps stream in the terminal, artifacts download."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from scripted_model import ScriptedModelServerForTests
+from test_cli import ControlPlane  # tests/api/test_cli.py: a real `aamp up` process
+
+pytestmark = pytest.mark.usefixtures("base_image")
+
+AGENT = """
+name: reporter
+model: {{base_url: "{base_url}", name: scripted}}
+system_prompt: You write reports.
+tools: [python, files]
+policy: files-only
+limits: {{max_steps: 5, wall_time: 2m}}
+"""
+
+POLICY = """
+name: files-only
+image: base
+data:
+  inbound: {max_bytes: 1MB, types: [csv]}
+  outbound: {max_bytes: 1MB, types: [txt]}
+"""
+
+WRITE = "open('/workspace/out/n.txt','w').write(str(len(open('/workspace/in/a.csv').read())))"
+
+
+def test_agent_and_run_commands(settings, tmp_path) -> None:
+    turns = [
+        {"tool_calls": [{"name": "python", "arguments": {"code": WRITE}}]},
+        {"content": "Counted."},
+    ]
+    plane = ControlPlane(settings)
+    plane.start()
+    try:
+        with ScriptedModelServerForTests(turns) as model:
+            agent_file = tmp_path / "agent.yaml"
+            agent_file.write_text(AGENT.format(base_url=model.base_url))
+            (tmp_path / "policy.yaml").write_text(POLICY)
+            (tmp_path / "a.csv").write_bytes(b"x,y\n1,2\n")
+            bad = tmp_path / "bad.yaml"
+            bad.write_text("name: broken\nmodel: {name: m}\npolicy: files-only\n")
+            out = plane.aamp("agent", "create", "-f", str(bad))
+            assert out.returncode != 0 and b"model.base_url: required" in out.stderr
+            assert b"broken" not in plane.aamp("agent", "ls").stdout  # nothing half-made
+            out = plane.aamp("agent", "create", "-f", str(agent_file))
+            assert out.returncode == 0, out.stderr
+            assert b"draft version 1" in out.stdout
+            assert plane.aamp("policy", "put", str(tmp_path / "policy.yaml")).returncode == 0
+            for kind, name in (("policy", "files-only"), ("image", "base")):
+                done = plane.aamp("grant", "attach", "reporter", kind, name)
+                assert done.returncode == 0, done.stderr
+            out = plane.aamp("run", "reporter", "count", "--input", str(tmp_path / "a.csv"))
+            assert out.returncode != 0 and b"no published version" in out.stderr
+            assert plane.aamp("agent", "publish", "reporter").returncode == 0
+            listed = plane.aamp("agent", "ls").stdout.decode()
+            assert re.search(r"reporter\s+admin\s+1\b", listed), listed
+            out = plane.aamp("run", "reporter", "count", "--input", str(tmp_path / "a.csv"))
+            text = out.stdout.decode()
+            assert out.returncode == 0, (text, out.stderr)
+            assert "model: python" in text and "→ python" in text and "← ok" in text
+            assert "artifact n.txt (1 bytes" in text and "run succeeded" in text
+            run_id = re.search(r"run (run-[0-9a-f]+)", text).group(1)
+            assert run_id in plane.aamp("run", "ls").stdout.decode()
+            assert b'"status": "succeeded"' in plane.aamp("run", "show", run_id).stdout
+            dest = tmp_path / "dl"
+            out = plane.aamp("run", "artifacts", run_id, "--download", str(dest))
+            assert out.returncode == 0 and (dest / "n.txt").read_bytes() == b"8"
+            out = plane.aamp("run", "cancel", run_id)
+            assert out.returncode != 0 and b"already ended" in out.stderr
+    finally:
+        plane.stop()

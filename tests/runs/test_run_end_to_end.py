@@ -1,0 +1,88 @@
+"""The Must-hold end-to-end run, through the HTTP API with the scripted model and a real gVisor
+sandbox, inside a network namespace of its own (see e2e_probe.py): the agent reads an input
+file, runs Python that fetches from an allowed loopback upstream through the egress proxy, and
+writes an artifact; the run succeeds, the artifact downloads byte-identical, the audit log holds
+every step (and the egress decision), and no sandbox remains. The browser variant fills and
+submits a form in a local web app and takes a screenshot; a blocked host is an observation."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from install_layout import shared_image_dir  # tests/install_layout.py
+from run_helpers import parse_sse
+
+PROBE = Path(__file__).with_name("e2e_probe.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _probe(tmp_path: Path, mode: str) -> dict:
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare (util-linux) is not installed")
+    runtime = f"/run/aamp-t{secrets.token_hex(4)}"
+    env = {
+        "AAMP_HOME": str(tmp_path / "home"),
+        "AAMP_RUNTIME_DIR": runtime,
+        "AAMP_IMAGE_DIR": str(shared_image_dir()),
+        "AAMP_ADMIN_PASSWORD": "admin-password-for-tests",
+    }
+    try:
+        done = subprocess.run(
+            ["unshare", "-n", sys.executable, str(PROBE), json.dumps(env), mode],
+            capture_output=True,
+            timeout=500,
+            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        )
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
+    assert done.returncode == 0, done.stderr.decode()[-4000:]
+    return json.loads(done.stdout.decode().strip().splitlines()[-1])
+
+
+def test_end_to_end_run_with_input_python_egress_and_artifact(tmp_path: Path, base_image) -> None:
+    report = _probe(tmp_path, "base")
+    run = report["run"]
+    assert run["status"] == "succeeded", run
+    assert run["answer"] == "Wrote out/report.csv"
+    assert "north,120" in report["tool_messages"][0]
+    assert "rate 1.25 total 250.0" in report["tool_messages"][1]
+    assert "out/report.csv" in report["tool_messages"][2]
+    assert base64.b64decode(report["artifact_b64"]) == b"total_eur\n250.00\n"
+    assert report["artifacts"][0]["sha256"] == report["expected_sha256"]
+    assert report["sandboxes_after"] == [] and report["sb_dirs_after"] == []
+    events = parse_sse(report["events_text"])
+    assert events[-1]["event"] == "run.finished"
+    run_audit = [r for r in report["audit"] if r["actor"] == f"run:{run['id']}"]
+    audited_steps = [r["details"]["seq"] for r in run_audit if "seq" in r["details"]]
+    assert audited_steps == [e["id"] for e in events]
+    actions = {r["action"] for r in run_audit}
+    assert {"sandbox.create", "sandbox.destroy", "run.artifact", "run.file.in"} <= actions
+    egress = [r for r in report["audit"] if r["action"].startswith("egress.")]
+    assert any(r["decision"] == "allow" and "data.test" in json.dumps(r) for r in egress)
+
+
+@pytest.mark.slow
+def test_end_to_end_browser_fills_a_form_and_sees_a_blocked_host(
+    tmp_path: Path, browser_image
+) -> None:
+    report = _probe(tmp_path, "browser")
+    run = report["run"]
+    assert run["status"] == "succeeded", (run, report["tool_messages"])
+    messages = report["tool_messages"]
+    assert "Expense form" in messages[0] and "http status: 200" in messages[0]
+    assert "Thanks: amount=42" in messages[2]
+    assert "screenshot taken" in messages[3]
+    assert "http status: 403" in messages[4] or "error" in messages[4]
+    assert report["upstream_posts"] == ["amount=42"]
+    events = parse_sse(report["events_text"])
+    shots = [e["data"] for e in events if e["event"] == "screenshot"]
+    assert len(shots) == 1 and base64.b64decode(shots[0]["png_b64"]).startswith(b"\x89PNG")
+    assert report["sandboxes_after"] == [] and report["sb_dirs_after"] == []

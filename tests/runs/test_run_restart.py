@@ -1,0 +1,114 @@
+"""kill -9 of the control plane in the middle of a run, then a restart: the run is marked
+failed with the reason, no sandbox of it remains (no runsc process, no state directory), and
+every step a live client received over SSE is still in the run's step log, unchanged."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from install_layout import shared_image_dir  # tests/install_layout.py
+from run_helpers import parse_sse
+from scripted_model import ScriptedModelServerForTests
+
+from aamp.sandbox import procs
+
+CHILD = Path(__file__).with_name("serve_runs_plane.py")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(home: Path, runtime: str, port: int) -> subprocess.Popen[bytes]:
+    images = str(shared_image_dir())
+    proc = subprocess.Popen(
+        [sys.executable, str(CHILD), str(home), runtime, images, str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None, proc.stderr.read().decode()  # type: ignore[union-attr]
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/health").status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.1)
+
+
+def test_kill_9_mid_run_then_restart(tmp_path: Path, base_image) -> None:
+    if os.geteuid() != 0 or shutil.which("runsc") is None:
+        pytest.skip("the control plane needs root and runsc here")
+    home, runtime, port = tmp_path / "home", f"/run/aamp-t{secrets.token_hex(4)}", _port()
+    base = f"http://127.0.0.1:{port}"
+    turns = [
+        {"tool_calls": [{"name": "shell", "arguments": {"command": "echo started"}}]},
+        {"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 300"}}]},
+    ]
+    proc = _serve(home, runtime, port)
+    seen: list[dict] = []
+    try:
+        with ScriptedModelServerForTests(turns) as model:
+            token = (home / "cli-token").read_text().strip()
+            h = {"authorization": f"Bearer {token}"}
+            with httpx.Client(base_url=base, headers=h, timeout=60) as c:
+                made = c.post("/v1/agents", json={"name": "victim"})
+                assert made.status_code == 201, made.text
+                agent = made.json()["id"]
+                assert c.put("/v1/policies/p", json={"name": "p"}).status_code == 200
+                for kind, name in (("policy", "p"), ("image", "base")):
+                    c.post(f"/v1/agents/{agent}/resources", json={"kind": kind, "name": name})
+                definition = {
+                    "model": {"base_url": model.base_url, "name": "scripted"},
+                    "tools": ["shell"],
+                    "policy": "p",
+                }
+                assert c.put(f"/v1/agents/{agent}/draft", json=definition).status_code == 200
+                assert c.post(f"/v1/agents/{agent}/publish").status_code == 200
+                run_id = c.post(f"/v1/agents/{agent}/runs", json={"task": "t"}).json()["id"]
+                buffer = ""
+                with c.stream("GET", f"/v1/runs/{run_id}/events") as stream:
+                    for chunk in stream.iter_text():
+                        buffer += chunk
+                        seen = parse_sse(buffer.rsplit("\n\n", 1)[0] + "\n\n")
+                        calls = [e for e in seen if e["event"] == "tool.call"]
+                        if len(calls) == 2:  # the agent is inside `sleep 300`
+                            break
+                sandbox_id = c.get(f"/v1/runs/{run_id}").json()["sandbox_id"]
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+            runsc_root = f"--root={runtime}/runsc"
+            assert procs.pids_matching(runsc_root, sandbox_id), "the sandbox should be orphaned"
+            proc = _serve(home, runtime, port)
+            with httpx.Client(base_url=base, headers=h, timeout=60) as c:
+                run = c.get(f"/v1/runs/{run_id}").json()
+                after = parse_sse(c.get(f"/v1/runs/{run_id}/events").text)
+                sandboxes = c.get("/v1/sandboxes").json()
+    finally:
+        proc.kill()
+        proc.wait()
+        leftover = procs.pids_matching(f"--root={runtime}/runsc")
+        shutil.rmtree(runtime, ignore_errors=True)
+    assert run["status"] == "failed"
+    assert "control plane stopped during the run" in run["reason"]
+    assert sandboxes == [] and leftover == []
+    # Every streamed step is in the log, unchanged, and the ending follows them.
+    assert after[: len(seen)] == seen
+    assert after[-1]["event"] == "run.finished" and after[-1]["data"]["status"] == "failed"
+    assert [e["id"] for e in after] == list(range(1, len(after) + 1))
+    assert json.dumps(after[-1]["data"])
