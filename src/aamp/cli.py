@@ -31,6 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("up", help="run the control plane (API on AAMP_HOST:AAMP_PORT)")
     sub.add_parser("doctor", help="say which isolation drivers work on this host and why not")
+    model = sub.add_parser(
+        "model",
+        help="the optional local model: model serve [--port N] | model path",
+        add_help=False,
+    )
+    model.add_argument("rest", nargs=argparse.REMAINDER)
 
     image = sub.add_parser("image", help="guest images").add_subparsers(
         dest="action", required=True
@@ -81,6 +87,10 @@ def _sandbox_options(p: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["model"]:
+        from aamp.agents.local_model import main as local_model
+
+        return local_model(args_list[1:])
     command: list[str] = []
     if "--" in args_list:
         cut = args_list.index("--")

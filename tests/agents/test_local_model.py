@@ -160,3 +160,22 @@ async def test_a_forced_tool_choice_yields_schema_shaped_arguments(
     assert call["name"] == "files"
     args = json.loads(call["arguments"])
     assert args["action"] in ("list", "read", "write") and isinstance(args["path"], str)
+
+
+def test_aamp_model_names_the_install_step_or_the_model(tmp_path):
+    """`aamp model path` either prints the packaged GGUF file or says how to install it."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "aamp", "model", "path"], capture_output=True, text=True, timeout=60
+    )
+    if done.returncode == 0:
+        assert done.stdout.strip().endswith(".gguf")
+    else:
+        assert "install-local-model" in done.stderr, done.stderr
+    refused = subprocess.run(
+        [sys.executable, "-m", "aamp", "model", "serve", "--host", "10.0.0.1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "loopback" in refused.stderr

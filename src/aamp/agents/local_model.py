@@ -20,7 +20,7 @@ tool's JSON schema, so even a tiny model emits well-formed calls. Length and pat
 left out of that grammar (a `maxLength` of 100 000 would expand into a huge grammar); aamp
 checks every call against the full schema before anything runs.
 
-Use: `python -m aamp.agents.local_model serve [--port 8080]` (foreground), `... path` (where
+Use: `aamp model serve [--port 8080]` (foreground), `... path` (where
 the GGUF file is), or `LocalModelServer` from code and tests (start/stop, context manager).
 """
 
@@ -473,7 +473,7 @@ class LocalModelServer:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m aamp.agents.local_model", description=__doc__.split("\n\n")[0]
+        prog="aamp model", description=__doc__.split("\n\n")[0]
     )
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("path", help="print the GGUF file of the installed model package")
