@@ -47,6 +47,7 @@ import socket
 import ssl
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -886,20 +887,25 @@ class EgressProxy:
     async def _pump_up(
         self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, attempt: _Attempt
     ) -> None:
-        size = self.limits.chunk_bytes
-        while True:
-            data = await source.read(size)
-            if not data:
-                with contextlib.suppress(OSError, RuntimeError):
-                    if sink.can_write_eof():
-                        sink.write_eof()
-                return
-            self._send_up(sink, data, attempt)
-            await sink.drain()
+        await self._pump(source, sink, lambda data: self._send_up(sink, data, attempt))
 
     async def _pump_down(
         self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, attempt: _Attempt
     ) -> None:
+        def forward(data: bytes) -> None:
+            sink.write(data)
+            attempt.bytes_down += len(data)
+            self._counters.bytes_down += len(data)
+
+        await self._pump(source, sink, forward)
+
+    async def _pump(
+        self,
+        source: asyncio.StreamReader,
+        sink: asyncio.StreamWriter,
+        forward: Callable[[bytes], None],
+    ) -> None:
+        """Copy until EOF (passed on as a half-close), counting through `forward`."""
         size = self.limits.chunk_bytes
         while True:
             data = await source.read(size)
@@ -908,9 +914,7 @@ class EgressProxy:
                     if sink.can_write_eof():
                         sink.write_eof()
                 return
-            sink.write(data)
-            attempt.bytes_down += len(data)
-            self._counters.bytes_down += len(data)
+            forward(data)
             await sink.drain()
 
     def _send_up(self, sink: asyncio.StreamWriter, data: bytes, attempt: _Attempt) -> None:
