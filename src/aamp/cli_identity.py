@@ -90,6 +90,9 @@ def add_parsers(sub: Any) -> None:
     secret.add_parser("ls", help="list secrets (names, never values)")
     sx = secret.add_parser("rm", help="delete a secret")
     sx.add_argument("name")
+    secret.add_parser(
+        "rotate-master-key", help="re-wrap every secret under a new master key (values unchanged)"
+    )
 
     audit = sub.add_parser("audit", help="the audit log (local)").add_subparsers(
         dest="action", required=True
@@ -290,6 +293,9 @@ def _secret(client: Any, args: argparse.Namespace, table: Any) -> int:
                 )
             )
         table(rows)
+        return 0
+    if args.action == "rotate-master-key":
+        print(f"new master key {client.call('POST', '/v1/vault/rotate')['key_id']}")
         return 0
     client.call("DELETE", f"/v1/secrets/{args.name}")
     return 0

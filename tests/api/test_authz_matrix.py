@@ -111,6 +111,7 @@ EXPECTED: dict[tuple[str, str], dict[str, Expect]] = {
     ("GET", "/v1/secrets/{name}"): {"-": staff},
     ("PUT", "/v1/secrets/{name}"): {"-": admin},
     ("DELETE", "/v1/secrets/{name}"): {"-": admin},
+    ("POST", "/v1/vault/rotate"): {"-": admin},
     ("GET", "/v1/audit"): {"-": admin},
     ("GET", "/v1/images"): {"-": signed_in},
     ("GET", "/v1/sandboxes"): {"-": signed_in},

@@ -279,6 +279,8 @@ def test_identity_commands_and_local_audit(cp, tmp_path):
     secret_value = b"cli-secret-value-991"
     assert cp.aamp("secret", "set", "crm_token", input=secret_value).returncode == 0
     assert secret_value not in cp.aamp("secret", "ls").stdout
+    rotated = cp.aamp("secret", "rotate-master-key")
+    assert rotated.returncode == 0 and rotated.stdout.startswith(b"new master key "), rotated
     verified = cp.aamp("audit", "verify")
     assert verified.returncode == 0 and verified.stdout.startswith(b"OK"), verified.stdout
     out = tmp_path / "audit.jsonl"

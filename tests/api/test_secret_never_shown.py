@@ -61,3 +61,28 @@ def _table(conn, name: str):
     from sqlalchemy import MetaData, Table
 
     return Table(name, MetaData(), autoload_with=conn)
+
+
+async def test_master_key_rotation_through_the_api(plane) -> None:
+    """An admin rotates the vault's master key online: the key file changes, every value
+    still reads back, the response and the audit record carry key ids only."""
+    cp = plane.cp
+    key_file = cp.settings.home / "vault-master.key"
+    async with plane.client(plane.admin_token) as c:
+        assert (await c.put("/v1/secrets/crm_token", json={"value": VALUE})).status_code == 200
+        before = key_file.read_bytes()
+        rotated = await c.post("/v1/vault/rotate")
+        assert rotated.status_code == 200, rotated.text
+        assert set(rotated.json()) == {"key_id"}
+        assert key_file.read_bytes() != before
+        assert VALUE not in rotated.text
+    assert (await cp.vault.reveal("crm_token", purpose="test")).expose() == VALUE
+    records = [r for r in await _audit_actions(cp) if r == "vault.rotate_master_key"]
+    assert records == ["vault.rotate_master_key"]
+
+
+async def _audit_actions(cp) -> list[str]:
+    from sqlalchemy import text
+
+    with cp.store.engine.connect() as conn:
+        return [row[0] for row in conn.execute(text("SELECT action FROM audit_records"))]

@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
 
+from aamp.api.errors import ApiError
 from aamp.api.guard import actor_of, cp_of, request_id, rule
 from aamp.vault.vault import MAX_VALUE_BYTES
 
@@ -63,6 +64,24 @@ def router() -> APIRouter:
             reason=request.state.decision.reason,
         )
         return (await _with_usage(request, [meta]))[0]
+
+    @r.post("/vault/rotate")
+    @rule("vault.rotate")
+    async def rotate_master_key(request: Request) -> dict[str, object]:
+        """Re-wrap every secret's data key under a new random master key, in one transaction;
+        the values are unchanged and never leave the vault. Only for a master key kept in
+        `$AAMP_HOME` (a key given by AAMP_MASTER_KEY is rotated by whoever sets that)."""
+        vault = cp_of(request).vault
+        if vault.master_key_path is None:
+            raise ApiError(
+                409,
+                "master_key_from_environment",
+                "the master key comes from AAMP_MASTER_KEY; rotate it there, not online",
+            )
+        new = await vault.rotate_master_key(
+            actor=actor_of(request).audit_name, request_id=request_id(request)
+        )
+        return {"key_id": new.key_id}
 
     @r.delete("/secrets/{name}", status_code=204)
     @rule("secret.delete")

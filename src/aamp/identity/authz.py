@@ -210,6 +210,7 @@ RULES: dict[str, Rule] = {
     "secret.read": _roles(*_STAFF),
     "secret.write": _admin_only,
     "secret.delete": _admin_only,
+    "vault.rotate": _admin_only,
     "audit.read": _admin_only,
     # sandboxes
     "sandbox.create": _sandbox_create,

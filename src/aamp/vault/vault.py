@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import delete, select
@@ -123,6 +124,11 @@ class Vault:
 
     def __repr__(self) -> str:
         return f"Vault(master_key_id={self._master.key_id})"
+
+    @property
+    def master_key_path(self) -> Path | None:
+        """The key file, or None when the master key came from the environment."""
+        return self._master.path
 
     @property
     def master_key_id(self) -> str:
