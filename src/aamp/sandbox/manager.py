@@ -297,7 +297,7 @@ class SandboxManager:
             image = self.images.get(request.image)
         except (ValueError, LookupError) as exc:  # UnknownImage, ImageNotBuilt
             raise InvalidRequest(str(exc)) from None
-        sandbox = self._take_from_pool(request, driver_name, image.content_hash)
+        sandbox = await self._take_from_pool(request, driver_name, image.content_hash)
         if sandbox is None:
             sandbox = await self._boot(driver_name, request.image, request.resources)
         sandbox.egress.update_rules(request.egress)
@@ -409,7 +409,7 @@ class SandboxManager:
 
     # -- warm pool -------------------------------------------------------------------------
 
-    def _take_from_pool(
+    async def _take_from_pool(
         self, request: CreateRequest, driver_name: str, image_hash: str
     ) -> Sandbox | None:
         # Pool members are booted with default resources by the default driver; anything
@@ -422,7 +422,8 @@ class SandboxManager:
             if sandbox.image_hash == image_hash and sandbox.channel.connected:
                 self._refill_pool(request.image)
                 return sandbox
-            asyncio.get_running_loop().create_task(self._teardown(sandbox, reason="stale"))
+            # Awaited, not left to a loose task: shutdown must never miss one.
+            await self._teardown(sandbox, reason="stale")
         if self.warm_pool_sizes.get(request.image):
             self._refill_pool(request.image)
         return None
