@@ -7,9 +7,9 @@ waits for a person, under the separate approval timeout, during which the run is
 `waiting_approval`) → succeeded | failed | cancelled | timed_out. Whatever the ending, the
 sandbox is destroyed, pending approvals are closed, and a final `run.finished` step is stored.
 
-Every step is stored first (the step log is what the live stream reads), then audited, then
-announced to live readers. At start-up `recover()` ends, as failed with the reason, every run
-an earlier process left unfinished (its sandbox was reaped by the sandbox manager).
+Steps go through `aamp.runs.steps.StepLog` (stored, audited, announced). At start-up
+`recover()` ends, as failed with the reason, every run an earlier process left unfinished
+(its sandbox was reaped by the sandbox manager).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from aamp.identity.errors import Conflict, NotFound
 from aamp.policy import Policy
 from aamp.runs import artifacts as art
 from aamp.runs.bus import EventBus
+from aamp.runs.steps import StepLog
 from aamp.runs.store import RunEvent, RunInfo, RunStore
 from aamp.sandbox.channel import ChannelError
 from aamp.sandbox.manager import CreateRequest, SandboxError, SandboxManager, UnknownSandbox
@@ -44,8 +45,6 @@ from aamp.store.timestamps import now
 from aamp.vault import Vault
 
 log = logging.getLogger("aamp.runs")
-
-AUDIT_TEXT_CHARS = 4000
 
 
 @dataclass(frozen=True)
@@ -69,16 +68,6 @@ def artifacts_dir(settings: Settings, run_id: str) -> Path:
     return settings.home / "artifacts" / run_id
 
 
-def _audit_details(type_: str, data: dict[str, Any]) -> dict[str, Any]:
-    """The step as the audit log keeps it: everything but screenshots' pixels, long texts cut."""
-    details = {k: v for k, v in data.items() if k != "png_b64"}
-    for key in ("text", "content", "answer"):
-        value = details.get(key)
-        if isinstance(value, str) and len(value) > AUDIT_TEXT_CHARS:
-            details[key] = value[:AUDIT_TEXT_CHARS] + f"... [{len(value)} chars]"
-    return details
-
-
 class RunService:
     def __init__(
         self,
@@ -97,6 +86,7 @@ class RunService:
         self.manager = manager
         self.vault = vault
         self.bus = EventBus()
+        self.steps = StepLog(store, self.runs, audit, self.bus)
         self.model_backoff = model_backoff
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancel_reasons: dict[str, tuple[str, str]] = {}
@@ -162,17 +152,7 @@ class RunService:
     # -- steps -------------------------------------------------------------------------------
 
     async def emit(self, run_id: str, type_: str, data: dict[str, Any]) -> RunEvent:
-        """Store a step, audit it, wake live readers — in that order."""
-        event = await self.store.run(self.runs.append_event, run_id, type_, data)
-        await self.audit.record(
-            actor=f"run:{run_id}",
-            action=f"run.{type_}",
-            resource=f"run:{run_id}",
-            decision="info",
-            details={"seq": event.seq, **_audit_details(type_, data)},
-        )
-        self.bus.notify(run_id)
-        return event
+        return await self.steps.emit(run_id, type_, data)
 
     # -- approvals ---------------------------------------------------------------------------
 
@@ -250,8 +230,6 @@ class RunService:
 
             async def emit(type_: str, data: dict[str, Any]) -> None:
                 await self.emit(run_id, type_, data)
-                if type_ == "model.call":
-                    await self.store.run(lambda: self._count(run_id, data))
 
             wall = asyncio.timeout(d.limits.wall_time_seconds)
             try:
@@ -286,15 +264,6 @@ class RunService:
             status, reason = "failed", f"internal error: {type(exc).__name__}: {exc}"
         finally:
             await self._finish(run_id, sandbox_id, status, reason, answer, summary)
-
-    def _count(self, run_id: str, data: dict[str, Any]) -> None:
-        run = self.runs.get(run_id)
-        self.runs.update(
-            run_id,
-            steps=run.steps + 1,
-            prompt_tokens=run.prompt_tokens + int(data.get("prompt_tokens") or 0),
-            completion_tokens=run.completion_tokens + int(data.get("completion_tokens") or 0),
-        )
 
     async def _finish(
         self,
