@@ -128,7 +128,7 @@ def _dispatch(args: argparse.Namespace, command: list[str], settings: Settings) 
         return 0 if ok else EXIT_ERROR
     if args.command == "image":
         return _image(args, settings)
-    if args.command in ("agent", "run"):
+    if args.command in ("agent", "run", "approval"):
         from aamp.cli_agents import dispatch as dispatch_agents
 
         return dispatch_agents(args, settings, _table)

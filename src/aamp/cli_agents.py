@@ -1,4 +1,4 @@
-"""The `aamp agent ...` and `aamp run ...` commands, over the control plane's API.
+"""The `aamp agent ...`, `aamp run ...` and `aamp approval ...` commands, over the API.
 
     aamp agent create -f agent.yaml        # name + definition; creates the agent and its draft
     aamp agent edit AGENT -f agent.yaml    # replaces the draft
@@ -6,6 +6,7 @@
     aamp agent ls
     aamp run AGENT "task" [--input FILE ...] [--version N|draft]   # streams the steps
     aamp run ls | show RUN | cancel RUN | artifacts RUN [--download DIR]
+    aamp approval ls [--all] | approve ID [--note TEXT] | deny ID [--note TEXT]
 
 AGENT is an agent's id or name. `aamp run AGENT ...` exits 0 when the run succeeds, 1 if it
 ends any other way; Ctrl-C stops following (the run goes on; `aamp run cancel` stops it).
@@ -48,6 +49,16 @@ def add_parsers(sub: Any) -> None:
     run.add_argument("--download", type=Path, metavar="DIR", help="with artifacts: save them")
     run.add_argument("--no-follow", action="store_true", help="start the run and print its id")
 
+    approval = sub.add_parser(
+        "approval", help="questions runs put to people (egress ask, outbound data)"
+    ).add_subparsers(dest="action", required=True)
+    listed = approval.add_parser("ls", help="the open questions you may answer")
+    listed.add_argument("--all", action="store_true", help="answered ones too")
+    for verb in ("approve", "deny"):
+        answer = approval.add_parser(verb, help=f"{verb} a question; the run goes on")
+        answer.add_argument("id")
+        answer.add_argument("--note", help="why (kept in the audit log, shown to the run)")
+
 
 def dispatch(args: argparse.Namespace, settings: Settings, table: Any) -> int:
     from aamp.client import ApiClient
@@ -56,6 +67,8 @@ def dispatch(args: argparse.Namespace, settings: Settings, table: Any) -> int:
     try:
         if args.command == "agent":
             return _agent(client, args, table)
+        if args.command == "approval":
+            return _approval(client, args, table)
         return _run(client, args, table)
     finally:
         client.close()
@@ -110,6 +123,35 @@ def _agent(client: Any, args: argparse.Namespace, table: Any) -> int:
         )
         rows.append((agent["id"], agent["name"], agent["owner"], listed or "-"))
     table(rows)
+    return 0
+
+
+def _approval(client: Any, args: argparse.Namespace, table: Any) -> int:
+    if args.action == "ls":
+        params = {"pending": "false"} if args.all else None
+        rows = [("ID", "RUN", "KIND", "SUBJECT", "STATUS", "BY", "REQUESTED")]
+        for item in client.call("GET", "/v1/approvals", params=params):
+            subject = item["subject"]
+            if item["kind"] == "egress":
+                what = f"{subject.get('host')}:{subject.get('port')}"
+            else:
+                what = f"{subject.get('name')} ({subject.get('size')} bytes)"
+            rows.append(
+                (
+                    item["id"],
+                    item["run_id"],
+                    item["kind"],
+                    what,
+                    item["status"],
+                    item.get("decided_by") or "-",
+                    item["requested_at"],
+                )
+            )
+        table(rows)
+        return 0
+    body = {"decision": args.action, "note": args.note}
+    decided = client.call("POST", f"/v1/approvals/{args.id}", json=body)
+    print(f"approval {decided['id']} {decided['status']} (run {decided['run_id']})")
     return 0
 
 
@@ -184,7 +226,8 @@ def describe(kind: str, d: dict[str, Any]) -> str:
     if kind == "approval.requested":
         return (
             f"waiting for approval {d.get('approval')} ({d.get('kind')}: "
-            f"{json.dumps(d.get('subject'))}); answer with the API: POST /v1/approvals/ID"
+            f"{json.dumps(d.get('subject'))}); answer: aamp approval approve|deny "
+            f"{d.get('approval')}"
         )
     if kind == "run.finished":
         tail = f": {d.get('reason')}" if d.get("reason") else ""

@@ -36,7 +36,7 @@ def test_the_product_example_parses():
     assert policy.packages == ("tabulate==0.9.0",)
     assert policy.data.inbound.max_bytes == 50_000_000
     assert policy.data.inbound.types == ("csv", "xlsx", "pdf")
-    assert policy.data.outbound.approval is False
+    assert policy.data.outbound.approval_over is None
     assert (policy.lifetime.ttl_seconds, policy.lifetime.idle_seconds) == (900, 300)
     assert policy.resources.to_driver() == Resources(
         cpus=1.0, memory_bytes=1024**3, pids=256, disk_bytes=2 * 1024**3
@@ -86,6 +86,9 @@ def test_max_bytes_out_and_default_allow():
         ("name: p\ndata: {inbound: {max_bytes: 5XB}}\n", "data.inbound.max_bytes", "unit"),
         ("name: p\ndata: {inbound: {approval: true}}\n", "data.inbound.approval", "unknown"),
         ("name: p\ndata: {outbound: {approval: maybe}}\n", "data.outbound.approval", "true"),
+        ("name: p\ndata: {outbound: {approval: -1}}\n", "data.outbound.approval", "negative"),
+        ("name: p\ndata: {outbound: {approval: [1]}}\n", "data.outbound.approval", "5MB"),
+        ("name: p\negress: {default: maybe}\n", "egress.default", "block, allow, ask"),
         ("name: p\ndata: {outbound: {types: [PDF]}}\n", "data.outbound.types[0]", "file type"),
         ("name: p\nlifetime: {ttl: 15x}\n", "lifetime.ttl", "duration"),
         ("name: p\nlifetime: {ttl: 1m, idle: 5m}\n", "lifetime.idle", "longer than ttl"),
@@ -119,3 +122,23 @@ def test_every_problem_is_reported_at_once():
     with pytest.raises(PolicyError) as info:
         parse_policy("name: p\negress: {default: nope, allow: ['a b']}\nimage: 'X'\n")
     assert [p for p, _ in info.value.problems] == ["egress.default", "egress.allow[0]", "image"]
+
+
+@pytest.mark.parametrize(
+    ("written", "over", "asks_at"),
+    [
+        ("true", 0, [(0, True), (1, True)]),
+        ("false", None, [(0, False), (10**12, False)]),
+        ("5MB", 5_000_000, [(5_000_000, False), (5_000_001, True)]),
+        ("1KiB", 1024, [(1024, False), (1025, True)]),
+    ],
+)
+def test_outbound_approval_is_never_always_or_above_a_size(written, over, asks_at) -> None:
+    policy = parse_policy(f"name: p\ndata: {{outbound: {{approval: {written}}}}}\n")
+    rule = policy.data.outbound
+    assert rule.approval_over == over
+    assert [rule.needs_approval(total) for total, _ in asks_at] == [a for _, a in asks_at]
+
+
+def test_egress_default_may_be_ask() -> None:
+    assert parse_policy("name: p\negress: {default: ask}\n").egress.default == "ask"

@@ -3,7 +3,12 @@ private network namespace whose only interface is `lo`. An upstream web server n
 `data.test` (127.0.0.10), the scripted model double, and a real control plane with gVisor
 sandboxes; the run is driven through the HTTP API. Prints a JSON report.
 
-Usage: python e2e_probe.py SETTINGS_JSON MODE   (MODE: base | browser)
+Mode `ask`: the policy says `egress.default: ask`; `shop.test` and `nope.test` resolve to a
+fake public host (1.1.1.1 on `lo`); a person (this probe, as the admin, through the API)
+approves shop.test only after the tool's timeout and the run's wall time have both passed,
+and denies nope.test.
+
+Usage: python e2e_probe.py SETTINGS_JSON MODE   (MODE: base | browser | ask)
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from aamp.sandbox.gvisor import GVisorDriver  # noqa: E402
 from aamp.server import build_control_plane  # noqa: E402
 
 UPSTREAM = "127.0.0.10"
+PUBLIC = "1.1.1.1"  # a fake outside host on this namespace's loopback
 FORM = b"""<html><head><title>Back office</title></head><body>
 <h1>Expense form</h1>
 <form method="post" action="/submit"><input id="amount" name="amount">
@@ -82,6 +88,23 @@ BASE_TURNS = [
     {"content": "Wrote out/report.csv"},
 ]
 
+FETCH = """
+import urllib.request, urllib.error
+try:
+    print(urllib.request.urlopen('http://{host}/rate', timeout=60).read().decode())
+except urllib.error.HTTPError as e:
+    print('http', e.code, e.read().decode())
+"""
+
+ASK_TURNS = [
+    {"tool_calls": [{"name": "python", "arguments": {"code": FETCH.format(host="shop.test")}}]},
+    {"tool_calls": [{"name": "python", "arguments": {"code": FETCH.format(host="shop.test")}}]},
+    {"tool_calls": [{"name": "python", "arguments": {"code": FETCH.format(host="nope.test")}}]},
+    {"content": "done"},
+]
+ASK_WALL_SECONDS = 8
+ASK_APPROVE_AFTER = 11.0  # longer than the wall time and the tool timeout (3 s)
+
 BROWSER_TURNS = [
     {
         "tool_calls": [
@@ -107,9 +130,32 @@ BROWSER_TURNS = [
 ]
 
 
+async def answer_approvals(c: httpx.AsyncClient, run_id: str, seen: list) -> None:
+    """The person: approve shop.test late, deny nope.test at once; note the run's status."""
+    answered: set[str] = set()
+    while True:
+        for item in (await c.get("/v1/approvals")).json():
+            if item["id"] in answered or item["run_id"] != run_id:
+                continue
+            status = (await c.get(f"/v1/runs/{run_id}")).json()["status"]
+            seen.append({"kind": item["kind"], "subject": item["subject"], "run_status": status})
+            if item["subject"]["host"] == "shop.test":
+                await asyncio.sleep(ASK_APPROVE_AFTER)
+                decision = "approve"
+            else:
+                decision = "deny"
+            note = {"note": "not for this task"} if decision == "deny" else {}
+            got = await c.post(f"/v1/approvals/{item['id']}", json={"decision": decision, **note})
+            assert got.status_code == 200, got.text
+            answered.add(item["id"])
+        await asyncio.sleep(0.1)
+
+
 async def scenario(settings: Settings, mode: str, model: ScriptedModelServerForTests) -> dict:
     cp, _ = build_control_plane(settings, {"gvisor": GVisorDriver(settings.runtime_dir)})
-    cp.manager.resolver = StaticResolver({"data.test": [UPSTREAM]})
+    cp.manager.resolver = StaticResolver(
+        {"data.test": [UPSTREAM], "shop.test": [PUBLIC], "nope.test": [PUBLIC]}
+    )
     app = create_app(cp)
     token = settings.cli_token_path.read_text().strip()
     report: dict = {}
@@ -118,7 +164,9 @@ async def scenario(settings: Settings, mode: str, model: ScriptedModelServerForT
     policy = {
         "name": "reports",
         "image": image,
-        "egress": {"default": "block", "allow": ["data.test"]},
+        "egress": {"default": "ask"}
+        if mode == "ask"
+        else {"default": "block", "allow": ["data.test"]},
         "data": {
             "inbound": {"max_bytes": "1MB", "types": ["csv"]},
             "outbound": {"max_bytes": "1MB", "types": ["csv"]},
@@ -139,14 +187,21 @@ async def scenario(settings: Settings, mode: str, model: ScriptedModelServerForT
                 "model": {"base_url": model.base_url, "name": "scripted"},
                 "tools": tools,
                 "policy": "reports",
-                "limits": {"tool_timeout": "120s", "wall_time": "5m"},
+                "limits": {"tool_timeout": "120s", "wall_time": "5m"}
+                if mode != "ask"
+                else {"tool_timeout": "3s", "wall_time": f"{ASK_WALL_SECONDS}s"},
             }
             assert (await c.put(f"/v1/agents/{agent}/draft", json=definition)).status_code == 200
             assert (await c.post(f"/v1/agents/{agent}/publish")).status_code == 200
             inputs = [{"name": "sales.csv", "content_b64": base64.b64encode(csv_bytes).decode()}]
             made = await c.post(f"/v1/agents/{agent}/runs", json={"task": "t", "inputs": inputs})
             run_id = made.json()["id"]
+            seen: list = []
+            person = asyncio.create_task(answer_approvals(c, run_id, seen))
             events_text = (await c.get(f"/v1/runs/{run_id}/events")).text  # until run.finished
+            person.cancel()
+            report["approvals_seen"] = seen
+            report["approvals"] = (await c.get("/v1/approvals", params={"pending": False})).json()
             run = (await c.get(f"/v1/runs/{run_id}")).json()
             report["run"] = run
             report["events_text"] = events_text
@@ -176,9 +231,11 @@ async def scenario(settings: Settings, mode: str, model: ScriptedModelServerForT
 def main() -> None:
     env, mode = json.loads(sys.argv[1]), sys.argv[2]
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-    server = http.server.ThreadingHTTPServer((UPSTREAM, 80), Upstream)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    turns = BROWSER_TURNS if mode == "browser" else BASE_TURNS
+    subprocess.run(["ip", "addr", "add", f"{PUBLIC}/32", "dev", "lo"], check=True)
+    for address in (UPSTREAM, PUBLIC):
+        server = http.server.ThreadingHTTPServer((address, 80), Upstream)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    turns = {"browser": BROWSER_TURNS, "ask": ASK_TURNS}.get(mode, BASE_TURNS)
     with ScriptedModelServerForTests(turns) as model:
         report = asyncio.run(scenario(Settings.from_env(env), mode, model))
     print(json.dumps(report))

@@ -4,6 +4,7 @@ scripted model double: the run's steps stream in the terminal, artifacts downloa
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 from scripted_model import ScriptedModelServerForTests
@@ -74,5 +75,58 @@ def test_agent_and_run_commands(settings, tmp_path) -> None:
             assert out.returncode == 0 and (dest / "n.txt").read_bytes() == b"8"
             out = plane.aamp("run", "cancel", run_id)
             assert out.returncode != 0 and b"already ended" in out.stderr
+    finally:
+        plane.stop()
+
+
+def test_approval_commands_answer_a_waiting_run(settings, tmp_path) -> None:
+    turns = [
+        {"tool_calls": [{"name": "python", "arguments": {"code": WRITE}}]},
+        {"content": "Counted."},
+    ]
+    policy = POLICY.replace("files-only", "files-ask").replace("[txt]}", "[txt], approval: true}")
+    plane = ControlPlane(settings)
+    plane.start()
+    try:
+        with ScriptedModelServerForTests(turns) as model:
+            agent = AGENT.format(base_url=model.base_url).replace("files-only", "files-ask")
+            (tmp_path / "agent.yaml").write_text(agent.replace("name: reporter", "name: asker"))
+            (tmp_path / "policy.yaml").write_text(policy)
+            (tmp_path / "a.csv").write_bytes(b"x,y\n1,2\n")
+            for command in (
+                ("agent", "create", "-f", str(tmp_path / "agent.yaml")),
+                ("policy", "put", str(tmp_path / "policy.yaml")),
+                ("grant", "attach", "asker", "policy", "files-ask"),
+                ("grant", "attach", "asker", "image", "base"),
+                ("agent", "publish", "asker"),
+            ):
+                done = plane.aamp(*command)
+                assert done.returncode == 0, (command, done.stderr)
+            out = plane.aamp(
+                "run", "asker", "count", "--input", str(tmp_path / "a.csv"), "--no-follow"
+            )
+            run_id = re.search(r"run (run-[0-9a-f]+)", out.stdout.decode()).group(1)
+            listed = ""
+            for _ in range(300):
+                listed = plane.aamp("approval", "ls").stdout.decode()
+                if run_id in listed:
+                    break
+                time.sleep(0.2)
+            row = next(line for line in listed.splitlines() if run_id in line)
+            assert "data.outbound" in row and "n.txt (1 bytes)" in row and "pending" in row
+            approval_id = row.split()[0]
+            out = plane.aamp("approval", "approve", approval_id, "--note", "fine")
+            assert out.returncode == 0, out.stderr
+            assert f"approval {approval_id} approved (run {run_id})" in out.stdout.decode()
+            again = plane.aamp("approval", "deny", approval_id)
+            assert again.returncode != 0 and b"already answered" in again.stderr
+            for _ in range(300):
+                shown = plane.aamp("run", "show", run_id).stdout.decode()
+                if '"status": "succeeded"' in shown:
+                    break
+                time.sleep(0.2)
+            assert '"status": "succeeded"' in shown
+            history = plane.aamp("approval", "ls", "--all").stdout.decode()
+            assert re.search(rf"{approval_id}.*approved\s+user:admin", history), history
     finally:
         plane.stop()

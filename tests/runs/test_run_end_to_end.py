@@ -86,3 +86,32 @@ def test_end_to_end_browser_fills_a_form_and_sees_a_blocked_host(
     shots = [e["data"] for e in events if e["event"] == "screenshot"]
     assert len(shots) == 1 and base64.b64decode(shots[0]["png_b64"]).startswith(b"\x89PNG")
     assert report["sandboxes_after"] == [] and report["sb_dirs_after"] == []
+
+
+def test_egress_ask_pauses_the_run_until_a_person_answers(tmp_path: Path, base_image) -> None:
+    """`egress.default: ask`: the run waits (status waiting_approval) for the admin's answer,
+    which comes after both the tool's timeout and the run's wall time would have passed — the
+    wait counts against the approval timeout only; the approval is kept for the next call; a
+    denial is an observation and the run goes on."""
+    report = _probe(tmp_path, "ask")
+    run = report["run"]
+    assert run["status"] == "succeeded", (run, report["tool_messages"])
+    first, second, third = report["tool_messages"]
+    assert "needed a person's approval" in first and "approved it" in first
+    assert "1.25" in second and "approval" not in second  # approved once, kept for the run
+    assert "http 403" in third and "denied by" in third and "not for this task" in third
+    seen = report["approvals_seen"]
+    assert [(s["kind"], s["subject"]) for s in seen] == [
+        ("egress", {"host": "shop.test", "port": 80}),
+        ("egress", {"host": "nope.test", "port": 80}),
+    ]
+    assert all(s["run_status"] == "waiting_approval" for s in seen)
+    assert sorted(a["status"] for a in report["approvals"]) == ["approved", "denied"]
+    events = parse_sse(report["events_text"])
+    kinds = [e["event"] for e in events]
+    assert kinds.count("approval.requested") == 2 and kinds.count("approval.decided") == 2
+    run_audit = [r["action"] for r in report["audit"] if r["actor"] == f"run:{run['id']}"]
+    assert run_audit.count("run.approval.requested") == 2
+    egress = [r for r in report["audit"] if r["action"].startswith("egress.")]
+    assert any("approved by" in (r["reason"] or "") for r in egress)
+    assert report["sandboxes_after"] == [] and report["sb_dirs_after"] == []

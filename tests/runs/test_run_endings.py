@@ -193,3 +193,39 @@ async def test_an_unanswered_approval_times_out_separately(run_plane) -> None:
         run, _ = await _approval_run(run_plane, model, "silent", None, timeout="2s")
     assert run["status"] == "failed" and run["reason"].startswith("approval_timeout")
     _no_sandbox(run_plane.cp)
+
+
+async def test_outbound_approval_above_a_size_asks_only_past_it(run_plane) -> None:
+    """`approval: 10B`: the small file leaves freely; the one that brings the run's output past
+    10 bytes waits for a person."""
+    plane, cp = run_plane, run_plane.cp
+    policy = {
+        **POLICY,
+        "name": "ask-above",
+        "data": {"outbound": {"max_bytes": "1MB", "types": ["txt"], "approval": "10B"}},
+    }
+    write = "printf 'hi' > out/a.txt && printf '%020d' 0 > out/b.txt"
+    turns = [{"tool_calls": [{"name": "shell", "arguments": {"command": write}}]}]
+    with ScriptedModelServerForTests([*turns, {"content": "done"}]) as model:
+        async with plane.client(plane.admin_token) as admin:
+            agent = await make_agent(admin, "above", model.base_url, policy)
+            run_id = await _start(admin, agent)
+            asked: list = []
+            for _ in range(600):
+                asked = [
+                    a for a in (await admin.get("/v1/approvals")).json() if a["run_id"] == run_id
+                ]
+                if asked:
+                    break
+                await asyncio.sleep(0.1)
+            assert [a["subject"]["name"] for a in asked] == ["b.txt"]
+            assert asked[0]["subject"]["size"] == 20
+            got = await admin.post(f"/v1/approvals/{asked[0]['id']}", json={"decision": "approve"})
+            assert got.status_code == 200, got.text
+            run = await wait_end(admin, run_id)
+            arts = (await admin.get(f"/v1/runs/{run_id}/artifacts")).json()
+            every = (await admin.get("/v1/approvals", params={"pending": False})).json()
+    assert run["status"] == "succeeded", run
+    assert sorted(a["name"] for a in arts) == ["a.txt", "b.txt"]
+    assert [a["status"] for a in every if a["run_id"] == run_id] == ["approved"]
+    _no_sandbox(cp)

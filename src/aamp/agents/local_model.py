@@ -472,9 +472,7 @@ class LocalModelServer:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="aamp model", description=__doc__.split("\n\n")[0]
-    )
+    p = argparse.ArgumentParser(prog="aamp model", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("path", help="print the GGUF file of the installed model package")
     s = sub.add_parser("serve", help="serve the model on a loopback address (foreground)")

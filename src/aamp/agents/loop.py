@@ -18,14 +18,21 @@ import hashlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from aamp.agents.definition import AgentDefinition
 from aamp.agents.model import ModelClient
-from aamp.agents.sandbox_tools import Observation, SandboxTools
+from aamp.agents.sandbox_tools import Observation
 from aamp.agents.tools import ToolSet, truncate
 
 Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
+
+
+class ToolExecutor(Protocol):
+    """Runs one checked tool call (`aamp.agents.sandbox_tools.SandboxTools`, or a wrapper)."""
+
+    async def run(self, name: str, args: dict[str, Any]) -> Observation: ...
+
 
 TASK_TEMPLATE = """{task}
 
@@ -60,7 +67,7 @@ async def run_loop(
     inputs: list[str],
     model: ModelClient,
     tools: ToolSet,
-    executor: SandboxTools,
+    executor: ToolExecutor,
     emit: Emit,
 ) -> LoopOutcome:
     limits = definition.limits

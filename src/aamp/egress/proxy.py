@@ -10,8 +10,9 @@ reach. Two kinds of request are served:
   through the parser; a large body between them (Content-Length, a big chunk, or until close)
   is moved by splice(2) (`splice.py`), its length and the byte cap still enforced here.
 
-For each attempt: parse strictly → `EgressRules.decide(host, port)` → resolve once on the host
-→ `check_address` on every resolved address → connect to an address that passed (never a
+For each attempt: parse strictly → `EgressRules.decide(host, port)` (a `default: ask`
+destination is put to a person first, see `approvals.py`) → resolve once on the host →
+`check_address` on every resolved address → connect to an address that passed (never a
 second lookup) → relay, counting bytes each way → one `EgressEvent` to the sink. A refusal is
 an HTTP response: 403 for policy (body and `X-Aamp-Egress-Rule` name the rule), 400 for a
 malformed request, 408 for a client too slow to send its header, 414/431 for an over-long
@@ -53,6 +54,7 @@ from pathlib import Path
 
 from aamp.egress import splice
 from aamp.egress.addresses import IPAddress
+from aamp.egress.approvals import EgressApprovals
 from aamp.egress.ca import InstallationCA
 from aamp.egress.intercept import (
     CREDENTIAL_RULE,
@@ -293,6 +295,8 @@ class EgressProxy:
         self._ids = itertools.count(1)
         self._counters = _Counters()
         self.ledger_failures = 0
+        # `default: ask` destinations; a run sets `approvals.approver` to put them to a person.
+        self.approvals = EgressApprovals()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -318,6 +322,7 @@ class EgressProxy:
             task.cancel()
         if self._connections:
             await asyncio.gather(*self._connections, return_exceptions=True)
+        await self.approvals.close()
         await self.flush()
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
@@ -630,7 +635,7 @@ class EgressProxy:
 
     # -- deciding and connecting -----------------------------------------------------------
 
-    def _judge(self, host: Host, port: int, attempt: _Attempt) -> Decision:
+    async def _judge(self, host: Host, port: int, attempt: _Attempt) -> Decision:
         attempt.host, attempt.port = str(host), port
         cap = self._rules.max_bytes_out
         if cap is not None and self._counters.bytes_up >= cap:
@@ -638,7 +643,9 @@ class EgressProxy:
                 False, MAX_BYTES_RULE, f"this sandbox has sent its {cap} bytes allowed"
             )
         else:
-            attempt.decision = self._rules.decide(host, port)
+            attempt.decision = await self.approvals.judge(
+                self._rules.decide(host, port), host, port
+            )
         if not attempt.decision.allowed:
             raise _Refusal(403, attempt.decision.rule, attempt.decision.reason)
         return attempt.decision
@@ -745,7 +752,7 @@ class EgressProxy:
         host, port = self._authority(head.target, None)
         attempt.host, attempt.port = str(host), port
         self._check_host_header(head, host, port, port)
-        decision = self._judge(host, port, attempt)
+        decision = await self._judge(host, port, attempt)
         addresses = await self._addresses(host, decision, attempt)
         service = self._service_for(host, port)
         if service is not None:
@@ -972,7 +979,7 @@ class EgressProxy:
         expect = head.get("expect")
         if expect is not None and expect.lower() != "100-continue":
             raise _Refusal(417, "client: expectation", "only Expect: 100-continue is supported")
-        decision = self._judge(host, port, attempt)
+        decision = await self._judge(host, port, attempt)
         service = self._service_for(host, port)
         if tunnel is not None and (service is None or service.name != tunnel.service):
             raise _Refusal(

@@ -14,7 +14,9 @@ canonical spelling, so that no two spellings of one place can be judged differen
 
 Rules are `host`, `*.suffix` or an IP (`10.0.0.5`, `[fd00::1]`), each with an optional `:port`.
 Order of judgement: deny rules (first match), then allow rules (first match), then — for an
-IP literal no rule named — refusal, then `default`. Deny beats allow.
+IP literal no rule named — refusal, then `default`. Deny beats allow. `default: ask` refuses
+like `block` but marks the decision `ask`: the proxy may then put the destination to a person
+(see `EgressProxy`'s approver); an approved destination is still only a public address.
 
 Wildcards and the bare suffix: an *allow* rule `*.corp.example` matches any name below
 `corp.example` (any depth) but not `corp.example` itself; a *deny* rule `*.pastebin.com` matches
@@ -41,7 +43,8 @@ from aamp.egress.addresses import IPAddress, NotAnAddress, classify, parse_ip_li
 if TYPE_CHECKING:
     from aamp.policy.model import EgressPolicy
 
-Default = Literal["allow", "block"]
+Default = Literal["allow", "block", "ask"]
+DEFAULTS = ("block", "allow", "ask")
 _MAX_NAME = 253
 _MAX_LABEL = 63
 _ASCII_HOST_RE = re.compile(r"^[a-z0-9._-]+$")
@@ -232,12 +235,14 @@ class HostPattern:
 class Decision:
     """What `decide` concluded: `rule` names exactly what decided (e.g. `deny[0] *.pastebin.com`,
     `default: block`), `reason` says it in words. `exact` is true when an allow rule names this
-    exact host or IP, which is what lets it reach non-public addresses."""
+    exact host or IP, which is what lets it reach non-public addresses. `ask` is true when the
+    refusal came from `default: ask`: a person may still approve this destination."""
 
     allowed: bool
     rule: str
     reason: str
     exact: bool = False
+    ask: bool = False
 
 
 @dataclass(frozen=True)
@@ -258,8 +263,8 @@ class EgressRules:
         max_bytes_out: int | None = None,
     ) -> EgressRules:
         """Build from rule text; raises `HostError` naming the list and index that is wrong."""
-        if default not in ("allow", "block"):
-            raise HostError(f"default must be 'allow' or 'block', got {default!r}")
+        if default not in DEFAULTS:
+            raise HostError(f"default must be one of {', '.join(DEFAULTS)}; got {default!r}")
         parsed: dict[str, list[HostPattern]] = {"allow": [], "deny": []}
         for list_name, items in (("allow", allow), ("deny", deny)):
             for index, text in enumerate(items):
@@ -298,6 +303,10 @@ class EgressRules:
             )
         if self.default == "allow":
             return Decision(True, "default: allow", f"{where} matches no rule; default is allow")
+        if self.default == "ask":
+            return Decision(
+                False, "default: ask", f"{where} matches no rule; default is ask", ask=True
+            )
         return Decision(False, "default: block", f"{where} matches no rule; default is block")
 
     def check_address(self, decision: Decision, host: str, address: IPAddress) -> Decision:

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import yaml
 
-from aamp.egress.rules import HostError, HostPattern
+from aamp.egress.rules import DEFAULTS, HostError, HostPattern
 from aamp.policy.units import parse_duration, parse_size
 from aamp.sandbox.driver import Resources
 
@@ -51,7 +51,7 @@ class PolicyError(ValueError):
 
 @dataclass(frozen=True)
 class EgressPolicy:
-    default: Literal["allow", "block"] = "block"
+    default: Literal["allow", "block", "ask"] = "block"
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
     max_bytes_out: int | None = None
@@ -59,9 +59,19 @@ class EgressPolicy:
 
 @dataclass(frozen=True)
 class DataRule:
+    """`approval_over` (outbound only) is where a person must start approving: each file that
+    brings the run's output above that many bytes waits for approval. `approval: true` is 0
+    (every file), `approval: 5MB` is 5,000,000, `approval: false` is None (never)."""
+
     max_bytes: int
     types: tuple[str, ...]
-    approval: bool = False
+    approval_over: int | None = None
+
+    def needs_approval(self, total_after: int) -> bool:
+        """Whether a file that brings the run's output to `total_after` bytes must be approved."""
+        if self.approval_over is None:
+            return False
+        return self.approval_over == 0 or total_after > self.approval_over
 
 
 @dataclass(frozen=True)
@@ -210,8 +220,8 @@ def _check_regex(regex: re.Pattern[str], what: str) -> Callable[[str], str | Non
 def _parse_egress(r: _Reader, raw: object) -> EgressPolicy:
     m = r.mapping(raw, "egress", ("default", "allow", "deny", "max_bytes_out"))
     default = m.get("default", "block")
-    if default not in ("allow", "block"):
-        r.fail("egress.default", f"must be 'block' or 'allow', got {default!r}")
+    if default not in DEFAULTS:
+        r.fail("egress.default", f"must be one of {', '.join(DEFAULTS)}; got {default!r}")
         default = "block"
     allow = r.string_list(m.get("allow", []), "egress.allow", _check_rule)
     deny = r.string_list(m.get("deny", []), "egress.deny", _check_rule)
@@ -234,11 +244,24 @@ def _parse_data_rule(r: _Reader, raw: object, path: str, default: DataRule) -> D
         f"{path}.types",
         _check_regex(FILE_TYPE_RE, "file type"),
     )
-    approval = m.get("approval", default.approval)
-    if not isinstance(approval, bool):
-        r.fail(f"{path}.approval", f"expected true or false, got {approval!r}")
-        approval = True
-    return DataRule(max_bytes, types, approval)
+    over = default.approval_over
+    if "approval" in m:
+        over = r.convert(m["approval"], f"{path}.approval", _approval_threshold, 0)
+    return DataRule(max_bytes, types, over)
+
+
+def _approval_threshold(value: object) -> int | None:
+    """`approval:` is true (every file), false (never) or a size (above it)."""
+    if value is True:
+        return 0
+    if value is False:
+        return None
+    if not isinstance(value, int | str) or isinstance(value, bool):
+        raise ValueError(f"expected true, false or a size such as 5MB, got {value!r}")
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise ValueError(f"expected true, false or a size such as 5MB: {exc}") from None
 
 
 def _parse_data(r: _Reader, raw: object) -> DataPolicy:

@@ -2,10 +2,12 @@
 
 One asyncio task per run. Its life: queued → running (sandbox made from the agent's policy,
 inputs copied into /workspace/in) → the loop (`aamp.agents.loop`) under the wall-time limit →
-artifacts from /workspace/out (checked against `data.outbound`; with `approval: true` each
-waits for a person, under the separate approval timeout, during which the run is
+artifacts from /workspace/out (checked against `data.outbound`; above its `approval` size
+each waits for a person, under the separate approval timeout, during which the run is
 `waiting_approval`) → succeeded | failed | cancelled | timed_out. Whatever the ending, the
 sandbox is destroyed, pending approvals are closed, and a final `run.finished` step is stored.
+With `egress.default: ask` the sandbox's proxy asks the same people about destinations outside
+the rules (`_egress_approver`); the run pauses, its wall clock stopped (`aamp.runs.waiting`).
 
 Steps go through `aamp.runs.steps.StepLog` (stored, audited, announced). At start-up
 `recover()` ends, as failed with the reason, every run an earlier process left unfinished
@@ -32,12 +34,14 @@ from aamp.agents.sandbox_tools import SandboxTools, _guest_json
 from aamp.agents.tools import ToolSet
 from aamp.audit.record import AuditSink
 from aamp.config import Settings
+from aamp.egress.approvals import Answer, Approver
 from aamp.identity.errors import Conflict, NotFound
 from aamp.policy import Policy
 from aamp.runs import artifacts as art
 from aamp.runs.bus import EventBus
 from aamp.runs.steps import StepLog
 from aamp.runs.store import RunEvent, RunInfo, RunStore
+from aamp.runs.waiting import ApprovalGate, LiveRun
 from aamp.sandbox.channel import ChannelError
 from aamp.sandbox.manager import CreateRequest, SandboxError, SandboxManager, UnknownSandbox
 from aamp.store import Store
@@ -90,7 +94,8 @@ class RunService:
         self.model_backoff = model_backoff
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancel_reasons: dict[str, tuple[str, str]] = {}
-        self._approvals: dict[str, asyncio.Future[tuple[str, str]]] = {}
+        self._approvals: dict[str, asyncio.Future[Answer]] = {}
+        self._live: dict[str, LiveRun] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -124,6 +129,7 @@ class RunService:
 
     def start(self, request: RunRequest) -> None:
         run_id = request.run.id
+        self._live[run_id] = LiveRun()
         self._tasks[run_id] = asyncio.get_running_loop().create_task(
             self._execute(request), name=f"run-{run_id}"
         )
@@ -166,37 +172,78 @@ class RunService:
         )
         future = self._approvals.get(approval_id)
         if future is not None and not future.done():
-            future.set_result((status, by))
+            future.set_result(Answer(status, by, note))
         return decided
+
+    async def _question(
+        self, run_id: str, kind: str, subject: dict[str, Any], timeout: int
+    ) -> tuple[str, Answer]:
+        """Put one question to the people who may answer it and pause the run until the
+        answer (approved, denied, or expired after `timeout` seconds); returns its id and
+        the answer."""
+        asked = await self.store.run(lambda: self.runs.request_approval(run_id, kind, subject))
+        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        self._approvals[asked["id"]] = future
+        live = self._live.get(run_id)
+        if live is not None:
+            await self._pause(run_id, live)
+        try:
+            await self.emit(
+                run_id,
+                "approval.requested",
+                {"approval": asked["id"], "kind": kind, "subject": subject, "timeout": timeout},
+            )
+            try:
+                answer = await asyncio.wait_for(future, timeout)
+            except TimeoutError:
+                with contextlib.suppress(Conflict):
+                    await self.store.run(lambda: self.runs.decide(asked["id"], "expired", "system"))
+                await self.emit(
+                    run_id, "approval.decided", {"approval": asked["id"], "status": "expired"}
+                )
+                answer = Answer("expired", "nobody")
+        finally:
+            self._approvals.pop(asked["id"], None)
+            if live is not None:
+                live.waiting -= 1
+        if live is not None and live.waiting == 0:
+            live.resume()
+            with contextlib.suppress(Conflict):
+                await self.store.run(lambda: self.runs.update(run_id, status="running"))
+        return asked["id"], answer
+
+    async def _pause(self, run_id: str, live: LiveRun) -> None:
+        live.waiting += 1
+        if live.waiting == 1:
+            live.pause()
+            with contextlib.suppress(Conflict):
+                await self.store.run(lambda: self.runs.update(run_id, status="waiting_approval"))
 
     async def _ask(self, run_id: str, kind: str, subject: dict[str, Any], timeout: int) -> None:
         """Pause the run until a person answers; raises `ApprovalRefused` unless approved."""
-        asked = await self.store.run(lambda: self.runs.request_approval(run_id, kind, subject))
-        future: asyncio.Future[tuple[str, str]] = asyncio.get_running_loop().create_future()
-        self._approvals[asked["id"]] = future
-        await self.store.run(lambda: self.runs.update(run_id, status="waiting_approval"))
-        await self.emit(
-            run_id,
-            "approval.requested",
-            {"approval": asked["id"], "kind": kind, "subject": subject, "timeout": timeout},
-        )
-        try:
-            status, by = await asyncio.wait_for(future, timeout)
-        except TimeoutError:
-            with contextlib.suppress(Conflict):
-                await self.store.run(lambda: self.runs.decide(asked["id"], "expired", "system"))
-            await self.emit(
-                run_id, "approval.decided", {"approval": asked["id"], "status": "expired"}
-            )
+        approval_id, answer = await self._question(run_id, kind, subject, timeout)
+        if answer.status == "expired":
             raise ApprovalRefused(
-                f"approval_timeout: nobody answered approval {asked['id']} ({kind}) "
+                f"approval_timeout: nobody answered approval {approval_id} ({kind}) "
                 f"within {timeout} s"
-            ) from None
-        finally:
-            self._approvals.pop(asked["id"], None)
-        if status != "approved":
-            raise ApprovalRefused(f"{kind}: {by} denied approval {asked['id']}")
-        await self.store.run(lambda: self.runs.update(run_id, status="running"))
+            )
+        if answer.status != "approved":
+            raise ApprovalRefused(f"{kind}: {answer.by} denied approval {approval_id}")
+
+    def _egress_approver(self, run_id: str, timeout: int) -> Approver:
+        """Answers the run's sandbox's `default: ask` destinations by asking a person. A
+        denial or no answer refuses the connection (the agent sees why); the run goes on."""
+
+        async def approve(host: str, port: int) -> Answer:
+            live = self._live.get(run_id)
+            task = asyncio.current_task()
+            if live is not None and task is not None:
+                live.questions.append((f"{host}:{port}", task))
+            subject = {"host": host, "port": port}
+            _, answer = await self._question(run_id, "egress", subject, timeout)
+            return answer
+
+        return approve
 
     # -- one run -----------------------------------------------------------------------------
 
@@ -222,10 +269,17 @@ class RunService:
             api_key = await self._api_key(run_id, d)
             model = ModelClient(d.model, api_key, backoff_base=self.model_backoff)
             tools = ToolSet.build(d.tools, {n: u for n, u in req.services.items()})
-            executor = SandboxTools(
-                lambda: self.manager.use(sandbox_id),  # type: ignore[arg-type]
-                {f"service_{n.replace('-', '_')}": u for n, u in req.services.items()},
-                d.limits.tool_timeout_seconds,
+            live = self._live[run_id]
+            asking = d.limits.approval_timeout_seconds
+            self.manager.set_egress_approver(sandbox_id, self._egress_approver(run_id, asking))
+            executor = ApprovalGate(
+                SandboxTools(
+                    lambda: self.manager.use(sandbox_id),  # type: ignore[arg-type]
+                    {f"service_{n.replace('-', '_')}": u for n, u in req.services.items()},
+                    d.limits.tool_timeout_seconds,
+                ),
+                live,
+                asking,
             )
 
             async def emit(type_: str, data: dict[str, Any]) -> None:
@@ -234,9 +288,14 @@ class RunService:
             wall = asyncio.timeout(d.limits.wall_time_seconds)
             try:
                 async with wall:
-                    outcome = await run_loop(
-                        d, req.run.task, [n for n, _ in req.inputs], model, tools, executor, emit
-                    )
+                    live.wall = wall  # stopped while the run waits for a person
+                    try:
+                        inputs = [n for n, _ in req.inputs]
+                        outcome = await run_loop(
+                            d, req.run.task, inputs, model, tools, executor, emit
+                        )
+                    finally:
+                        live.wall = None
             except TimeoutError:
                 if not wall.expired():
                     raise
@@ -292,6 +351,7 @@ class RunService:
             )
         finally:
             self._tasks.pop(run_id, None)
+            self._live.pop(run_id, None)
             self._cancel_reasons.pop(run_id, None)
 
     async def _api_key(self, run_id: str, d: AgentDefinition) -> str | None:
@@ -344,7 +404,7 @@ class RunService:
                 )
                 continue
             subject = {"name": candidate.name, "size": size, "sha256": sha}
-            if rule.approval:
+            if rule.needs_approval(used + size):
                 await self._ask(
                     run_id, "data.outbound", subject, req.definition.limits.approval_timeout_seconds
                 )

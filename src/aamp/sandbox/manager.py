@@ -34,6 +34,7 @@ from typing import Any
 
 from aamp.audit.record import AuditSink
 from aamp.config import Settings
+from aamp.egress.approvals import Approver
 from aamp.egress.ca import InstallationCA
 from aamp.egress.ledger import EgressEvent, EgressSink
 from aamp.egress.proxy import EgressProxy
@@ -455,6 +456,11 @@ class SandboxManager:
         proxy.update_rules(rules)
         if services is not None:
             proxy.update_services(services)
+
+    def set_egress_approver(self, sandbox_id: str, approver: Approver | None) -> None:
+        """Who answers this sandbox's `egress.default: ask` destinations (a run puts them to
+        a person); with none they are refused."""
+        self.get(sandbox_id).egress.approvals.approver = approver
 
     def pool_status(self) -> dict[str, int]:
         return {image: len(pool) for image, pool in self._pools.items()}
