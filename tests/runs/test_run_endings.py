@@ -10,6 +10,8 @@ import asyncio
 from run_helpers import make_agent, parse_sse, wait_end
 from scripted_model import ScriptedModelServerForTests
 
+from aamp.runs.service import artifacts_dir
+
 POLICY = {
     "name": "closed",
     "image": "base",
@@ -185,6 +187,8 @@ async def test_a_denied_approval_fails_the_run(run_plane) -> None:
         run, arts = await _approval_run(run_plane, model, "denied", "deny")
     assert run["status"] == "failed" and "user:ed-denied denied approval" in run["reason"]
     assert arts == []
+    kept = artifacts_dir(run_plane.cp.settings, run["id"])
+    assert not kept.exists() or list(kept.iterdir()) == []  # denied data is not kept
     _no_sandbox(run_plane.cp)
 
 
@@ -192,6 +196,8 @@ async def test_an_unanswered_approval_times_out_separately(run_plane) -> None:
     with ScriptedModelServerForTests([WRITE, {"content": "done"}]) as model:
         run, _ = await _approval_run(run_plane, model, "silent", None, timeout="2s")
     assert run["status"] == "failed" and run["reason"].startswith("approval_timeout")
+    kept = artifacts_dir(run_plane.cp.settings, run["id"])
+    assert not kept.exists() or list(kept.iterdir()) == []
     _no_sandbox(run_plane.cp)
 
 

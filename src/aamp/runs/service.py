@@ -389,12 +389,13 @@ class RunService:
         found = art.candidates(answer.get("entries") if answer else None)
         refused: list[str] = []
         used = 0
+        kept: set[str] = set()  # content hashes of registered artifacts
         dest = artifacts_dir(self.settings, run_id)
         for candidate in found:
             try:
                 art.check(candidate, rule, used)
                 async with self.manager.use(sandbox_id) as channel:
-                    _, size, sha = await art.copy_out(
+                    path, size, sha = await art.copy_out(
                         channel, candidate, dest, rule.max_bytes - used
                     )
             except art.ArtifactRefused as exc:
@@ -405,9 +406,14 @@ class RunService:
                 continue
             subject = {"name": candidate.name, "size": size, "sha256": sha}
             if rule.needs_approval(used + size):
-                await self._ask(
-                    run_id, "data.outbound", subject, req.definition.limits.approval_timeout_seconds
-                )
+                timeout = req.definition.limits.approval_timeout_seconds
+                try:
+                    await self._ask(run_id, "data.outbound", subject, timeout)
+                except BaseException:
+                    if sha not in kept:  # data nobody approved does not stay on the host
+                        path.unlink(missing_ok=True)
+                    raise
+            kept.add(sha)
             used += size
             await self.store.run(self.runs.add_artifact, run_id, candidate.name, size, sha)
             await self.emit(run_id, "artifact", subject)
