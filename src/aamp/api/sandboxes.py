@@ -9,6 +9,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
@@ -383,15 +384,21 @@ def router() -> APIRouter:
                     held = chunk
                 complete = True
             finally:
-                await use.__aexit__(None, None, None)
-                total = sent + (len(held) if held else 0)
-                await _audit(
-                    request,
-                    "sandbox.file_out",
-                    sandbox_id,
-                    {"path": guest_path, "size": total, "sha256": digest.hexdigest()},
-                    decision="allow" if complete else "error",
-                )
+                # A client that went away cancels this body at each of its awaits (Starlette
+                # runs it in a cancelled task group), so the clean-up is shielded: drop the guest
+                # connection (else it stays open, the guest blocked sending the rest), give the
+                # sandbox back, and record the transfer — an abandoned download is on record too.
+                with anyio.CancelScope(shield=True):
+                    await stream.aclose()
+                    await use.__aexit__(None, None, None)
+                    total = sent + (len(held) if held else 0)
+                    await _audit(
+                        request,
+                        "sandbox.file_out",
+                        sandbox_id,
+                        {"path": guest_path, "size": total, "sha256": digest.hexdigest()},
+                        decision="allow" if complete else "error",
+                    )
             if held is not None:
                 yield held
 

@@ -1,0 +1,198 @@
+"""A download the client abandons must not keep its sandbox busy.
+
+`GET /v1/sandboxes/{id}/files` borrows the sandbox (`manager.use`) for as long as the file
+streams out; while borrowed the sandbox never idle-expires. A client that goes away — before the
+first byte, right after the headers, or half-way through a 100 MiB body — must give the sandbox
+back at once, so that `lifetime.idle` still destroys it and nothing of it remains.
+
+Only a real server shows this: an in-process ASGI client never disconnects early, so these
+tests run uvicorn on 127.0.0.1 (in this event loop, so the manager can be inspected) and talk
+to it through raw TCP sockets that they close at the chosen moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import uvicorn
+
+from aamp.api.app import create_app
+from aamp.api.context import ControlPlane
+from aamp.config import Settings
+from aamp.sandbox import procs
+from aamp.sandbox.gvisor import GVisorDriver
+from aamp.server import build_control_plane
+
+pytestmark = [pytest.mark.usefixtures("base_image"), pytest.mark.timeout(120)]
+
+ADMIN_PASSWORD = "admin-password-for-tests"
+IDLE_SECONDS = 3
+BIG_MIB = 100
+POLICY = f"""\
+name: download-abandoned
+image: base
+lifetime: {{ttl: 10m, idle: {IDLE_SECONDS}s}}
+"""
+
+
+@dataclass
+class LivePlane:
+    cp: ControlPlane
+    port: int
+    token: str
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{self.port}",
+            headers={"authorization": f"Bearer {self.token}"},
+            timeout=120,
+        )
+
+
+@pytest.fixture
+async def live(settings: Settings) -> AsyncIterator[LivePlane]:
+    """The real control plane served by uvicorn on a loopback port of its own."""
+    env = {**settings.env, "AAMP_ADMIN_PASSWORD": ADMIN_PASSWORD}
+    s = Settings.from_env(env)
+    cp, _ = build_control_plane(s, {"gvisor": GVisorDriver(s.runtime_dir)})
+    cp.manager.tick = 0.1
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        create_app(cp), host="127.0.0.1", port=port, log_level="warning", lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert not task.done(), "the server stopped while starting"
+            assert time.monotonic() < deadline, "the server did not start within 30 s"
+            await asyncio.sleep(0.05)
+        yield LivePlane(cp, port, s.cli_token_path.read_text().strip())
+    finally:
+        server.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 30)
+        sock.close()
+        cp.store.close()
+
+
+async def _sandbox_with_big_file(live: LivePlane) -> str:
+    async with live.client() as c:
+        r = await c.post("/v1/sandboxes", json={"policy_document": POLICY})
+        assert r.status_code == 201, r.text
+        sandbox_id = r.json()["id"]
+        assert r.json()["idle_seconds"] == IDLE_SECONDS
+        script = f"head -c {BIG_MIB}M /dev/zero > /workspace/big.bin"
+        r = await c.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"argv": ["sh", "-c", script]})
+        assert r.status_code == 200, r.text
+        assert r.text.splitlines()[-1].startswith('{"exit_code":0'), r.text
+    return sandbox_id
+
+
+def _request(live: LivePlane, sandbox_id: str) -> bytes:
+    return (
+        f"GET /v1/sandboxes/{sandbox_id}/files?path=big.bin HTTP/1.1\r\n"
+        f"Host: 127.0.0.1:{live.port}\r\n"
+        f"Authorization: Bearer {live.token}\r\n"
+        "Connection: keep-alive\r\n\r\n"
+    ).encode()
+
+
+async def _abandon(live: LivePlane, sandbox_id: str, when: str) -> int:
+    """Start a download over a raw socket and drop it at `when`; the body bytes read."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", live.port)
+    sock = writer.get_extra_info("socket")
+    writer.write(_request(live, sandbox_id))
+    await writer.drain()
+    got = 0
+    if when in ("headers", "mid-body"):
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        assert head.startswith(b"HTTP/1.1 200"), head[:200]
+        assert f"content-length: {BIG_MIB * 1024 * 1024}".encode() in head.lower()
+    if when == "mid-body":
+        while got < 8 * 1024 * 1024:
+            chunk = await asyncio.wait_for(reader.read(1 << 16), 30)
+            assert chunk, "the server ended the body early"
+            got += len(chunk)
+    if when == "reset":
+        # RST instead of FIN: the server's next read fails instead of seeing end-of-file.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return got
+
+
+async def _wait_for(predicate, seconds: float) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(0.05)
+    return predicate()
+
+
+def _runsc_pids(settings: Settings, sandbox_id: str) -> list[int]:
+    return procs.pids_matching(f"--root={settings.runtime_dir}/runsc", sandbox_id)
+
+
+@pytest.mark.parametrize("when", ["at-once", "reset", "headers", "mid-body"])
+async def test_abandoned_download_frees_the_sandbox_and_idle_expires(
+    live: LivePlane, when: str
+) -> None:
+    manager = live.cp.manager
+    settings = live.cp.settings
+    sandbox_id = await _sandbox_with_big_file(live)
+    sandbox = manager.get(sandbox_id)
+    assert _runsc_pids(settings, sandbox_id), "no runsc process for a live sandbox"
+
+    # Three downloads dropped at the same point: each must give the sandbox back.
+    for _ in range(3):
+        await _abandon(live, sandbox_id, when)
+    freed = await _wait_for(lambda: sandbox.active_uses == 0, 5)
+    assert freed, f"sandbox still busy ({sandbox.active_uses} uses) after abandoned downloads"
+
+    # The guest connections that carried them are closed too, not left open with the guest
+    # agent blocked sending the rest (the channel allows only so many).
+    open_conns = await _wait_for(lambda: not sandbox.channel._active, 5)
+    assert open_conns, f"{len(sandbox.channel._active)} guest connections left open"
+
+    # Still usable: a complete download of the same file gives every byte.
+    path = f"/v1/sandboxes/{sandbox_id}/files?path=big.bin"
+    async with live.client() as c, c.stream("GET", path) as r:
+        assert r.status_code == 200
+        total = 0
+        async for chunk in r.aiter_raw():
+            assert chunk.count(0) == len(chunk)
+            total += len(chunk)
+    assert total == BIG_MIB * 1024 * 1024
+    assert sandbox.active_uses == 0
+
+    # Nobody uses it now: `lifetime.idle` destroys it, and its processes go with it.
+    gone = await _wait_for(
+        lambda: sandbox_id not in {s.id for s in manager.list()}, IDLE_SECONDS + 10
+    )
+    assert gone, f"sandbox not idle-expired (active_uses={sandbox.active_uses})"
+    assert await _wait_for(lambda: not _runsc_pids(settings, sandbox_id), 10), "runsc left behind"
+    assert not (settings.runtime_dir / "sb" / sandbox_id).exists()
+    async with live.client() as c:
+        r = await c.get("/v1/audit", params={"resource": f"sandbox:{sandbox_id}", "limit": 1000})
+    assert r.status_code == 200, r.text
+    records = r.json()["records"]
+    destroyed = [x["reason"] for x in records if x["action"] == "sandbox.destroy"]
+    assert destroyed == ["idle"]
+    # Each abandoned download is on record as an incomplete transfer.
+    failed = [x for x in records if x["action"] == "sandbox.file_out" and x["decision"] == "error"]
+    assert len(failed) == 3, [(x["action"], x["decision"]) for x in records]
