@@ -16,8 +16,19 @@ Tasks whose image (docs, browser) is not built are reported as skipped.
 
 `--scripted-overhead N` measures only the control plane: the scripted test double from
 tests/agents replays N cheap tool calls, so model time is ~0 and the figure is the overhead
-per step. Its success is not an eval result. (The first SSE event's latency is not measured
-here: the in-process ASGI transport delivers a streamed response only when it ends.)
+per step (p50, p95). Its success is not an eval result. It then measures how soon a run's
+steps reach a live SSE client, over real HTTP: the same control plane is served by uvicorn on
+a loopback port and a client in its own thread (sync httpx, not sharing the server's event
+loop) makes `--sse-runs` runs one after another, each time POSTing the run and at once
+opening `GET /v1/runs/{id}/events`. Two figures, median and p95:
+
+- first event after POST: from the POST's response reaching the client to the client
+  receiving the run's first event (`run.queued`, stored before the POST answers) — connect,
+  authenticate, first read of the step log;
+- run.started, live: from the `run.started` step being stored (its stored `at` timestamp,
+  this host's clock) to the already connected client receiving it — the live path: store,
+  wake the reader, read, send. Sandbox start comes after this step, so it is not included.
+
 Figures are measured, never asserted.
 """
 
@@ -26,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import http.server
 import io
 import json
@@ -39,18 +51,20 @@ import tempfile
 import threading
 import time
 import zipfile
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
+import uvicorn
 
 from aamp.api.app import create_app
 from aamp.config import Settings
 from aamp.egress.resolver import StaticResolver
 from aamp.sandbox.gvisor import GVisorDriver
 from aamp.server import build_control_plane
+from aamp.store.timestamps import parse_time
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "agent_eval.json"
@@ -224,7 +238,7 @@ def _json(o: Outcome, name: str) -> Any:
         return None
 
 
-async def run_task(
+async def define_agent(
     c: httpx.AsyncClient,
     task: Task,
     base_url: str,
@@ -232,7 +246,8 @@ async def run_task(
     secret: str | None,
     n: int,
     max_steps: int = 12,
-) -> dict[str, Any]:
+) -> str:
+    """A published agent for `task` with its own policy; returns its id."""
     policy = {
         "name": f"eval-{n}",
         "image": task.image,
@@ -259,6 +274,19 @@ async def run_task(
     r = await c.put(f"/v1/agents/{agent}/draft", json=definition)
     r.raise_for_status()
     (await c.post(f"/v1/agents/{agent}/publish")).raise_for_status()
+    return str(agent)
+
+
+async def run_task(
+    c: httpx.AsyncClient,
+    task: Task,
+    base_url: str,
+    model: str,
+    secret: str | None,
+    n: int,
+    max_steps: int = 12,
+) -> dict[str, Any]:
+    agent = await define_agent(c, task, base_url, model, secret, n, max_steps)
     inputs = [
         {"name": k, "content_b64": base64.b64encode(v).decode()} for k, v in task.inputs.items()
     ]
@@ -298,6 +326,82 @@ async def run_task(
     }
 
 
+@contextlib.asynccontextmanager
+async def http_server(app: Any) -> AsyncIterator[str]:
+    """`app` served by uvicorn on a free loopback port in this event loop, bound as `aamp up`
+    binds (uvicorn opens the socket: asyncio then sets TCP_NODELAY on every connection; on a
+    socket made here with proto 0 it does not, and Nagle held each event ~40 ms for the
+    client's delayed ACK). Its lifespan is already running; yields the base URL."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="warning")
+    server = uvicorn.Server(config)
+    serving = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            if serving.done():
+                await serving  # raises why it stopped
+                raise RuntimeError("uvicorn stopped before it started")
+            await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await serving
+
+
+def sse_client(base: str, headers: dict[str, str], agent: str, runs: int) -> list[dict[str, Any]]:
+    """A real SSE client (runs in its own thread): `runs` runs one after another. Per run: ms
+    from the POST's answer to the first event, and the wall-clock time `run.started` arrived."""
+    seen = []
+    with httpx.Client(base_url=base, headers=headers, timeout=300) as c:
+        for _ in range(runs):
+            made = c.post(f"/v1/agents/{agent}/runs", json={"task": "latency probe"})
+            posted = time.monotonic()
+            made.raise_for_status()
+            run_id = made.json()["id"]
+            first: float | None = None
+            started: float | None = None
+            with c.stream("GET", f"/v1/runs/{run_id}/events") as stream:
+                for line in stream.iter_lines():
+                    if not line.startswith("event:"):
+                        continue
+                    kind = line.split(":", 1)[1].strip()
+                    if first is None:
+                        first = time.monotonic()
+                    if kind == "run.started":
+                        started = time.time()
+                    if kind == "run.finished":
+                        break
+            if first is None or started is None:
+                raise RuntimeError(f"run {run_id}: the stream ended without run.started")
+            seen.append({"run": run_id, "first_ms": (first - posted) * 1000, "started": started})
+    return seen
+
+
+async def sse_latency(cp: Any, app: Any, agent: str, headers: dict[str, str], runs: int) -> dict:
+    """The first-SSE-event figures (see the module docstring), measured over real HTTP."""
+    async with http_server(app) as base:
+        seen = await asyncio.to_thread(sse_client, base, headers, agent, runs)
+    live = []
+    for item in seen:
+        events = await cp.store.run(cp.runs.runs.events_after, item["run"], 0)
+        stored = next(e.at for e in events if e.type == "run.started")
+        live.append((item["started"] - parse_time(stored).timestamp()) * 1000)
+    first = sorted(item["first_ms"] for item in seen)
+    return {
+        "sse_runs": len(seen),
+        "sse_first_event_ms_p50": round(statistics.median(first), 3),
+        "sse_first_event_ms_p95": round(_p95(first), 3),
+        "sse_first_event_from": "POST /v1/agents/{id}/runs answered -> client gets run.queued",
+        "sse_run_started_ms_p50": round(statistics.median(live), 3),
+        "sse_run_started_ms_p95": round(_p95(sorted(live)), 3),
+        "sse_run_started_from": "run.started stored (its `at`) -> connected client receives it",
+    }
+
+
+def _p95(ordered: list[float]) -> float:
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     if os.geteuid() != 0 or shutil.which("runsc") is None:
         raise SystemExit("the eval runs real gVisor sandboxes: it needs root and runsc")
@@ -335,6 +439,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         wanted = set(args.tasks.split(","))
         chosen = [t for t in chosen if t.name in wanted]
     results = []
+    sse: dict[str, Any] = {}
     try:
         async with app.router.lifespan_context(app):
             headers = {"authorization": f"Bearer {token}"}
@@ -358,6 +463,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     steps = args.scripted_overhead + 1 if scripted else 12
                     results.append(await run_task(c, task, base_url, model, secret, n, steps))
                     print(_row(results[-1]), flush=True)
+                if scripted is not None and args.sse_runs > 0:
+                    # The script is used up: each of these runs answers at once and ends.
+                    probe = Task("sse_latency", "latency probe", lambda o: True)
+                    agent = await define_agent(c, probe, base_url, model, None, len(chosen))
+                    sse = await sse_latency(cp, app, agent, headers, args.sse_runs)
+                    print(_sse_row(sse), flush=True)
     finally:
         if scripted is not None:
             scripted.__exit__(None, None, None)
@@ -375,6 +486,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "success_rate": round(sum(r["success"] for r in ran) / len(ran), 3) if ran else None,
         "overhead_ms_p50": statistics.median(overheads) if overheads else None,
         "overhead_ms_p95": overheads[int(len(overheads) * 0.95)] if overheads else None,
+        **sse,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
     }
     return {"summary": summary, "results": results}
@@ -391,6 +503,16 @@ def _row(r: dict[str, Any]) -> str:
     )
 
 
+def _sse_row(sse: dict[str, Any]) -> str:
+    return (
+        f"sse over HTTP, {sse['sse_runs']} runs:\n"
+        f"  first event after POST  p50 {sse['sse_first_event_ms_p50']:7.2f} ms  "
+        f"p95 {sse['sse_first_event_ms_p95']:7.2f} ms  ({sse['sse_first_event_from']})\n"
+        f"  run.started, live       p50 {sse['sse_run_started_ms_p50']:7.2f} ms  "
+        f"p95 {sse['sse_run_started_ms_p95']:7.2f} ms  ({sse['sse_run_started_from']})"
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument(
@@ -400,6 +522,13 @@ def main() -> None:
     p.add_argument("--api-key-env", help="environment variable holding the endpoint's API key")
     p.add_argument("--tasks", help="comma-separated task names (default: all)")
     p.add_argument("--scripted-overhead", type=int, metavar="N", default=0)
+    p.add_argument(
+        "--sse-runs",
+        type=int,
+        default=10,
+        metavar="K",
+        help="with --scripted-overhead: runs for the first-SSE-event latency (0: skip)",
+    )
     p.add_argument("--json", type=Path, default=RESULTS)
     args = p.parse_args()
     if not args.base_url and not args.scripted_overhead:

@@ -34,6 +34,7 @@ RunId = Annotated[str, Path(min_length=1, max_length=32)]
 AgentId = Annotated[str, Path(min_length=1, max_length=32)]
 INPUT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._ -]{0,254}$")
 MAX_INPUTS = 100
+EVENTS_PAGE = 500  # steps per store read while streaming
 KEEPALIVE_SECONDS = 15.0
 
 
@@ -265,18 +266,20 @@ def router() -> APIRouter:
             nonlocal seq
             while True:
                 waiter = service.bus.waiter(run_id)
-                batch = await cp.store.run(store.events_after, run_id, seq)
+                batch = await cp.store.run(store.events_after, run_id, seq, EVENTS_PAGE)
                 for event in batch:
                     seq = event.seq
                     data = json.dumps(event.data, separators=(",", ":"))
                     yield f"id: {event.seq}\nevent: {event.type}\ndata: {data}\n\n".encode()
                 if any(e.type == "run.finished" for e in batch):
                     return
-                if batch:
-                    continue
-                run = await cp.store.run(store.get, run_id)
-                if run.finished and not service.live(run_id):
-                    return
+                if len(batch) == EVENTS_PAGE:
+                    continue  # a full page: more are stored already
+                # The waiter was taken before the read, so a step stored since wakes it at once.
+                if not batch:
+                    run = await cp.store.run(store.get, run_id)
+                    if run.finished and not service.live(run_id):
+                        return
                 if await request.is_disconnected():
                     return
                 if not await service.bus.wait(waiter, KEEPALIVE_SECONDS):

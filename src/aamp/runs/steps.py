@@ -1,10 +1,22 @@
-"""A run's step log: every step is stored first (the live stream reads the store), then
-audited, then announced to live readers — in that order, so that nothing a reader was shown
-can be missing from the store or the audit log after a crash.
+"""A run's step log: every step is audited first, then stored (the live stream reads the
+store), then announced to live readers — in that order, so that nothing a reader could see can
+be missing from the store or the audit log after a crash (kill -9 included).
+
+Why audit first: a reader sees a step as soon as it is stored (it polls the store, the bus
+only wakes it sooner), so storing first left a moment in which a client could receive a step
+the audit log had not yet made durable. Auditing first needs the step's number before it is
+stored; `StepLog` keeps the next number of each run it writes (only one process writes a live
+run's steps) and numbers a run's steps one at a time, so they are stored in order with no gap.
+A run it has not seen yet (a restart's `recover()`) starts from the store's newest step.
+
+A step whose audit record was written is then stored even if the caller is cancelled half-way
+(the write is shielded), so a cancelled run's next step never reuses the number.
 """
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass, field
 from typing import Any
 
 from aamp.audit.record import AuditSink
@@ -13,6 +25,7 @@ from aamp.runs.store import RunEvent, RunStore
 from aamp.store import Store
 
 AUDIT_TEXT_CHARS = 4000
+FINAL_STEP = "run.finished"
 
 
 def audit_details(type_: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -25,34 +38,59 @@ def audit_details(type_: str, data: dict[str, Any]) -> dict[str, Any]:
     return details
 
 
+def counts(type_: str, data: dict[str, Any]) -> tuple[int, int, int] | None:
+    """What a step adds to its run's counters (steps, prompt and completion tokens): a
+    `model.call` is one step with its tokens; other steps add nothing."""
+    if type_ != "model.call":
+        return None
+    return 1, int(data.get("prompt_tokens") or 0), int(data.get("completion_tokens") or 0)
+
+
+@dataclass
+class _Tail:
+    """The writing end of one run's step log in this process."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    next_seq: int | None = None  # None: ask the store
+    users: int = 0  # emits holding or waiting for the lock
+
+
 class StepLog:
     def __init__(self, store: Store, runs: RunStore, audit: AuditSink, bus: EventBus) -> None:
         self.store = store
         self.runs = runs
         self.audit = audit
         self.bus = bus
+        self._tails: dict[str, _Tail] = {}
 
     async def emit(self, run_id: str, type_: str, data: dict[str, Any]) -> RunEvent:
-        """Store a step, audit it, wake live readers. A `model.call` step also adds its
-        tokens to the run's counters."""
-        event = await self.store.run(self.runs.append_event, run_id, type_, data)
-        if type_ == "model.call":
-            await self.store.run(self._count, run_id, data)
-        await self.audit.record(
-            actor=f"run:{run_id}",
-            action=f"run.{type_}",
-            resource=f"run:{run_id}",
-            decision="info",
-            details={"seq": event.seq, **audit_details(type_, data)},
-        )
+        """Audit a step, store it, wake live readers; returns once all three are done. A
+        `model.call` step also adds its tokens to the run's counters (same transaction)."""
+        tail = self._tails.setdefault(run_id, _Tail())
+        tail.users += 1  # counted here, released by `_write`, which outlives a cancelled caller
+        return await asyncio.shield(self._write(run_id, tail, type_, data))
+
+    async def _write(self, run_id: str, tail: _Tail, type_: str, data: dict[str, Any]) -> RunEvent:
+        try:
+            async with tail.lock:
+                seq = tail.next_seq
+                if seq is None:
+                    seq = await self.store.run(self.runs.last_seq, run_id) + 1
+                tail.next_seq = None  # until this step is stored: on failure, ask the store
+                await self.audit.record(
+                    actor=f"run:{run_id}",
+                    action=f"run.{type_}",
+                    resource=f"run:{run_id}",
+                    decision="info",
+                    details={"seq": seq, **audit_details(type_, data)},
+                )
+                event = await self.store.run(
+                    self.runs.append_event, run_id, seq, type_, data, counts(type_, data)
+                )
+                tail.next_seq = seq + 1
+        finally:
+            tail.users -= 1
+            if tail.users == 0 and type_ == FINAL_STEP:
+                self._tails.pop(run_id, None)  # a late step starts again from the store
         self.bus.notify(run_id)
         return event
-
-    def _count(self, run_id: str, data: dict[str, Any]) -> None:
-        run = self.runs.get(run_id)
-        self.runs.update(
-            run_id,
-            steps=run.steps + 1,
-            prompt_tokens=run.prompt_tokens + int(data.get("prompt_tokens") or 0),
-            completion_tokens=run.completion_tokens + int(data.get("completion_tokens") or 0),
-        )

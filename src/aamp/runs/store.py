@@ -1,8 +1,9 @@
 """`RunStore`: the durable side of runs — their rows, their step log, artifacts, approvals.
 
 Synchronous on purpose (called through `Store.run` in a worker thread, like the rest of the
-store). Steps are numbered per run from 1 with no gaps: `append_event` takes the write lock,
-so two writers can never give two steps one number, and the SSE stream's Last-Event-ID is
+store). Steps are numbered per run from 1 with no gaps; the caller numbers them
+(`aamp.runs.steps.StepLog` keeps the next number of each live run, one writer per run) and the
+primary key (run_id, seq) refuses a number given twice, so the SSE stream's Last-Event-ID is
 simply the last number a client saw.
 """
 
@@ -14,14 +15,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import IntegrityError
 
 from aamp.identity.errors import Conflict, NotFound
-from aamp.store import Store
+from aamp.store import Store, quick_read
 from aamp.store.tables import RunApprovalRow, RunArtifactRow, RunEventRow, RunRow
 from aamp.store.timestamps import now
 
 ACTIVE = ("queued", "running", "waiting_approval")
 FINAL = ("succeeded", "failed", "cancelled", "timed_out")
+
+_EVENTS = RunEventRow.__table__
+_RUNS = RunRow.__table__
 
 
 @dataclass(frozen=True)
@@ -116,11 +121,13 @@ class RunStore:
             s.flush()
             return _info(row)
 
+    @quick_read  # one primary-key read; the live stream makes it after every step
     def find(self, run_id: str) -> RunInfo | None:
         with self.store.session() as s:
             row = s.get(RunRow, run_id) if isinstance(run_id, str) else None
             return _info(row) if row is not None else None
 
+    @quick_read
     def get(self, run_id: str) -> RunInfo:
         run = self.find(run_id)
         if run is None:
@@ -157,19 +164,49 @@ class RunStore:
 
     # -- the step log ----------------------------------------------------------------------
 
-    def append_event(self, run_id: str, type_: str, data: dict[str, Any]) -> RunEvent:
-        with self.store.write_session() as s:
+    @quick_read
+    def last_seq(self, run_id: str) -> int:
+        """The number of the run's newest step (0 if it has none)."""
+        with self.store.session() as s:
             newest = s.scalar(select(func.max(RunEventRow.seq)).where(RunEventRow.run_id == run_id))
-            row = RunEventRow(
-                run_id=run_id,
-                seq=(newest or 0) + 1,
-                type=type_,
-                data=json.dumps(data, separators=(",", ":")),
-                at=now(),
-            )
-            s.add(row)
-            s.flush()
-            return RunEvent(row.seq, row.type, data, row.at)
+            return int(newest or 0)
+
+    def append_event(
+        self,
+        run_id: str,
+        seq: int,
+        type_: str,
+        data: dict[str, Any],
+        counts: tuple[int, int, int] | None = None,
+    ) -> RunEvent:
+        """Store step `seq` of a run and, with `counts` = (steps, prompt_tokens,
+        completion_tokens), add those to the run's counters in the same transaction.
+
+        One transaction of two Core statements: this runs for every step of every run, and
+        through the ORM (plus a `max(seq)` read and a second transaction for the counters) it
+        cost several times as much, most of it holding the GIL against the event loop. A `seq`
+        already taken (or an unknown run) raises `Conflict` and changes nothing.
+        """
+        at = now()
+        text = json.dumps(data, separators=(",", ":"))
+        try:
+            with self.store.write_connection() as conn:
+                conn.execute(
+                    _EVENTS.insert().values(run_id=run_id, seq=seq, type=type_, data=text, at=at)
+                )
+                if counts is not None:
+                    conn.execute(
+                        update(_RUNS)
+                        .where(_RUNS.c.id == run_id)
+                        .values(
+                            steps=_RUNS.c.steps + counts[0],
+                            prompt_tokens=_RUNS.c.prompt_tokens + counts[1],
+                            completion_tokens=_RUNS.c.completion_tokens + counts[2],
+                        )
+                    )
+        except IntegrityError as err:
+            raise Conflict(f"step {seq} of run {run_id} refused by the store: {err.orig}") from None
+        return RunEvent(seq, type_, data, at)
 
     def events_after(self, run_id: str, after: int, limit: int = 500) -> list[RunEvent]:
         with self.store.session() as s:
