@@ -277,16 +277,8 @@ async def define_agent(
     return str(agent)
 
 
-async def run_task(
-    c: httpx.AsyncClient,
-    task: Task,
-    base_url: str,
-    model: str,
-    secret: str | None,
-    n: int,
-    max_steps: int = 12,
-) -> dict[str, Any]:
-    agent = await define_agent(c, task, base_url, model, secret, n, max_steps)
+async def run_task(c: httpx.AsyncClient, task: Task, agent: str) -> dict[str, Any]:
+    """Run `task` on its published agent and judge the outcome."""
     inputs = [
         {"name": k, "content_b64": base64.b64encode(v).decode()} for k, v in task.inputs.items()
     ]
@@ -461,7 +453,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                         )
                         continue
                     steps = args.scripted_overhead + 1 if scripted else 12
-                    results.append(await run_task(c, task, base_url, model, secret, n, steps))
+                    agent = await define_agent(c, task, base_url, model, secret, n, steps)
+                    results.append(await run_task(c, task, agent))
                     print(_row(results[-1]), flush=True)
                 if scripted is not None and args.sse_runs > 0:
                     # The script is used up: each of these runs answers at once and ends.
