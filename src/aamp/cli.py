@@ -45,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("name")
     build.add_argument("--force", action="store_true", help="rebuild even if cached")
     image.add_parser("ls", help="list built images")
+    prune = image.add_parser(
+        "prune",
+        help="delete every built image that is not current (images of live sandboxes are kept)",
+    )
+    prune.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
 
     sb = sub.add_parser("sandbox", help="sandboxes").add_subparsers(dest="action", required=True)
     create = sb.add_parser("create", help="create a sandbox and print its id")
@@ -107,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as exc:
         from aamp.client import ClientError
+        from aamp.sandbox.image_recipes import ImageBuildError
 
-        if isinstance(exc, ClientError | ValueError | OSError):
+        if isinstance(exc, ClientError | ValueError | OSError | ImageBuildError):
             print(f"aamp: {getattr(exc, 'message', exc)}", file=sys.stderr)
             return EXIT_ERROR
         raise
@@ -157,6 +163,25 @@ def _image(args: argparse.Namespace, settings: Settings) -> int:
             f"{img.name} {img.content_hash[:16]} {_size(img.size_bytes)} "
             f"(ext4 {_size(img.ext4_bytes)}) in {time.monotonic() - started:.1f}s"
         )
+        return 0
+    if args.action == "prune":
+        # Progress (what is removed, and what is kept because a live sandbox uses it) goes to
+        # stderr as it happens; stdout gets one row per removed directory and the total.
+        pruned = store.prune(
+            dry_run=args.dry_run,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+        table = [("NAME", "HASH", "SIZE")]
+        for name, content_hash, size in pruned:
+            shown = content_hash if content_hash.startswith(".") else content_hash[:16]
+            table.append((name, shown, _size(size)))
+        if pruned:
+            _table(table)
+        total = _size(sum(p.size_bytes for p in pruned))
+        if args.dry_run:
+            print(f"{len(pruned)} would be removed, freeing {total} (dry run: nothing changed)")
+        else:
+            print(f"{len(pruned)} removed, freed {total}")
         return 0
     rows = [("NAME", "HASH", "SIZE", "EXT4", "BUILT")]
     for img in store.list():

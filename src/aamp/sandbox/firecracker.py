@@ -21,6 +21,10 @@ its own timeout. That matters on `kvm_pvm` hosts, where a stock kernel never run
 still succeeds and the vCPU thread spins at 100% CPU with no exit of any kind and nothing on
 the serial console, forever (see `boot_diagnosis`).
 
+While a VM lives, this driver holds a shared lock on its image's directory
+(`aamp.sandbox.images.hold_image`), so `aamp image prune` and `image build --force` never delete
+the ext4 a guest boots from; teardown lets go of it.
+
 Optional jailer (`AAMP_FIRECRACKER_JAILER_UID` / `_GID`): Firecracker then runs chrooted under
 `state_dir/jail`, as that uid/gid, in its own cgroups (memory and cpu from the resources). The
 image and kernel are hard-linked into the chroot when on the same filesystem, else bind-mounted
@@ -66,6 +70,7 @@ from aamp.sandbox.firecracker_binary import (
     sha256_file,
 )
 from aamp.sandbox.firecracker_kernel import GuestKernel, ensure_guest_kernel
+from aamp.sandbox.images import ImageUnavailable, ImageUse, hold_image
 from aamp.sandbox.kvm import detect_kvm
 
 if TYPE_CHECKING:
@@ -178,6 +183,8 @@ class FirecrackerDriver(Driver):
         self.progress = progress or (lambda _msg: None)
         # Popen objects of the VMs this instance started, so their exit status is collected.
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        # The image each live VM of this instance runs from, held until its teardown.
+        self._image_uses: dict[str, ImageUse] = {}
 
     # -- what this host can do ------------------------------------------------------------
 
@@ -247,6 +254,7 @@ class FirecrackerDriver(Driver):
             raise DriverError(f"resources.cpus={res.cpus}: Firecracker allows at most 32 vCPUs")
         binaries, kernel = await self._assets()
         handle = SandboxHandle(sandbox_id, self.name, state_dir)
+        await self._hold_image(sandbox_id, ext4.parent)
         try:
             vm = self._prepare(handle, binaries, res.memory_bytes, res.cpus, ext4)
             await asyncio.to_thread(self._place_files, handle, vm, ext4, kernel)
@@ -314,6 +322,7 @@ class FirecrackerDriver(Driver):
         handle = SandboxHandle(sandbox_id, self.name, state_dir)
         try:
             image = Path(meta["image"])
+            await self._hold_image(sandbox_id, image.parent)
             vm = self._prepare(handle, binaries, int(meta["memory_bytes"]), meta["cpus"], image)
             await asyncio.to_thread(self._place_files, handle, vm, image, kernel)
             await asyncio.to_thread(_sparse_copy, snapshot / "scratch.ext4", vm / "scratch.ext4")
@@ -467,6 +476,17 @@ class FirecrackerDriver(Driver):
         return reaped
 
     # -- machinery ------------------------------------------------------------------------
+
+    async def _hold_image(self, sandbox_id: str, directory: Path) -> None:
+        """Mark the image in `directory` in use by this sandbox until its teardown."""
+        try:
+            use = await asyncio.to_thread(hold_image, directory)
+        except ImageUnavailable as exc:
+            raise DriverError(f"cannot start sandbox {sandbox_id}: {exc}") from None
+        previous = self._image_uses.pop(sandbox_id, None)
+        if previous is not None:
+            previous.release()
+        self._image_uses[sandbox_id] = use
 
     def _api(self, handle: SandboxHandle) -> FirecrackerApi:
         record = _read_record(handle.state_dir)
@@ -642,6 +662,9 @@ class FirecrackerDriver(Driver):
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 await asyncio.to_thread(child.wait, 5)
+        use = self._image_uses.pop(handle.sandbox_id, None)
+        if use is not None:
+            use.release()  # the VM is stopped: its image is free
         await asyncio.to_thread(_unmount_under, state_dir)
         if record is not None and record.get("cgroup_parent"):
             await asyncio.to_thread(

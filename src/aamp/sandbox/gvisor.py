@@ -11,6 +11,10 @@ Isolation choices, and why:
 - cpu, memory and pids limits go into the OCI `linux.resources` and are enforced through the
   host's cgroups; the cgroup directories are removed on destroy, because runsc leaves them.
 
+While a sandbox lives, this driver holds a shared lock on its image's directory
+(`aamp.sandbox.images.hold_image`), so `aamp image prune` and `image build --force` never delete
+a tree a guest runs from; destroy (and reap) let go of it.
+
 Every file this driver makes for a sandbox lives under its `state_dir`, and every runsc
 process it starts carries the installation's runsc root in its command line, so `reap` can
 find leftovers from disk and /proc alone after a crash.
@@ -35,6 +39,7 @@ from aamp.sandbox.driver import (
     SandboxHandle,
     SandboxSpec,
 )
+from aamp.sandbox.images import ImageUnavailable, ImageUse, hold_image
 
 if TYPE_CHECKING:
     from aamp.sandbox.images import BuiltImage
@@ -64,6 +69,8 @@ class GVisorDriver(Driver):
         self.cgroup_parent = (
             runtime_dir.name if runtime_dir.name.startswith("aamp") else f"aamp-{runtime_dir.name}"
         )
+        # The image each live sandbox of this instance runs from, held until it is removed.
+        self._image_uses: dict[str, ImageUse] = {}
 
     # -- contract -------------------------------------------------------------------------
 
@@ -95,6 +102,21 @@ class GVisorDriver(Driver):
         return state_dir / "chan" / "egress.sock"
 
     async def create(
+        self, sandbox_id: str, spec: SandboxSpec, image: BuiltImage, state_dir: Path
+    ) -> SandboxHandle:
+        try:
+            use = await asyncio.to_thread(hold_image, image.root.parent)
+        except ImageUnavailable as exc:
+            raise DriverError(f"cannot start sandbox {sandbox_id}: {exc}") from None
+        self._release_image(sandbox_id)
+        self._image_uses[sandbox_id] = use
+        try:
+            return await self._start(sandbox_id, spec, image, state_dir)
+        except BaseException:
+            self._release_image(sandbox_id)
+            raise
+
+    async def _start(
         self, sandbox_id: str, spec: SandboxSpec, image: BuiltImage, state_dir: Path
     ) -> SandboxHandle:
         bundle = state_dir / "bundle"
@@ -255,8 +277,14 @@ class GVisorDriver(Driver):
         for suffix in (".state", ".lock"):
             (self.runsc_root / f"{sandbox_id}_sandbox:{sandbox_id}{suffix}").unlink(missing_ok=True)
         _remove_cgroup(self.cgroup_parent, sandbox_id)
+        self._release_image(sandbox_id)  # its processes are gone: the image is free
         if state_dir.exists():
             shutil.rmtree(state_dir, ignore_errors=True)
+
+    def _release_image(self, sandbox_id: str) -> None:
+        use = self._image_uses.pop(sandbox_id, None)
+        if use is not None:
+            use.release()
 
     def _remove_cgroup_parent(self) -> None:
         for controller in _controllers():

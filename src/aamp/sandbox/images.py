@@ -5,9 +5,12 @@ as an ext4 file (Firecracker's root drive). Both are built by `ImageStore.build`
 modified afterwards. The layout under `settings.image_dir`::
 
     NAME/
-      .lock                      fcntl lock: one build of NAME at a time
+      .lock                      fcntl lock: one build (or prune) of NAME at a time
       .build-HASH-XXXX/          a build in progress (removed if it dies; never "complete")
+      .retired-HASH-XXXX/        an image `build --force` replaced while a sandbox still used it
+      .prune-HASH-XXXX/          an image being deleted by `prune`
       HASH/rootfs/  HASH/rootfs.ext4  HASH/image.json
+      HASH/use.lock              shared fcntl lock held by every live sandbox using HASH
       current -> HASH            the image `get(NAME)` returns
 
 HASH covers everything that decides the content: the recipe (package lists, pip pins), the guest
@@ -20,6 +23,10 @@ Usage::
     store = ImageStore(settings)
     image = store.build("base", progress=print)     # minutes cold, milliseconds cached
     store.get("base").root                          # Path to the read-only tree
+    store.prune(dry_run=False, progress=print)      # delete every image but the current ones
+
+Images in use: a driver calls `hold_image(directory)` when it creates a sandbox and releases it
+when the sandbox is destroyed (see `hold_image` for why a lock and not a scan for mounts).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NamedTuple
 
 import aamp
 from aamp.config import Settings
@@ -61,12 +69,18 @@ __all__ = [
     "ImageBuildError",
     "ImageNotBuilt",
     "ImageStore",
+    "ImageUnavailable",
+    "ImageUse",
     "MissingTool",
+    "Pruned",
     "UnknownImage",
+    "hold_image",
 ]
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _HASH_RE = re.compile(r"^[0-9a-f]{64}$")
+USE_LOCK = "use.lock"  # in each image directory; see hold_image
+HOLD_TIMEOUT_SECONDS = 10.0  # prune and build hold a use lock exclusively only for a rename
 
 
 class UnknownImage(ValueError):
@@ -75,6 +89,22 @@ class UnknownImage(ValueError):
 
 class ImageNotBuilt(LookupError):
     """The image has a recipe but was never built here."""
+
+
+class ImageUnavailable(RuntimeError):
+    """A sandbox could not take hold of an image directory (pruned or replaced meanwhile)."""
+
+
+class Pruned(NamedTuple):
+    """One directory `ImageStore.prune` removed (or, in a dry run, would remove).
+
+    `content_hash` is the image's hash; for a leftover (an unfinished build, a copy replaced
+    by `build --force`, an interrupted prune) it is that directory's name, which starts with
+    a dot."""
+
+    name: str
+    content_hash: str
+    size_bytes: int
 
 
 @dataclass(frozen=True)
@@ -122,6 +152,98 @@ def _locked(lock_path: Path, progress: Progress, name: str) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
+class ImageUse:
+    """A shared lock on one image directory, held while a sandbox runs from that image."""
+
+    def __init__(self, fd: int, directory: Path) -> None:
+        self._fd: int | None = fd
+        self.directory = directory
+
+    def release(self) -> None:
+        """Let go of the image (idempotent); `prune` may then remove it."""
+        if self._fd is not None:
+            os.close(self._fd)  # closing releases the lock
+            self._fd = None
+
+
+def hold_image(directory: Path) -> ImageUse:
+    """Mark the image in `directory` (an image's HASH directory) as in use until `release`.
+
+    Why a lock and not a scan for who uses the files: gVisor's gofer reaches the tree through
+    a bind mount in its own mount namespace and Firecracker under the jailer through a hard
+    link, so neither this host's mount table nor /proc/*/fd reliably names the image
+    directory; an fcntl lock is exact, needs no shared registry, and vanishes with the
+    process that held it. Each sandbox takes its own shared lock (its own open file, so two
+    sandboxes in one process are two holders); `prune` and `build --force` try the lock
+    exclusively without waiting and keep the image if that fails. The lock lives in the aamp
+    process that owns the sandbox (the descriptor is close-on-exec, never inherited by the
+    guest's processes): if that process crashes, its orphaned guests are killed by the
+    driver's `reap` at the next start, so the image they used is free then anyway.
+
+    After locking, the path must still name the locked file: prune renames an image away
+    (and build --force swaps it) while holding the lock exclusively, and a sandbox that
+    opened the old file must not believe it holds the directory now at that path.
+    """
+    path = directory / USE_LOCK
+    deadline = time.monotonic() + HOLD_TIMEOUT_SECONDS
+    while True:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except FileNotFoundError:
+            raise ImageUnavailable(
+                f"image directory {directory} no longer exists (pruned or rebuilt meanwhile)"
+            ) from None
+        except OSError as exc:
+            raise ImageUnavailable(f"cannot lock image {directory}: {exc.strerror}") from None
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise ImageUnavailable(
+                            f"image {directory} is being removed or replaced; try again"
+                        ) from None
+                    time.sleep(0.01)
+            held, now = os.fstat(fd), _stat_or_none(path)
+        except BaseException:
+            os.close(fd)
+            raise
+        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            return ImageUse(fd, directory)
+        os.close(fd)  # renamed away while we waited: look again at what the path names now
+
+
+def _stat_or_none(path: Path) -> os.stat_result | None:
+    try:
+        return os.stat(path)
+    except OSError:
+        return None
+
+
+@contextlib.contextmanager
+def _exclusive_if_unused(directory: Path, *, create: bool) -> Iterator[bool]:
+    """True (holding the image's use lock exclusively for the block) if no sandbox uses the
+    image in `directory`; False if one does. Never waits. Without `create` (a dry run) a
+    missing lock file means nobody ever held it, and nothing is written."""
+    flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(directory / USE_LOCK, flags, 0o644)
+    except FileNotFoundError:
+        yield True
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            free = True
+        except BlockingIOError:
+            free = False
+        yield free
+    finally:
+        os.close(fd)
+
+
 def _mounts_below(path: Path) -> list[str]:
     """Mount points at or under `path` in this mount namespace, deepest first."""
     prefix = str(path)
@@ -141,6 +263,35 @@ def _remove_tree(path: Path) -> None:
     if _mounts_below(path):
         raise ImageBuildError(f"cannot remove {path}: something is still mounted inside it")
     shutil.rmtree(path, ignore_errors=True)
+
+
+def _disk_usage(root: Path) -> int:
+    """Bytes allocated under `root`, hard links once, never crossing into a mount (a dead
+    build can leave /proc mounted in its chroot) and ignoring entries that vanish."""
+    try:
+        top = os.lstat(root)
+    except OSError:
+        return 0
+    seen: set[int] = set()
+    device, total = top.st_dev, top.st_blocks * 512
+    pending = [str(root)]
+    while pending:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if st.st_dev != device or st.st_ino in seen:
+                continue
+            seen.add(st.st_ino)
+            total += st.st_blocks * 512
+            if entry.is_dir(follow_symlinks=False):
+                pending.append(entry.path)
+    return total
 
 
 def _package_dir() -> Path:
@@ -235,7 +386,15 @@ class ImageStore:
         force: bool = False,
         ca_cert: Path | None = None,
     ) -> BuiltImage:
-        """Build `name` unless an identical build is cached; make it the current image."""
+        """Build `name` unless an identical build is cached; make it the current image.
+
+        `force` rebuilds even a cached hash. The new tree is built aside and renamed in place
+        of the old one (the swap is two renames); sandboxes running from the old directory
+        keep running, because their runtimes hold it open (gVisor's bind mount, Firecracker's
+        open drive), and new sandboxes get the new one. The old directory is deleted at once
+        if no sandbox holds it, else kept as `.retired-HASH-XXXX` until a `prune` finds it
+        unused. That beats refusing: a rebuild never has to wait for (or kill) sandboxes.
+        """
         self._check_name(name)
         recipe = resolve(name)
         if recipe is None:
@@ -284,12 +443,10 @@ class ImageStore:
                     progress=progress,
                 ).run()
                 self._write_metadata(tmp, recipe, content_hash, time.monotonic() - started)
+                (tmp / USE_LOCK).touch()
                 final = name_dir / content_hash
-                if final.exists():  # force: swap the new build in for the old one
-                    old = name_dir / f".build-old-{secrets.token_hex(4)}"
-                    final.rename(old)
-                    tmp.rename(final)
-                    _remove_tree(old)
+                if final.exists():
+                    self._swap_in(name, tmp, final, progress)
                 else:
                     tmp.rename(final)
                 self._point_current(name, content_hash)
@@ -303,6 +460,101 @@ class ImageStore:
             f"{image.size_bytes / 2**20:.0f} MiB, ext4 {image.ext4_bytes / 2**20:.0f} MiB"
         )
         return image
+
+    # ---- removing
+
+    def prune(self, *, dry_run: bool, progress: Progress) -> list[Pruned]:
+        """Delete every built image that is not the current one of its name, except those a
+        live sandbox holds (see `hold_image`), plus what interrupted builds and prunes left.
+
+        Each name is pruned under the same lock its builds take, so a prune never sees a
+        build half-way (and `.build-*` directories found then are dead builds' leftovers).
+        An image is first renamed to `.prune-*` while its use lock is held exclusively, so a
+        sandbox starting at that instant fails cleanly instead of booting from a tree being
+        deleted; a prune killed mid-way leaves only `.prune-*` leftovers, which the next one
+        removes. A name without a valid `current` link keeps its images (nothing says which
+        one is wanted). With `dry_run` nothing is changed and the same list is returned.
+        """
+        pruned: list[Pruned] = []
+        if not self._root.is_dir():
+            return pruned
+        for name_dir in sorted(self._root.iterdir()):
+            if name_dir.is_symlink() or not name_dir.is_dir() or not _NAME_RE.match(name_dir.name):
+                continue
+            with _locked(name_dir / ".lock", progress, name_dir.name):
+                pruned += self._prune_name(name_dir, dry_run=dry_run, progress=progress)
+        return pruned
+
+    def _prune_name(self, name_dir: Path, *, dry_run: bool, progress: Progress) -> list[Pruned]:
+        name = name_dir.name
+        try:
+            current: str | None = os.readlink(name_dir / "current")
+        except OSError:
+            current = None
+        if current is not None and not _HASH_RE.match(current):
+            current = None
+        verb = "would remove" if dry_run else "removing"
+        pruned: list[Pruned] = []
+        for entry in sorted(name_dir.iterdir()):
+            label = entry.name
+            if entry.is_symlink():
+                if label.startswith(".current-") and not dry_run:  # a half-made current link
+                    entry.unlink(missing_ok=True)
+                continue
+            if not entry.is_dir():
+                continue
+            if _HASH_RE.match(label):
+                if label == current:
+                    continue
+                if current is None:
+                    progress(f"[{name}] no current image, so {label[:12]} is left alone")
+                    continue
+                what, check_use = "old image", True
+            elif label.startswith(".retired-"):
+                what, check_use = "replaced image", True
+            elif label.startswith(".build-"):
+                what, check_use = "unfinished build", False
+            elif label.startswith(".prune-"):
+                what, check_use = "interrupted prune", False
+            else:
+                continue
+            shown = label[:12] if _HASH_RE.match(label) else label
+            size = _disk_usage(entry)
+            with contextlib.ExitStack() as stack:
+                if check_use and not stack.enter_context(
+                    _exclusive_if_unused(entry, create=not dry_run)
+                ):
+                    progress(f"[{name}] keeping {what} {shown}: a running sandbox uses it")
+                    continue
+                progress(f"[{name}] {verb} {what} {shown} ({size / 2**20:.0f} MiB)")
+                if dry_run:
+                    pruned.append(Pruned(name, label, size))
+                    continue
+                doomed = entry
+                if not label.startswith(".prune-"):
+                    doomed = name_dir / f".prune-{label.lstrip('.')[:40]}-{secrets.token_hex(4)}"
+                    entry.rename(doomed)  # while holding the use lock: nobody can start on it
+            _remove_tree(doomed)
+            if doomed.exists():
+                progress(f"[{name}] could not remove all of {doomed}; the next prune retries")
+                continue
+            pruned.append(Pruned(name, label, size))
+        return pruned
+
+    def _swap_in(self, name: str, tmp: Path, final: Path, progress: Progress) -> None:
+        """Replace the image directory `final` by the finished build `tmp` (see `build`)."""
+        retired = final.with_name(f".retired-{final.name}-{secrets.token_hex(4)}")
+        with _exclusive_if_unused(final, create=True) as unused:
+            final.rename(retired)
+            tmp.rename(final)
+        if unused:
+            _remove_tree(retired)
+        else:
+            progress(
+                f"[{name}] a running sandbox still uses the previous build of "
+                f"{final.name[:12]}; it stays as {retired.name} until `aamp image prune` "
+                "finds it unused"
+            )
 
     # ---- internals
 
