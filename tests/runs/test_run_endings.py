@@ -235,3 +235,33 @@ async def test_outbound_approval_above_a_size_asks_only_past_it(run_plane) -> No
     assert sorted(a["name"] for a in arts) == ["a.txt", "b.txt"]
     assert [a["status"] for a in every if a["run_id"] == run_id] == ["approved"]
     _no_sandbox(cp)
+
+
+async def test_cancel_while_waiting_for_approval_closes_the_question(run_plane) -> None:
+    plane, cp = run_plane, run_plane.cp
+    policy = {
+        **POLICY,
+        "name": "ask-cancel",
+        "data": {"outbound": {"max_bytes": "1MB", "types": ["txt"], "approval": True}},
+    }
+    with ScriptedModelServerForTests([WRITE, {"content": "done"}]) as model:
+        async with plane.client(plane.admin_token) as admin:
+            agent = await make_agent(admin, "askcancel", model.base_url, policy)
+            run_id = await _start(admin, agent)
+            for _ in range(600):
+                run = (await admin.get(f"/v1/runs/{run_id}")).json()
+                if run["status"] == "waiting_approval":
+                    break
+                await asyncio.sleep(0.1)
+            assert run["status"] == "waiting_approval", run
+            cancelled = await admin.post(f"/v1/runs/{run_id}/cancel")
+            assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+            every = (await admin.get("/v1/approvals", params={"pending": False})).json()
+            mine = [a for a in every if a["run_id"] == run_id]
+            late = await admin.post(f"/v1/approvals/{mine[0]['id']}", json={"decision": "approve"})
+    assert [a["status"] for a in mine] == ["cancelled"]
+    assert late.status_code == 409  # a closed question cannot be answered any more
+    assert not artifacts_dir(cp.settings, run_id).exists() or not list(
+        artifacts_dir(cp.settings, run_id).iterdir()
+    )
+    _no_sandbox(cp)
