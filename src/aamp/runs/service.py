@@ -181,12 +181,17 @@ class RunService:
         """Put one question to the people who may answer it and pause the run until the
         answer (approved, denied, or expired after `timeout` seconds); returns its id and
         the answer."""
-        asked = await self.store.run(lambda: self.runs.request_approval(run_id, kind, subject))
-        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-        self._approvals[asked["id"]] = future
         live = self._live.get(run_id)
         if live is not None:
-            await self._pause(run_id, live)
+            live.begin_wait()
+        try:
+            asked = await self.store.run(lambda: self.runs.request_approval(run_id, kind, subject))
+        except BaseException:
+            if live is not None:
+                live.end_wait()
+            raise
+        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        self._approvals[asked["id"]] = future
         try:
             await self.emit(
                 run_id,
@@ -205,19 +210,22 @@ class RunService:
         finally:
             self._approvals.pop(asked["id"], None)
             if live is not None:
-                live.waiting -= 1
-        if live is not None and live.waiting == 0:
-            live.resume()
-            with contextlib.suppress(Conflict):
-                await self.store.run(lambda: self.runs.update(run_id, status="running"))
+                live.end_wait()
+        if live is not None:
+            await self._show_waiting(run_id, live)
         return asked["id"], answer
 
-    async def _pause(self, run_id: str, live: LiveRun) -> None:
-        live.waiting += 1
-        if live.waiting == 1:
-            live.pause()
+    async def _show_waiting(self, run_id: str, live: LiveRun) -> None:
+        """After a question closed: the run's status says whether it still waits for a person
+        — judged when the write runs, so questions opening and closing at once leave the right
+        one (opening one marks the run waiting in the same transaction)."""
+
+        def write() -> None:
+            status = "waiting_approval" if live.waiting else "running"
             with contextlib.suppress(Conflict):
-                await self.store.run(lambda: self.runs.update(run_id, status="waiting_approval"))
+                self.runs.update(run_id, status=status)
+
+        await self.store.run(write)
 
     async def _ask(self, run_id: str, kind: str, subject: dict[str, Any], timeout: int) -> None:
         """Pause the run until a person answers; raises `ApprovalRefused` unless approved."""

@@ -244,7 +244,12 @@ class RunStore:
     # -- approvals -------------------------------------------------------------------------
 
     def request_approval(self, run_id: str, kind: str, subject: dict[str, Any]) -> dict[str, Any]:
+        """Open a question; in the same transaction the run (unless it ended) is marked
+        `waiting_approval`, so whoever sees the question sees the run waiting."""
         with self.store.write_session() as s:
+            run = s.get(RunRow, run_id)
+            if run is not None and run.status not in FINAL:
+                run.status = "waiting_approval"
             row = RunApprovalRow(
                 id=f"ap-{secrets.token_hex(6)}",
                 run_id=run_id,

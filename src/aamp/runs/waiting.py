@@ -29,6 +29,18 @@ class LiveRun:
     questions: list[tuple[str, asyncio.Task[Answer]]] = field(default_factory=list)
     _left: float | None = None
 
+    def begin_wait(self) -> None:
+        """A question opened; the first one stops the wall clock."""
+        self.waiting += 1
+        if self.waiting == 1:
+            self.pause()
+
+    def end_wait(self) -> None:
+        """A question closed; the last one starts the wall clock again."""
+        self.waiting -= 1
+        if self.waiting == 0:
+            self.resume()
+
     def pause(self) -> None:
         wall = self.wall
         if wall is None or wall.expired() or wall.when() is None:
