@@ -124,6 +124,26 @@ async def test_a_new_process_numbers_on_from_the_store(store: Store, audit: Audi
     assert [e.seq for e in runs.events_after(run_id, 0)] == [1, 2, 3, 4]
 
 
+async def test_a_step_audited_but_never_stored_keeps_its_number(
+    store: Store, audit: AuditLog
+) -> None:
+    """kill -9 between a step's audit record and its store write: the restarted process
+    numbers after the audited step, so no number appears twice in the audit log."""
+    run_id = _run(store)
+    runs = RunStore(store)
+    first = StepLog(store, runs, audit, EventBus())
+    for _ in range(2):
+        await first.emit(run_id, "tool.call", {})
+    key = f"run:{run_id}"  # step 3 as the dead process audited it, never stored
+    await audit.record(
+        actor=key, action="run.tool.call", resource=key, decision="info", details={"seq": 3}
+    )
+    restarted = StepLog(store, runs, audit, EventBus())
+    event = await restarted.emit(run_id, "run.finished", {"status": "failed"})
+    assert event.seq == 4
+    assert [seq for _, seq in _audited(store, run_id)] == [1, 2, 3, 4]
+
+
 async def test_a_cancelled_emit_still_stores_what_it_audited(store: Store, audit: AuditLog) -> None:
     run_id = _run(store)
     runs = RunStore(store)

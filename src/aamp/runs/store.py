@@ -19,7 +19,13 @@ from sqlalchemy.exc import IntegrityError
 
 from aamp.identity.errors import Conflict, NotFound
 from aamp.store import Store, quick_read
-from aamp.store.tables import RunApprovalRow, RunArtifactRow, RunEventRow, RunRow
+from aamp.store.tables import (
+    AuditRecordRow,
+    RunApprovalRow,
+    RunArtifactRow,
+    RunEventRow,
+    RunRow,
+)
 from aamp.store.timestamps import now
 
 ACTIVE = ("queued", "running", "waiting_approval")
@@ -166,10 +172,23 @@ class RunStore:
 
     @quick_read
     def last_seq(self, run_id: str) -> int:
-        """The number of the run's newest step (0 if it has none)."""
+        """The highest step number the run has used (0 if none): stored, or only audited.
+
+        Steps are audited before they are stored, so a process killed between the two leaves
+        the audit log one step ahead of the store; numbering on from the store alone would
+        give that number twice in the audit log. A run's own steps are its audit records
+        with the run as both actor and resource (indexed by resource)."""
+        key = f"run:{run_id}"
         with self.store.session() as s:
-            newest = s.scalar(select(func.max(RunEventRow.seq)).where(RunEventRow.run_id == run_id))
-            return int(newest or 0)
+            stored = s.scalar(select(func.max(RunEventRow.seq)).where(RunEventRow.run_id == run_id))
+            newest_audited = s.scalar(
+                select(AuditRecordRow.details)
+                .where(AuditRecordRow.resource == key, AuditRecordRow.actor == key)
+                .order_by(AuditRecordRow.seq.desc())
+                .limit(1)
+            )
+        audited = json.loads(newest_audited).get("seq", 0) if newest_audited else 0
+        return max(int(stored or 0), int(audited or 0))
 
     def append_event(
         self,
