@@ -142,7 +142,11 @@ def _parse_model(r: _Reader, raw: object) -> ModelConfig:
         name = ""
     secret = m.get("api_key_secret")
     if secret is not None and (not isinstance(secret, str) or not SECRET_NAME_RE.match(secret)):
-        r.fail("model.api_key_secret", f"expected the name of a vault secret, got {secret!r}")
+        r.fail(
+            "model.api_key_secret",
+            f"expected the name of a vault secret (lower-case letters, digits and '_', "
+            f"starting with a letter), got {secret!r}",
+        )
         secret = None
     temperature = m.get("temperature")
     if temperature is not None and (
