@@ -108,3 +108,17 @@ async def test_versions_runs_and_visibility(run_plane) -> None:
         )
     assert any("data.inbound.types" in r for r in reasons)
     assert any("data.inbound.max_bytes" in r for r in reasons)
+
+
+async def test_a_run_names_a_version_the_store_can_hold(run_plane) -> None:
+    """A version number out of range is a 422 naming the field, never a 500 from the
+    database (schemathesis found `version: -3e31` overflowing SQLite's INTEGER)."""
+    with ScriptedModelServerForTests([{"content": "ok"}]) as model:
+        async with run_plane.client(run_plane.admin_token) as admin:
+            agent = await make_agent(admin, "versions", model.base_url, POLICY)
+            for bad in (-(10**31), 0, 10**12):
+                got = await admin.post(
+                    f"/v1/agents/{agent}/runs", json={"task": "t", "version": bad}
+                )
+                assert got.status_code == 422, (bad, got.text)
+                assert "version" in got.text

@@ -45,7 +45,8 @@ class InputFile(BaseModel):
 
 class RunIn(BaseModel):
     task: Annotated[str, Field(min_length=1, max_length=100_000)]
-    version: int | Literal["latest", "draft"] = "latest"
+    # A version number is at most 9 digits, as in /agents/{id}/versions/{version}.
+    version: Annotated[int, Field(ge=1, le=999_999_999)] | Literal["latest", "draft"] = "latest"
     inputs: Annotated[list[InputFile], Field(max_length=MAX_INPUTS)] = []
 
 
