@@ -6,9 +6,11 @@ Its image directory is empty, so a sandbox request that gets past authorisation 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,3 +79,20 @@ def gvisor_only(settings: Settings) -> dict[str, object]:
     from aamp.sandbox.gvisor import GVisorDriver
 
     return {"gvisor": GVisorDriver(settings.runtime_dir)}
+
+
+@contextlib.asynccontextmanager
+async def running_plane(settings: Settings) -> AsyncIterator[Plane]:
+    """A control plane built from `settings`, its app started (lifespan), then torn down."""
+    from aamp.api.app import create_app
+    from aamp.server import build_control_plane
+
+    cp, _ = build_control_plane(settings, gvisor_only(settings))  # type: ignore[arg-type]
+    app = create_app(cp)
+    token = settings.cli_token_path.read_text().strip()
+    try:
+        async with app.router.lifespan_context(app):
+            yield Plane(cp, app, token)
+    finally:
+        cp.store.close()
+        shutil.rmtree(settings.runtime_dir, ignore_errors=True)

@@ -8,31 +8,20 @@ import base64
 import hashlib
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pytest
-from api_plane import Plane, gvisor_only, plane_settings  # tests/api/conftest.py
+from api_plane import plane_settings, running_plane  # tests/api/conftest.py
 from install_layout import shared_image_dir  # tests/install_layout.py
 from sqlalchemy import text
-
-from aamp.api.app import create_app
-from aamp.server import build_control_plane
 
 
 @pytest.fixture
 async def real_plane(tmp_path: Path, base_image):
     images = str(shared_image_dir())
     settings = plane_settings(tmp_path, AAMP_IMAGE_DIR=images)
-    cp, _ = build_control_plane(settings, gvisor_only(settings))  # type: ignore[arg-type]
-    app = create_app(cp)
-    token = settings.cli_token_path.read_text().strip()
-    try:
-        async with app.router.lifespan_context(app):
-            yield Plane(cp, app, token)
-    finally:
-        cp.store.close()
-        shutil.rmtree(settings.runtime_dir, ignore_errors=True)
+    async with running_plane(settings) as plane:
+        yield plane
 
 
 async def test_operator_sandbox_lifecycle_is_authorised_and_audited(real_plane) -> None:

@@ -3,7 +3,6 @@ sandboxes from the built `base` image) and helpers to define agents and follow r
 
 from __future__ import annotations
 
-import shutil
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,24 +13,14 @@ from install_layout import shared_image_dir  # tests/install_layout.py
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "api"), str(HERE.parent / "agents")]
 
-from api_plane import Plane, gvisor_only, plane_settings  # noqa: E402
-
-from aamp.api.app import create_app  # noqa: E402
-from aamp.server import build_control_plane  # noqa: E402
+from api_plane import Plane, plane_settings, running_plane  # noqa: E402
 
 
 @pytest.fixture
 async def run_plane(tmp_path: Path, base_image) -> AsyncIterator[Plane]:
     images = str(shared_image_dir())
     settings = plane_settings(tmp_path, AAMP_IMAGE_DIR=images)
-    cp, _ = build_control_plane(settings, gvisor_only(settings))  # type: ignore[arg-type]
-    assert cp.runs is not None
-    cp.runs.model_backoff = 0.05
-    app = create_app(cp)
-    token = settings.cli_token_path.read_text().strip()
-    try:
-        async with app.router.lifespan_context(app):
-            yield Plane(cp, app, token)
-    finally:
-        cp.store.close()
-        shutil.rmtree(settings.runtime_dir, ignore_errors=True)
+    async with running_plane(settings) as plane:
+        assert plane.cp.runs is not None
+        plane.cp.runs.model_backoff = 0.05
+        yield plane

@@ -20,9 +20,11 @@ cost a share of one fsync rather than a whole one. (A read's route could even ru
 record commits, holding back only the response; that is not done, to keep one rule for every
 route and because it would save latency only, not CPU.)
 
-Hot path: authentication is two SQL statements on the driver (`identity.lookup`), on SQLite
-without a thread hop (`Store.run` and `quick_read`); nothing about tokens, users or grants is
-cached, so a revoked token, a disabled user or a removed grant counts from the next request.
+Hot path: a bearer token, its user and the user's grants are one SQL statement on the driver
+(`identity.lookup`), run without a thread hop (`Store.run` and `read_plan`: inline on
+SQLite, on the event loop's own asyncio connections on PostgreSQL); nothing about tokens,
+users or grants is cached, so a revoked token, a disabled user or a removed grant counts from
+the next request.
 """
 
 from __future__ import annotations

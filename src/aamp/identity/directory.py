@@ -12,17 +12,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 from typing import Any
 
-from sqlalchemy import Connection, delete, select
+from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from aamp.identity import credentials as cred
 from aamp.identity import lookup
 from aamp.identity.errors import AuthenticationFailed, Conflict, InvalidInput, NotFound
-from aamp.identity.model import Actor, Level, Role
-from aamp.store import Store, quick_read
+from aamp.identity.model import Actor, AgentAccess, Level, Role
+from aamp.store import Store
+from aamp.store.store import ReadPlan, read_plan
 from aamp.store.tables import AgentRow, ApiTokenRow, GrantRow, SessionRow, UserRow
 from aamp.store.timestamps import format_time, now
 
@@ -339,27 +341,28 @@ class Directory:
             self.touch_token(actor.token_id or "")
         return actor
 
-    @quick_read
-    def token_actor(self, secret: str) -> tuple[Actor, bool]:
+    @read_plan
+    def token_actor(self, secret: str) -> ReadPlan[tuple[Actor, bool]]:
         """The token's actor, and whether its `last_used_at` is due to be written
         (`touch_token`). Reads only: the hot path of every API request (see `lookup`)."""
         hashed = cred.digest(secret)
         moment = datetime.now(UTC)
-        with self.store.read_connection() as conn:
-            rows = lookup.query(conn, lookup.TOKEN_SQL, token_hash=hashed)
-            if not rows:
-                raise AuthenticationFailed("the bearer token is not valid")
-            token_id, expires_at, revoked_at, last_used_at, *user_fields = rows[0]
-            user = lookup.UserFacts(
-                int(user_fields[0]), user_fields[1], user_fields[2], bool(user_fields[3])
-            )
-            if revoked_at is not None:
-                raise AuthenticationFailed("the bearer token was revoked")
-            if expires_at is not None and expires_at <= _stamp(moment):
-                raise AuthenticationFailed("the bearer token has expired")
-            if user.disabled:
-                raise AuthenticationFailed("this account is disabled")
-            actor = self._actor_of(conn, user, via="token", token_id=token_id)
+        rows = yield lookup.TOKEN_ACCESS_SQL, {"token_hash": hashed}
+        if not rows:
+            raise AuthenticationFailed("the bearer token is not valid")
+        token_id, expires_at, revoked_at, last_used_at, *user_fields = rows[0][:8]
+        user = lookup.UserFacts(
+            int(user_fields[0]), user_fields[1], user_fields[2], bool(user_fields[3])
+        )
+        if revoked_at is not None:
+            raise AuthenticationFailed("the bearer token was revoked")
+        if expires_at is not None and expires_at <= _stamp(moment):
+            raise AuthenticationFailed("the bearer token has expired")
+        if user.disabled:
+            raise AuthenticationFailed("this account is disabled")
+        actor = self._new_actor(
+            user, lookup.access_of(user, [r[8:] for r in rows]), via="token", token_id=token_id
+        )
         stale = last_used_at is None or last_used_at <= _stamp(moment - LAST_USED_RESOLUTION)
         return actor, stale
 
@@ -389,22 +392,22 @@ class Directory:
             )
         return session_secret, csrf
 
-    @quick_read
-    def actor_for_session(self, secret: str) -> tuple[Actor, str]:
+    @read_plan
+    def actor_for_session(self, secret: str) -> ReadPlan[tuple[Actor, str]]:
         """The session's actor and its CSRF token hash; AuthenticationFailed if unusable."""
-        with self.store.read_connection() as conn:
-            rows = lookup.query(conn, lookup.SESSION_SQL, id_hash=cred.digest(secret))
-            if not rows:
-                raise AuthenticationFailed("the session is not valid; sign in again")
-            expires_at, csrf_hash, *user_fields = rows[0]
-            user = lookup.UserFacts(
-                int(user_fields[0]), user_fields[1], user_fields[2], bool(user_fields[3])
-            )
-            if expires_at <= now():
-                raise AuthenticationFailed("the session has expired; sign in again")
-            if user.disabled:
-                raise AuthenticationFailed("this account is disabled")
-            return self._actor_of(conn, user, via="session"), csrf_hash
+        rows = yield lookup.SESSION_SQL, {"id_hash": cred.digest(secret)}
+        if not rows:
+            raise AuthenticationFailed("the session is not valid; sign in again")
+        expires_at, csrf_hash, *user_fields = rows[0]
+        user = lookup.UserFacts(
+            int(user_fields[0]), user_fields[1], user_fields[2], bool(user_fields[3])
+        )
+        if expires_at <= now():
+            raise AuthenticationFailed("the session has expired; sign in again")
+        if user.disabled:
+            raise AuthenticationFailed("this account is disabled")
+        actor = yield from self._actor_plan(user, via="session")
+        return actor, csrf_hash
 
     def delete_session(self, secret: str) -> None:
         with self.store.write_session() as s:
@@ -419,10 +422,23 @@ class Directory:
 
     def _actor(self, s: Session, user: UserRow, *, via: str, token_id: str | None = None) -> Actor:
         facts = lookup.UserFacts(user.id, user.username, user.role, bool(user.disabled))
-        return self._actor_of(s.connection(), facts, via=via, token_id=token_id)
+        return self.store.run_plan(
+            self._actor_plan(facts, via=via, token_id=token_id), s.connection()
+        )
 
-    def _actor_of(
-        self, conn: Connection, user: lookup.UserFacts, *, via: str, token_id: str | None = None
+    def _actor_plan(
+        self, user: lookup.UserFacts, *, via: str, token_id: str | None = None
+    ) -> ReadPlan[Actor]:
+        agents = yield from lookup.agent_access(user)
+        return self._new_actor(user, agents, via=via, token_id=token_id)
+
+    @staticmethod
+    def _new_actor(
+        user: lookup.UserFacts,
+        agents: MappingProxyType[str, AgentAccess],
+        *,
+        via: str,
+        token_id: str | None = None,
     ) -> Actor:
         return Actor(
             username=user.username,
@@ -430,7 +446,7 @@ class Directory:
             user_id=user.id,
             via=via,
             token_id=token_id,
-            agents=lookup.agent_access(conn, user),
+            agents=agents,
         )
 
     # -- agents and grants --------------------------------------------------------------
@@ -456,17 +472,17 @@ class Directory:
         with self.store.session() as s:
             return [_agent(r) for r in s.scalars(select(AgentRow).order_by(AgentRow.name))]
 
-    @quick_read
-    def find_agent(self, agent_id: str) -> AgentInfo | None:
+    def _find_agent_plan(self, agent_id: str) -> ReadPlan[AgentInfo | None]:
         if not isinstance(agent_id, str):
             return None
-        with self.store.read_connection() as conn:
-            rows = lookup.query(conn, lookup.AGENT_SQL, agent_id=agent_id)
+        rows = yield lookup.AGENT_SQL, {"agent_id": agent_id}
         return AgentInfo(*rows[0]) if rows else None
 
-    @quick_read
-    def get_agent(self, agent_id: str) -> AgentInfo:
-        agent = self.find_agent(agent_id)
+    find_agent = read_plan(_find_agent_plan)
+
+    @read_plan
+    def get_agent(self, agent_id: str) -> ReadPlan[AgentInfo]:
+        agent = yield from self._find_agent_plan(agent_id)
         if agent is None:
             raise NotFound(f"no agent {agent_id!r}")
         return agent

@@ -4,34 +4,24 @@ Every API request authenticates (token or session -> user) and loads the agent l
 user's grants give, and most reads then fetch one agent. Through ORM sessions that cost about
 1 ms of CPU per request (unit of work, identity map, statement cache keys) and one thread
 handing the GIL back and forth per statement; here it is two statements, sent straight to the
-driver, in one read transaction (one snapshot: the token, the user and the grants are seen as
-of the same moment, exactly as the ORM version saw them). Nothing is cached across requests:
-a revoked token, a disabled user or a removed grant counts from the very next request, on
-every control-plane process sharing the database.
+driver. The reads are written as read plans (`aamp.store.read_plan`): on SQLite they run in
+one read transaction (one snapshot: the token, the user and the grants are seen as of the
+same moment), on PostgreSQL on the event loop's own connections, autocommit, READ COMMITTED
+as before. Nothing is cached across requests: a revoked token, a disabled user or a removed
+grant counts from the very next request, on every control-plane process sharing the database.
 
 The SQL is written once with `:name` parameters and rendered for the driver's paramstyle
-(pysqlite takes `:name`, psycopg `%(name)s`; the store only ever meets these two).
+(`aamp.store.store.render`: pysqlite takes `:name`, psycopg `%(name)s`).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from functools import lru_cache
 from types import MappingProxyType
 from typing import Any
 
-from sqlalchemy import Connection
-
 from aamp.identity.model import AgentAccess, Level
-
-_PARAM = re.compile(r":([a-z_]+)")
-
-TOKEN_SQL = """
-SELECT t.id, t.expires_at, t.revoked_at, t.last_used_at, u.id, u.username, u.role, u.disabled
-FROM api_tokens t JOIN users u ON u.id = t.user_id
-WHERE t.token_hash = :token_hash
-"""
+from aamp.store.store import ReadPlan
 
 SESSION_SQL = """
 SELECT s.expires_at, s.csrf_hash, u.id, u.username, u.role, u.disabled
@@ -50,29 +40,25 @@ FROM agent_grants g WHERE g.user_id = :user_id OR g.role = :role
 ORDER BY 1, 4
 """
 
+# The token, its user and the user's access in ONE statement (one round trip, one snapshot):
+# the first eight columns are the token's and its user's, repeated on every row; the rest are
+# ACCESS_SQL's (src 0 with a NULL agent_id when the user owns no agent). No row: no token.
+TOKEN_ACCESS_SQL = """
+WITH tu AS (
+  SELECT t.id AS token_id, t.expires_at, t.revoked_at, t.last_used_at,
+         u.id AS user_id, u.username, u.role, u.disabled
+  FROM api_tokens t JOIN users u ON u.id = t.user_id
+  WHERE t.token_hash = :token_hash
+)
+SELECT tu.*, 0 AS src, a.id AS agent_id, 'edit' AS level, NULL AS grant_id, NULL AS grant_user
+FROM tu LEFT JOIN agents a ON a.owner = tu.username
+UNION ALL
+SELECT tu.*, 1, g.agent_id, g.level, g.id, g.user_id
+FROM tu JOIN agent_grants g ON g.user_id = tu.user_id OR g.role = tu.role
+ORDER BY 9, 12
+"""
+
 AGENT_SQL = "SELECT id, name, owner, created_at FROM agents WHERE id = :agent_id"
-
-
-@lru_cache(maxsize=64)
-def render(sql: str, driver: str) -> str:
-    """`sql` with its `:name` parameters as the driver takes named parameters."""
-    if driver == "pysqlite":
-        return sql
-    if driver == "psycopg":
-        return _PARAM.sub(r"%(\1)s", sql.replace("%", "%%"))
-    raise ValueError(f"unsupported database driver {driver!r}")
-
-
-def query(conn: Connection, sql: str, **params: Any) -> list[tuple[Any, ...]]:
-    """Rows of `sql` (written with `:name` parameters), run on the driver's own cursor inside
-    `conn`'s transaction (`Store.read_connection`): no SQLAlchemy statement machinery, which
-    cost more CPU than the query itself."""
-    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-    try:
-        cursor.execute(render(sql, conn.dialect.driver), params)
-        return [tuple(r) for r in cursor.fetchall()]
-    finally:
-        cursor.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,11 +71,19 @@ class UserFacts:
     disabled: bool
 
 
-def agent_access(conn: Connection, user: UserFacts) -> MappingProxyType[str, AgentAccess]:
-    """agent id -> the best access the user's ownership and grants give (see `Actor.agents`)."""
+def agent_access(user: UserFacts) -> ReadPlan[MappingProxyType[str, AgentAccess]]:
+    """agent id -> the best access the user's ownership and grants give (see `Actor.agents`);
+    a read plan (`aamp.store.store.ReadPlan`)."""
+    rows = yield ACCESS_SQL, {"username": user.username, "user_id": user.id, "role": user.role}
+    return access_of(user, rows)
+
+
+def access_of(user: UserFacts, rows: list[tuple[Any, ...]]) -> MappingProxyType[str, AgentAccess]:
+    """`agent_access` from its rows (src, agent_id, level, grant_id, grant_user), in order."""
     best: dict[str, AgentAccess] = {}
-    rows = query(conn, ACCESS_SQL, username=user.username, user_id=user.id, role=user.role)
     for src, agent_id, level_name, grant_id, grant_user in rows:
+        if agent_id is None:  # TOKEN_ACCESS_SQL's row for a user who owns no agent
+            continue
         if src == 0:
             access = AgentAccess(Level.EDIT, f"owner of agent:{agent_id}")
         else:

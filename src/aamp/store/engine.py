@@ -34,6 +34,9 @@ POOL_SIZE = 12
 MAX_OVERFLOW = 8
 _IDLE_SINCE = "aamp_idle_since"
 
+# Every PostgreSQL connection of ours (the pool's and `ReadPlanPool`'s) is opened with these.
+PG_OPTIONS = "-c synchronous_commit=on -c timezone=UTC"
+
 
 def create_store_engine(url: URL, *, pool_size: int = POOL_SIZE) -> Engine:
     """An engine for `url` (already normalised by `aamp.store.url`)."""
@@ -43,7 +46,7 @@ def create_store_engine(url: URL, *, pool_size: int = POOL_SIZE) -> Engine:
         url,
         pool_size=pool_size,
         max_overflow=MAX_OVERFLOW,
-        connect_args={"options": "-c synchronous_commit=on -c timezone=UTC"},
+        connect_args={"options": PG_OPTIONS},
     )
     _ping_idle_connections(engine)
     return engine
