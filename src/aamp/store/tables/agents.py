@@ -7,7 +7,7 @@ agent may use: a sandbox for an agent can only be made from a policy (and image)
 
 from __future__ import annotations
 
-from sqlalchemy import CheckConstraint, ForeignKey, String
+from sqlalchemy import CheckConstraint, ForeignKey, Index, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from aamp.store.tables.base import Base
@@ -20,6 +20,9 @@ class AgentRow(Base):
     name: Mapped[str] = mapped_column(String(64), unique=True)
     owner: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[str] = mapped_column(String(32))
+
+    # Every request's grants statement finds the agents its user owns (identity/lookup.py).
+    __table_args__ = (Index("ix_agents_owner", "owner"),)
 
 
 class AgentResourceRow(Base):
