@@ -25,14 +25,13 @@ gets an Ed25519-signed checkpoint in the same transaction; `close()` adds one at
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sqlalchemy import insert, select
 
-from aamp.audit.canonical import encode
+from aamp.audit.canonical import record_hash
 from aamp.audit.record import AuditEvent, AuditRecord, make_event
 from aamp.audit.signing import SIGNING_KEY_FILENAME, CheckpointSigner
 from aamp.config import Settings
@@ -292,40 +291,23 @@ class AuditLog:
     def _chain(self, events: list[AuditEvent], seq: int, prev: str) -> list[AuditRecord]:
         """The events as records numbered and hashed on from the head (seq, prev)."""
         time = now()
-        sha256 = hashlib.sha256
         records: list[AuditRecord] = []
         for ev in events:
             seq += 1
-            digest = sha256(
-                encode(
-                    seq,
-                    time,
-                    ev.actor,
-                    ev.action,
-                    ev.resource,
-                    ev.decision,
-                    ev.reason,
-                    ev.request_id,
-                    ev.details_json,
-                    prev,
-                )
-            ).hexdigest()
-            records.append(
-                AuditRecord(
-                    seq,
-                    time,
-                    ev.actor,
-                    ev.action,
-                    ev.resource,
-                    ev.decision,
-                    ev.reason,
-                    ev.request_id,
-                    ev.details_json,
-                    prev,
-                    digest,
-                )
+            fields = (
+                seq,
+                time,
+                ev.actor,
+                ev.action,
+                ev.resource,
+                ev.decision,
+                ev.reason,
+                ev.request_id,
+                ev.details_json,
+                prev,
             )
-            prev = digest
+            prev = record_hash(*fields)
+            records.append(AuditRecord(*fields, prev))
         return records
 
     def _due_checkpoints(self, records: list[AuditRecord]) -> list[tuple[Any, ...]]:

@@ -59,8 +59,6 @@ class EgressApprovals:
         try:
             # Shielded: one connection giving up must not withdraw the question for the others.
             answer = await asyncio.shield(question)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # the approver failed: refuse now, ask again next time
             self._questions.pop(key, None)
             log.warning("egress approval for %s:%d failed: %s", *key, exc)

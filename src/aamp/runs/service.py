@@ -184,36 +184,34 @@ class RunService:
         live = self._live.get(run_id)
         if live is not None:
             live.begin_wait()
+        asked: dict[str, Any] | None = None
         try:
             asked = await self.store.run(lambda: self.runs.request_approval(run_id, kind, subject))
-        except BaseException:
-            if live is not None:
-                live.end_wait()
-            raise
-        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-        self._approvals[asked["id"]] = future
-        try:
+            approval_id = asked["id"]
+            future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+            self._approvals[approval_id] = future
             await self.emit(
                 run_id,
                 "approval.requested",
-                {"approval": asked["id"], "kind": kind, "subject": subject, "timeout": timeout},
+                {"approval": approval_id, "kind": kind, "subject": subject, "timeout": timeout},
             )
             try:
                 answer = await asyncio.wait_for(future, timeout)
             except TimeoutError:
                 with contextlib.suppress(Conflict):
-                    await self.store.run(lambda: self.runs.decide(asked["id"], "expired", "system"))
+                    await self.store.run(lambda: self.runs.decide(approval_id, "expired", "system"))
                 await self.emit(
-                    run_id, "approval.decided", {"approval": asked["id"], "status": "expired"}
+                    run_id, "approval.decided", {"approval": approval_id, "status": "expired"}
                 )
                 answer = Answer("expired", "nobody")
         finally:
-            self._approvals.pop(asked["id"], None)
+            if asked is not None:
+                self._approvals.pop(asked["id"], None)
             if live is not None:
                 live.end_wait()
         if live is not None:
             await self._show_waiting(run_id, live)
-        return asked["id"], answer
+        return approval_id, answer
 
     async def _show_waiting(self, run_id: str, live: LiveRun) -> None:
         """After a question closed: the run's status says whether it still waits for a person
