@@ -147,11 +147,11 @@ async def _approval_run(plane, model, name: str, answer: str | None, timeout: st
     async with plane.client(op) as c_op, plane.client(editor) as c_ed:
         run_id = await _start(c_op, agent)
         for _ in range(600):
+            # Status first: the question is stored in the same transaction that sets
+            # waiting_approval, so a status past "running" means the list below holds it.
+            status = (await c_op.get(f"/v1/runs/{run_id}")).json()["status"]
             pending = (await c_ed.get("/v1/approvals")).json()
-            if pending or (await c_op.get(f"/v1/runs/{run_id}")).json()["status"] not in (
-                "queued",
-                "running",
-            ):
+            if pending or status not in ("queued", "running"):
                 break
             await asyncio.sleep(0.1)
         run = (await c_op.get(f"/v1/runs/{run_id}")).json()
