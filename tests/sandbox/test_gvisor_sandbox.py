@@ -16,7 +16,13 @@ from aamp.sandbox.channel import ChannelError
 from aamp.sandbox.driver import MiB, Resources
 from aamp.sandbox.gvisor import GVisorDriver
 from aamp.sandbox.images import ImageStore
-from aamp.sandbox.manager import CreateRequest, InvalidRequest, SandboxManager, UnknownSandbox
+from aamp.sandbox.manager import (
+    CreateRequest,
+    InvalidRequest,
+    SandboxError,
+    SandboxManager,
+    UnknownSandbox,
+)
 
 pytestmark = pytest.mark.usefixtures("base_image")
 
@@ -192,6 +198,7 @@ async def test_bad_requests_change_nothing(manager):
 async def test_warm_pool_hands_out_running_sandboxes(settings):
     drivers = {"gvisor": GVisorDriver(settings.runtime_dir)}
     m = SandboxManager(settings, ImageStore(settings), drivers, "gvisor", warm_pool={"base": 2})
+    m_cgroup = drivers["gvisor"].cgroup_parent
     await m.start()
     try:
         deadline = time.monotonic() + 30
@@ -210,6 +217,20 @@ async def test_warm_pool_hands_out_running_sandboxes(settings):
     finally:
         await m.shutdown()
     assert not procs.pids_matching(f"--root={settings.runtime_dir}/runsc")
+    # Nothing of the installation stays on the host after a clean shutdown.
+    assert not settings.runtime_dir.exists()
+    assert [c.name for c in Path("/sys/fs/cgroup").iterdir() if (c / m_cgroup).exists()] == []
+
+
+async def test_a_second_manager_for_the_same_installation_is_refused(manager, settings):
+    other = SandboxManager(
+        settings, ImageStore(settings), {"gvisor": GVisorDriver(settings.runtime_dir)}, "gvisor"
+    )
+    with pytest.raises(SandboxError, match="another aamp process already runs sandboxes"):
+        await other.start()
+    sb = await manager.create(CreateRequest(image="base"))  # the first one is untouched
+    async with manager.use(sb.id) as channel:
+        assert (await channel.run(["true"]))[0].exit_code == 0
 
 
 async def test_guest_writes_never_reach_the_image(manager, base_image):

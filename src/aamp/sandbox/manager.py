@@ -20,16 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
-import os
 import secrets
 import shutil
 import ssl
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from aamp.audit.record import AuditSink
@@ -51,6 +48,7 @@ from aamp.sandbox.driver import (
     SandboxSpec,
 )
 from aamp.sandbox.images import ImageStore
+from aamp.sandbox.runtime_dir import RuntimeDir, RuntimeDirBusy
 
 log = logging.getLogger("aamp.sandbox")
 
@@ -218,29 +216,22 @@ class SandboxManager:
         self._pools: dict[str, list[Sandbox]] = {}
         self._pool_fill: dict[str, asyncio.Task[None]] = {}
         self._lifetime_task: asyncio.Task[None] | None = None
-        self._lock_file: int | None = None
+        self._runtime: RuntimeDir | None = None
 
     # -- lifecycle of the manager itself ---------------------------------------------------
 
     async def start(self) -> None:
         """Take the installation's runtime lock, reap leftovers, start the lifetime clock."""
         rt = self.settings.runtime_dir
-        rt.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            self._runtime = RuntimeDir.claim(rt)
+        except RuntimeDirBusy:
+            raise SandboxError(
+                f"another aamp process already runs sandboxes for this installation "
+                f"({self.settings.home}); stop it first"
+            ) from None
         (rt / "sb").mkdir(exist_ok=True, mode=0o700)
-        self._take_lock(rt / "lock")
-        for driver in self.drivers.values():
-            for sandbox_id in await driver.reap(rt):
-                await self.recorder.record(
-                    actor="system",
-                    action="sandbox.reap",
-                    resource=f"sandbox:{sandbox_id}",
-                    decision="info",
-                    reason="left behind by an earlier host process",
-                    details={"driver": driver.name},
-                )
-        # A state dir no driver claimed never got a process: remove it.
-        for leftover in (rt / "sb").iterdir():
-            shutil.rmtree(leftover, ignore_errors=True)
+        await self._reap("left behind by an earlier host process")
         self._lifetime_task = asyncio.create_task(self._lifetime_loop(), name="sandbox-lifetime")
         for image, size in self.warm_pool_sizes.items():
             if size > 0:
@@ -261,21 +252,29 @@ class SandboxManager:
                 await self._teardown(pool.pop(), reason="shutdown")
         for sandbox_id in list(self._sandboxes):
             await self.destroy(sandbox_id, reason="shutdown")
-        if self._lock_file is not None:
-            os.close(self._lock_file)
-            self._lock_file = None
+        if self._runtime is not None:
+            # What the drivers keep per installation (runsc's root, cgroup parents) goes too,
+            # and whatever a failed destroy left is reaped now rather than at the next start.
+            await self._reap("left behind by a failed destroy")
+            self._runtime.release()
+            self._runtime = None
 
-    def _take_lock(self, path: Path) -> None:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise SandboxError(
-                f"another aamp process already runs sandboxes for this installation "
-                f"({self.settings.home}); stop it first"
-            ) from None
-        self._lock_file = fd
+    async def _reap(self, why: str) -> None:
+        rt = self.settings.runtime_dir
+        for driver in self.drivers.values():
+            for sandbox_id in await driver.reap(rt):
+                await self.recorder.record(
+                    actor="system",
+                    action="sandbox.reap",
+                    resource=f"sandbox:{sandbox_id}",
+                    decision="info",
+                    reason=why,
+                    details={"driver": driver.name},
+                )
+        # A state dir no driver claimed never got a process: remove it.
+        if (rt / "sb").is_dir():
+            for leftover in (rt / "sb").iterdir():
+                shutil.rmtree(leftover, ignore_errors=True)
 
     # -- sandboxes -------------------------------------------------------------------------
 
