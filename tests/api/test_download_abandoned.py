@@ -5,9 +5,10 @@ streams out; while borrowed the sandbox never idle-expires. A client that goes a
 first byte, right after the headers, or half-way through a 100 MiB body — must give the sandbox
 back at once, so that `lifetime.idle` still destroys it and nothing of it remains.
 
-Only a real server shows this: an in-process ASGI client never disconnects early, so these
-tests run uvicorn on 127.0.0.1 (in this event loop, so the manager can be inspected) and talk
-to it through raw TCP sockets that they close at the chosen moment.
+An in-process ASGI client never disconnects early, so these tests run uvicorn on 127.0.0.1
+(in this event loop, so the manager can be inspected) and talk to it through raw TCP sockets
+that they close at the chosen moment; the one window too narrow to hit with a socket is driven
+through the app's ASGI interface with the disconnect already waiting.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import struct
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
@@ -46,6 +48,7 @@ lifetime: {{ttl: 10m, idle: {IDLE_SECONDS}s}}
 @dataclass
 class LivePlane:
     cp: ControlPlane
+    app: Any
     port: int
     token: str
 
@@ -68,9 +71,8 @@ async def live(settings: Settings) -> AsyncIterator[LivePlane]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        create_app(cp), host="127.0.0.1", port=port, log_level="warning", lifespan="on"
-    )
+    app = create_app(cp)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
@@ -79,7 +81,7 @@ async def live(settings: Settings) -> AsyncIterator[LivePlane]:
             assert not task.done(), "the server stopped while starting"
             assert time.monotonic() < deadline, "the server did not start within 30 s"
             await asyncio.sleep(0.05)
-        yield LivePlane(cp, port, s.cli_token_path.read_text().strip())
+        yield LivePlane(cp, app, port, s.cli_token_path.read_text().strip())
     finally:
         server.should_exit = True
         with contextlib.suppress(Exception):
@@ -194,5 +196,52 @@ async def test_abandoned_download_frees_the_sandbox_and_idle_expires(
     destroyed = [x["reason"] for x in records if x["action"] == "sandbox.destroy"]
     assert destroyed == ["idle"]
     # Each abandoned download is on record as an incomplete transfer.
+    failed = [x for x in records if x["action"] == "sandbox.file_out" and x["decision"] == "error"]
+    assert len(failed) == 3, [(x["action"], x["decision"]) for x in records]
+
+
+async def test_a_client_gone_before_the_response_starts_frees_the_sandbox(live: LivePlane) -> None:
+    """The narrowest window: the client is gone before the response starts. uvicorn speaks ASGI
+    2.3, so Starlette races the body against `http.disconnect`; with the disconnect already
+    waiting and a server that pauses to drain its write buffer on the response's first message,
+    the body is cancelled before its first line runs."""
+    sandbox_id = await _sandbox_with_big_file(live)
+    sandbox = live.cp.manager.get(sandbox_id)
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": f"/v1/sandboxes/{sandbox_id}/files",
+        "raw_path": f"/v1/sandboxes/{sandbox_id}/files".encode(),
+        "query_string": b"path=big.bin",
+        "root_path": "",
+        "headers": [
+            (b"host", f"127.0.0.1:{live.port}".encode()),
+            (b"authorization", f"Bearer {live.token}".encode()),
+        ],
+        "client": ("127.0.0.1", 40000),
+        "server": ("127.0.0.1", live.port),
+    }
+
+    async def gone() -> dict[str, str]:
+        return {"type": "http.disconnect"}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        await asyncio.sleep(0.01)  # a server waiting for its write buffer to drain
+
+    for _ in range(3):
+        await live.app(scope, gone, send)
+    assert await _wait_for(lambda: sandbox.active_uses == 0, 5), (
+        f"sandbox still busy ({sandbox.active_uses} uses) after downloads nobody received"
+    )
+    assert await _wait_for(lambda: not sandbox.channel._active, 5), "guest connections left open"
+    async with live.client() as c:
+        r = await c.get("/v1/audit", params={"resource": f"sandbox:{sandbox_id}", "limit": 1000})
+    records = r.json()["records"]
     failed = [x for x in records if x["action"] == "sandbox.file_out" and x["decision"] == "error"]
     assert len(failed) == 3, [(x["action"], x["decision"]) for x in records]

@@ -6,13 +6,14 @@ import base64
 import binascii
 import hashlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
 import anyio
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, Field
+from starlette.types import Receive, Scope, Send
 
 from aamp.api.context import ControlPlane, SandboxOwner
 from aamp.api.errors import ApiError
@@ -370,45 +371,74 @@ def router() -> APIRouter:
             await use.__aexit__(None, None, None)
             raise
 
+        digest = hashlib.sha256()
+        received = 0
+        complete = False
+        finished = False
+
+        async def finish() -> None:
+            """Drop the guest connection (else it stays open, the guest blocked sending the
+            rest), give the sandbox back, and record the transfer: an abandoned download is on
+            record too. Once, and shielded: a client that went away cancels at every await."""
+            nonlocal finished
+            if finished:
+                return
+            finished = True
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+                await use.__aexit__(None, None, None)
+                await _audit(
+                    request,
+                    "sandbox.file_out",
+                    sandbox_id,
+                    {"path": guest_path, "size": received, "sha256": digest.hexdigest()},
+                    decision="allow" if complete else "error",
+                )
+
         async def body() -> AsyncIterator[bytes]:
-            digest = hashlib.sha256()
-            sent = 0
+            nonlocal received, complete
             held: bytes | None = None
-            complete = False
-            try:
-                async for chunk in stream:
-                    digest.update(chunk)
-                    if held is not None:
-                        yield held
-                        sent += len(held)
-                    held = chunk
-                complete = True
-            finally:
-                # A client that went away cancels this body at each of its awaits (Starlette
-                # runs it in a cancelled task group), so the clean-up is shielded: drop the guest
-                # connection (else it stays open, the guest blocked sending the rest), give the
-                # sandbox back, and record the transfer — an abandoned download is on record too.
-                with anyio.CancelScope(shield=True):
-                    await stream.aclose()
-                    await use.__aexit__(None, None, None)
-                    total = sent + (len(held) if held else 0)
-                    await _audit(
-                        request,
-                        "sandbox.file_out",
-                        sandbox_id,
-                        {"path": guest_path, "size": total, "sha256": digest.hexdigest()},
-                        decision="allow" if complete else "error",
-                    )
+            async for chunk in stream:
+                digest.update(chunk)
+                received += len(chunk)
+                if held is not None:
+                    yield held
+                held = chunk
+            complete = True
+            await finish()  # the record is durable before the last chunk leaves
             if held is not None:
                 yield held
 
-        return StreamingResponse(
+        return _StreamWithCleanup(
             body(),
+            finish,
             media_type="application/octet-stream",
             headers={"content-length": str(stream.size)},
         )
 
     return r
+
+
+class _StreamWithCleanup(StreamingResponse):
+    """A streamed body whose clean-up runs however the response ends. Starlette may cancel the
+    body before its first line runs (the client was gone before the response started), and an
+    unstarted generator's `finally` never runs; so the clean-up hangs on the response."""
+
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        cleanup: Callable[[], Awaitable[None]],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(content, **kwargs)
+        self._cleanup = cleanup
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._cleanup()
 
 
 def _line(obj: dict[str, object]) -> bytes:
