@@ -12,6 +12,8 @@ from run_helpers import make_agent, parse_sse, wait_end
 from scripted_model import ScriptedModelServerForTests
 from sqlalchemy import text
 
+from aamp.api.runs import service_of
+
 POLICY = {
     "name": "csv-work",
     "image": "base",
@@ -92,6 +94,8 @@ async def test_a_run_reads_input_runs_python_and_leaves_an_artifact(run_plane) -
     invalid = [e["data"] for e in events if e["event"] == "tool.result"][1]
     assert invalid["ok"] is False and invalid["detail"] == {"invalid": True}
     assert [e["id"] for e in resumed] == list(range(6, len(events) + 1))
+    # Reading a finished run's steps leaves nothing waiting for steps that cannot come.
+    assert run_id not in service_of(cp).bus._waiters
     # Nothing of the sandbox remains.
     assert cp.manager.list() == []
     assert list((cp.settings.runtime_dir / "sb").iterdir()) == []

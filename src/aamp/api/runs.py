@@ -273,6 +273,7 @@ def router() -> APIRouter:
                     data = json.dumps(event.data, separators=(",", ":"))
                     yield f"id: {event.seq}\nevent: {event.type}\ndata: {data}\n\n".encode()
                 if any(e.type == "run.finished" for e in batch):
+                    service.bus.notify(run_id)  # wakes other readers; drops the waiter taken
                     return
                 if len(batch) == EVENTS_PAGE:
                     continue  # a full page: more are stored already
@@ -280,6 +281,7 @@ def router() -> APIRouter:
                 if not batch:
                     run = await cp.store.run(store.get, run_id)
                     if run.finished and not service.live(run_id):
+                        service.bus.notify(run_id)
                         return
                 if await request.is_disconnected():
                     return
