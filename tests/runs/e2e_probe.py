@@ -210,7 +210,8 @@ async def scenario(settings: Settings, mode: str, model: ScriptedModelServerForT
                 got = await c.get(f"/v1/runs/{run_id}/artifacts/report.csv")
                 report["artifact_b64"] = base64.b64encode(got.content).decode()
             report["sandboxes_after"] = (await c.get("/v1/sandboxes")).json()
-    report["sb_dirs_after"] = [p.name for p in (settings.runtime_dir / "sb").iterdir()]
+    # A clean stop removes the whole runtime directory; whatever is left of it is reported.
+    report["runtime_after"] = sorted(str(p) for p in settings.runtime_dir.glob("**/*"))
     with cp.store.engine.connect() as conn:
         rows = conn.execute(
             text("SELECT actor, action, decision, reason, details FROM audit_records ORDER BY seq")

@@ -57,7 +57,7 @@ def test_end_to_end_run_with_input_python_egress_and_artifact(tmp_path: Path, ba
     assert "out/report.csv" in report["tool_messages"][2]
     assert base64.b64decode(report["artifact_b64"]) == b"total_eur\n250.00\n"
     assert report["artifacts"][0]["sha256"] == report["expected_sha256"]
-    assert report["sandboxes_after"] == [] and report["sb_dirs_after"] == []
+    assert report["sandboxes_after"] == [] and report["runtime_after"] == []
     events = parse_sse(report["events_text"])
     assert events[-1]["event"] == "run.finished"
     run_audit = [r for r in report["audit"] if r["actor"] == f"run:{run['id']}"]
@@ -85,7 +85,7 @@ def test_end_to_end_browser_fills_a_form_and_sees_a_blocked_host(
     events = parse_sse(report["events_text"])
     shots = [e["data"] for e in events if e["event"] == "screenshot"]
     assert len(shots) == 1 and base64.b64decode(shots[0]["png_b64"]).startswith(b"\x89PNG")
-    assert report["sandboxes_after"] == [] and report["sb_dirs_after"] == []
+    assert report["sandboxes_after"] == [] and report["runtime_after"] == []
 
 
 def test_egress_ask_pauses_the_run_until_a_person_answers(tmp_path: Path, base_image) -> None:
@@ -114,4 +114,4 @@ def test_egress_ask_pauses_the_run_until_a_person_answers(tmp_path: Path, base_i
     assert run_audit.count("run.approval.requested") == 2
     egress = [r for r in report["audit"] if r["action"].startswith("egress.")]
     assert any("approved by" in (r["reason"] or "") for r in egress)
-    assert report["sandboxes_after"] == [] and report["sb_dirs_after"] == []
+    assert report["sandboxes_after"] == [] and report["runtime_after"] == []
