@@ -1,4 +1,4 @@
-"""A download the client abandons must not keep its sandbox busy.
+"""A download or exec the client abandons must not keep its sandbox busy.
 
 `GET /v1/sandboxes/{id}/files` borrows the sandbox (`manager.use`) for as long as the file
 streams out; while borrowed the sandbox never idle-expires. A client that goes away — before the
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
+import json
 import socket
 import struct
 import time
@@ -245,3 +247,46 @@ async def test_a_client_gone_before_the_response_starts_frees_the_sandbox(live: 
     records = r.json()["records"]
     failed = [x for x in records if x["action"] == "sandbox.file_out" and x["decision"] == "error"]
     assert len(failed) == 3, [(x["action"], x["decision"]) for x in records]
+
+
+async def test_an_abandoned_exec_stops_the_guest_command(live: LivePlane) -> None:
+    """A client that goes away in the middle of `POST .../exec` (Ctrl-C on `aamp sandbox exec`)
+    must not leave the command running in the guest or the sandbox borrowed."""
+    sandbox_id = await _sandbox_with_big_file(live)
+    sandbox = live.cp.manager.get(sandbox_id)
+    body = json.dumps({"argv": ["sh", "-c", "echo started; exec sleep 1234"]}).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", live.port)
+    writer.write(
+        (
+            f"POST /v1/sandboxes/{sandbox_id}/exec HTTP/1.1\r\n"
+            f"Host: 127.0.0.1:{live.port}\r\n"
+            f"Authorization: Bearer {live.token}\r\n"
+            "Content-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        + body
+    )
+    await writer.drain()
+    seen = b""
+    while b'"stream":"stdout"' not in seen:
+        chunk = await asyncio.wait_for(reader.read(4096), 30)
+        assert chunk, seen
+        seen += chunk
+    gc.disable()  # the cyclic collector may not stand in for the clean-up
+    try:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        assert await _wait_for(lambda: sandbox.active_uses == 0, 5), "sandbox still borrowed"
+        deadline = time.monotonic() + 5
+        while True:
+            async with live.cp.manager.use(sandbox_id) as channel:
+                _, out, _ = await channel.run(
+                    ["sh", "-c", "cat /proc/[0-9]*/cmdline | tr '\\0' ' '"]
+                )
+            if b"sleep 1234" not in out or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        gc.enable()
+    assert b"sleep 1234" not in out, "the guest command outlived the request"
