@@ -440,10 +440,15 @@ async def test_agent_as_pid_1_reaps_orphans(
     assert b"agent" in out
     # An orphan re-parented to pid 1 must be reaped, not left a zombie.
     await channel.run(["sh", "-c", "sleep 0.2 & exit 0"])
-    await asyncio.sleep(0.6)
-    _, out, _ = await channel.run(
-        ["sh", "-c", "cat /proc/[0-9]*/stat 2>/dev/null | awk '$3 == \"Z\"' | wc -l"]
-    )
+    # Until the orphan is gone from /proc altogether: a zombie would stay there for good, and a
+    # fixed wait could look before the orphan even exited (on a loaded host).
+    count = 'cat /proc/[0-9]*/stat 2>/dev/null | awk \'$2 == "(sleep)" || $3 == "Z"\' | wc -l'
+    deadline = time.monotonic() + 10
+    while True:
+        _, out, _ = await channel.run(["sh", "-c", count])
+        if out.strip() == b"0" or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.1)
     assert out.strip() == b"0"
     await channel.close()
     assert await asyncio.to_thread(proc.wait, 10) == 1  # pid 1 exits with the agent's status
