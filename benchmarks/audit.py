@@ -30,8 +30,7 @@ from typing import Any
 from sqlalchemy import insert
 
 from aamp.audit import AuditLog, CheckpointSigner, verify
-from aamp.audit.canonical import record_hash
-from aamp.audit.record import make_event
+from aamp.audit.record import AuditRecord, make_event
 from aamp.store import Store
 from aamp.store.pgtemp import TemporaryPostgres
 from aamp.store.tables import AuditRecordRow
@@ -101,38 +100,25 @@ def one_transaction_per_record(url: str, records: int) -> dict[str, Any]:
     prev = "0" * 64
     started = time.perf_counter()
     for i in range(records):
-        ev = make_event(**_event_kwargs(i))
-        t = now()
-        h = record_hash(
-            i + 1,
-            t,
-            ev.actor,
-            ev.action,
-            ev.resource,
-            ev.decision,
-            ev.reason,
-            ev.request_id,
-            ev.details_json,
-            prev,
-        )
+        rec = AuditRecord.chained(i + 1, now(), make_event(**_event_kwargs(i)), prev)
         with store.write_connection() as conn:
             conn.execute(
                 insert(table),
                 {
-                    "seq": i + 1,
-                    "time": t,
-                    "actor": ev.actor,
-                    "action": ev.action,
-                    "resource": ev.resource,
-                    "decision": ev.decision,
-                    "reason": ev.reason,
-                    "request_id": ev.request_id,
-                    "details": ev.details_json,
-                    "prev_hash": prev,
-                    "hash": h,
+                    "seq": rec.seq,
+                    "time": rec.time,
+                    "actor": rec.actor,
+                    "action": rec.action,
+                    "resource": rec.resource,
+                    "decision": rec.decision,
+                    "reason": rec.reason,
+                    "request_id": rec.request_id,
+                    "details": rec.details_json,
+                    "prev_hash": rec.prev_hash,
+                    "hash": rec.hash,
                 },
             )
-        prev = h
+        prev = rec.hash
     elapsed = time.perf_counter() - started
     store.close()
     return {"records": records, "records_per_s": records / elapsed}

@@ -31,7 +31,6 @@ from typing import Any
 
 from sqlalchemy import insert, select
 
-from aamp.audit.canonical import record_hash
 from aamp.audit.record import AuditEvent, AuditRecord, make_event
 from aamp.audit.signing import SIGNING_KEY_FILENAME, CheckpointSigner
 from aamp.config import Settings
@@ -294,20 +293,8 @@ class AuditLog:
         records: list[AuditRecord] = []
         for ev in events:
             seq += 1
-            fields = (
-                seq,
-                time,
-                ev.actor,
-                ev.action,
-                ev.resource,
-                ev.decision,
-                ev.reason,
-                ev.request_id,
-                ev.details_json,
-                prev,
-            )
-            prev = record_hash(*fields)
-            records.append(AuditRecord(*fields, prev))
+            records.append(AuditRecord.chained(seq, time, ev, prev))
+            prev = records[-1].hash
         return records
 
     def _due_checkpoints(self, records: list[AuditRecord]) -> list[tuple[Any, ...]]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from aamp.audit.canonical import canonical_json
+from aamp.audit.canonical import canonical_json, record_hash
 
 MAX_DETAILS_BYTES = 64 * 1024
 _DECISION_RE = re.compile(r"^[a-z][a-z_]{0,31}$")
@@ -63,6 +63,23 @@ class AuditRecord:
     details_json: str = field(repr=False)
     prev_hash: str
     hash: str
+
+    @classmethod
+    def chained(cls, seq: int, time: str, event: AuditEvent, prev_hash: str) -> AuditRecord:
+        """`event` as record `seq`, following the record whose hash is `prev_hash`."""
+        fields = (
+            seq,
+            time,
+            event.actor,
+            event.action,
+            event.resource,
+            event.decision,
+            event.reason,
+            event.request_id,
+            event.details_json,
+            prev_hash,
+        )
+        return cls(*fields, record_hash(*fields))
 
     @property
     def details(self) -> dict[str, Any]:
