@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aamp.sandbox import procs
+from aamp.sandbox import cgroup_mounts, procs
 from aamp.sandbox.driver import (
     Driver,
     DriverError,
@@ -55,6 +55,11 @@ CPU_PERIOD_US = 100_000
 # with its helpers peaks near 400 host tasks here; a fork bomb still hits the limit at once.
 THREADS_PER_PROCESS = 4
 SANDBOX_KERNEL_TASKS = 64
+# What runsc (cgroup v1) writes a sandbox's limits into: cpu, memory and pids carry this
+# driver's limits (and memory and pids tell why a guest died); runsc also refuses to start
+# without blkio and cpuset, which it treats as mandatory. The other controllers it knows
+# (cpuacct, devices, freezer, ...) it skips when they are absent.
+REQUIRED_CGROUP_CONTROLLERS = ("blkio", "cpu", "cpuset", "memory", "pids")
 
 
 class GVisorDriver(Driver):
@@ -75,6 +80,8 @@ class GVisorDriver(Driver):
     # -- contract -------------------------------------------------------------------------
 
     def probe(self) -> DriverStatus:
+        """Whether `create` can start a sandbox here: runsc present and runnable, root, and the
+        cgroup controllers a sandbox's limits go through mounted and writable."""
         path = shutil.which(self.runsc)
         if path is None:
             return DriverStatus(
@@ -86,12 +93,19 @@ class GVisorDriver(Driver):
             return DriverStatus(
                 self.name, False, "runsc needs root here (cgroups and mounts); run aamp as root"
             )
+        cgroups = cgroup_mounts.problems(REQUIRED_CGROUP_CONTROLLERS)
+        if cgroups is not None:
+            return DriverStatus(
+                self.name,
+                False,
+                f"no sandbox can start here: runsc puts each sandbox's limits into cgroups, "
+                f"and {cgroups}",
+            )
         version = procs.run_quiet([path, "--version"]).splitlines()[:1]
+        if not version:
+            return DriverStatus(self.name, False, f"{path} does not run (`runsc --version` failed)")
         return DriverStatus(
-            self.name,
-            True,
-            f"{path} ({version[0] if version else 'unknown version'}), "
-            f"platform {self.platform}, no network",
+            self.name, True, f"{path} ({version[0]}), platform {self.platform}, no network"
         )
 
     def channel_path(self, state_dir: Path) -> Path:
