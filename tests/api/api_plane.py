@@ -1,7 +1,13 @@
-"""Helpers for an in-process control plane (real store, audit log, vault, gVisor manager).
+"""Helpers for an in-process control plane (real store, audit log, vault and sandbox manager).
 
-Its image directory is empty, so a sandbox request that gets past authorisation fails with
-"not built" instead of booting anything: routes can be authorisation-tested cheaply.
+Two kinds, chosen by the settings a test builds:
+- `plane_settings`: a plane that boots nothing. Its image directory is empty, so a sandbox
+  request that gets past authorisation fails with "not built"; its driver is the
+  `DriverDouble` (tests/driver_double.py) and its runtime directory lies under the test's
+  tmp_path, so it runs on any machine, without root or runsc: routes, identity, secrets and
+  the audit log can be tested cheaply everywhere.
+- `booting_plane_settings`: the built images and the real gVisor driver (skipped where it
+  cannot run), for tests that start sandboxes.
 """
 
 from __future__ import annotations
@@ -16,10 +22,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from driver_double import DriverDouble  # tests/driver_double.py
+from install_layout import shared_image_dir  # tests/install_layout.py
 from sqlalchemy import text
 
 from aamp.api.context import ControlPlane
 from aamp.config import Settings
+from aamp.sandbox.driver import Driver
 
 ADMIN_PASSWORD = "admin-password-for-tests"
 
@@ -62,23 +71,44 @@ class Plane:
 
 
 def plane_settings(tmp_path: Path, **extra: str) -> Settings:
+    """A plane that boots nothing: no images, the DriverDouble, everything under tmp_path."""
     return Settings.from_env(
         {
             "AAMP_HOME": str(tmp_path / "home"),
-            "AAMP_RUNTIME_DIR": f"/run/aamp-t{secrets.token_hex(4)}",
+            "AAMP_RUNTIME_DIR": str(tmp_path / "run"),
             "AAMP_IMAGE_DIR": str(tmp_path / "no-images"),
             "AAMP_ADMIN_PASSWORD": ADMIN_PASSWORD,
+            "AAMP_DRIVER": DriverDouble.name,
             **extra,
         }
     )
 
 
-def gvisor_only(settings: Settings) -> dict[str, object]:
+def booting_plane_settings(tmp_path: Path, **extra: str) -> Settings:
+    """A plane that boots real gVisor sandboxes from the built images."""
+    return plane_settings(
+        tmp_path,
+        # Short, in /run: the sandboxes' Unix socket paths must stay under 108 bytes.
+        AAMP_RUNTIME_DIR=f"/run/aamp-t{secrets.token_hex(4)}",
+        AAMP_IMAGE_DIR=str(shared_image_dir()),
+        AAMP_DRIVER="gvisor",
+        **extra,
+    )
+
+
+def gvisor_only(settings: Settings) -> dict[str, Driver]:
     if os.geteuid() != 0 or shutil.which("runsc") is None:
         pytest.skip("the sandbox manager needs root and runsc here")
     from aamp.sandbox.gvisor import GVisorDriver
 
     return {"gvisor": GVisorDriver(settings.runtime_dir)}
+
+
+def plane_drivers(settings: Settings) -> dict[str, Driver]:
+    """The driver the settings name: the DriverDouble, or the real gVisor driver."""
+    if settings.env["AAMP_DRIVER"] == DriverDouble.name:
+        return {DriverDouble.name: DriverDouble()}
+    return gvisor_only(settings)
 
 
 @contextlib.asynccontextmanager
@@ -87,7 +117,8 @@ async def running_plane(settings: Settings) -> AsyncIterator[Plane]:
     from aamp.api.app import create_app
     from aamp.server import build_control_plane
 
-    cp, _ = build_control_plane(settings, gvisor_only(settings))  # type: ignore[arg-type]
+    drivers = plane_drivers(settings)
+    cp, _ = build_control_plane(settings, drivers)
     app = create_app(cp)
     token = settings.cli_token_path.read_text().strip()
     try:
@@ -96,3 +127,9 @@ async def running_plane(settings: Settings) -> AsyncIterator[Plane]:
     finally:
         cp.store.close()
         shutil.rmtree(settings.runtime_dir, ignore_errors=True)
+    double = drivers.get(DriverDouble.name)
+    if isinstance(double, DriverDouble):
+        assert double.create_attempts == [], (
+            "a test on a plane that boots nothing tried to start a sandbox; "
+            "give it booting_plane_settings"
+        )

@@ -11,16 +11,13 @@ import os
 from pathlib import Path
 
 import pytest
-from api_plane import plane_settings, running_plane  # tests/api/conftest.py
-from install_layout import shared_image_dir  # tests/install_layout.py
+from api_plane import booting_plane_settings, running_plane  # tests/api/conftest.py
 from sqlalchemy import text
 
 
 @pytest.fixture
 async def real_plane(tmp_path: Path, base_image):
-    images = str(shared_image_dir())
-    settings = plane_settings(tmp_path, AAMP_IMAGE_DIR=images)
-    async with running_plane(settings) as plane:
+    async with running_plane(booting_plane_settings(tmp_path)) as plane:
         yield plane
 
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import schemathesis
 import uvicorn
-from api_plane import gvisor_only, plane_settings  # tests/api/conftest.py
+from api_plane import plane_drivers, plane_settings  # tests/api/conftest.py
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -41,7 +41,7 @@ def _port() -> int:
 @pytest.fixture
 def server(tmp_path: Path):
     cfg = plane_settings(tmp_path)
-    cp, _ = build_control_plane(cfg, gvisor_only(cfg))  # type: ignore[arg-type]
+    cp, _ = build_control_plane(cfg, plane_drivers(cfg))
     app = create_app(cp)
     port = _port()
     srv = uvicorn.Server(

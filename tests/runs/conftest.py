@@ -8,19 +8,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from install_layout import shared_image_dir  # tests/install_layout.py
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "api"), str(HERE.parent / "agents")]
 
-from api_plane import Plane, plane_settings, running_plane  # noqa: E402
+from api_plane import Plane, booting_plane_settings, running_plane  # noqa: E402
 
 
 @pytest.fixture
 async def run_plane(tmp_path: Path, base_image) -> AsyncIterator[Plane]:
-    images = str(shared_image_dir())
-    settings = plane_settings(tmp_path, AAMP_IMAGE_DIR=images)
-    async with running_plane(settings) as plane:
+    async with running_plane(booting_plane_settings(tmp_path)) as plane:
         assert plane.cp.runs is not None
         plane.cp.runs.model_backoff = 0.05
         yield plane
