@@ -4,12 +4,16 @@
     aamp agent edit AGENT -f agent.yaml    # replaces the draft
     aamp agent publish AGENT               # freezes the draft as the next version
     aamp agent ls
-    aamp run AGENT "task" [--input FILE ...] [--version N|draft]   # streams the steps
+    aamp run AGENT "task" [--input FILE ...] [--version N|latest|draft] [--download DIR]
+    aamp run AGENT "task" ... --no-follow  # prints only the run's id, for scripts
     aamp run ls | show RUN | cancel RUN | artifacts RUN [--download DIR]
     aamp approval ls [--all] | approve ID [--note TEXT] | deny ID [--note TEXT]
 
-AGENT is an agent's id or name. `aamp run AGENT ...` exits 0 when the run succeeds, 1 if it
-ends any other way; Ctrl-C stops following (the run goes on; `aamp run cancel` stops it).
+AGENT is an agent's id or name. `aamp run AGENT ...` streams the steps and exits 0 when the run
+succeeds, 1 if it ends any other way; with `--download DIR` it then saves the run's artifacts
+into DIR (see `aamp.run_download`), and a failed download exits 1 as well. Ctrl-C stops
+following (the run goes on; `aamp run cancel` stops it, `aamp run artifacts RUN --download DIR`
+fetches its files later). An option that does not apply to the command given is refused.
 """
 
 from __future__ import annotations
@@ -24,8 +28,18 @@ from typing import Any
 import yaml
 
 from aamp.config import Settings
+from aamp.run_download import check_directory, save_artifacts
 
 RUN_ACTIONS = ("ls", "show", "cancel", "artifacts")
+FINISHED = ("succeeded", "failed", "cancelled", "timed_out")
+# Which of `aamp run`'s options each form takes ("start" is `aamp run AGENT TASK`).
+RUN_OPTIONS = {
+    "start": {"input", "version", "download", "no_follow"},
+    "artifacts": {"download"},
+    "ls": set(),
+    "show": set(),
+    "cancel": set(),
+}
 
 
 def add_parsers(sub: Any) -> None:
@@ -45,9 +59,14 @@ def add_parsers(sub: Any) -> None:
     )
     run.add_argument("words", nargs="+", metavar="AGENT TASK | ls | show RUN | ...")
     run.add_argument("--input", action="append", default=[], type=Path, metavar="FILE")
-    run.add_argument("--version", default="latest", help="a version number, latest or draft")
-    run.add_argument("--download", type=Path, metavar="DIR", help="with artifacts: save them")
-    run.add_argument("--no-follow", action="store_true", help="start the run and print its id")
+    run.add_argument("--version", help="a version number, latest (the default) or draft")
+    run.add_argument(
+        "--download",
+        type=Path,
+        metavar="DIR",
+        help="save the run's artifacts into DIR when it ends (with `run artifacts RUN`: now)",
+    )
+    run.add_argument("--no-follow", action="store_true", help="start the run and print only its id")
 
     approval = sub.add_parser(
         "approval", help="questions runs put to people (egress ask, outbound data)"
@@ -157,35 +176,69 @@ def _approval(client: Any, args: argparse.Namespace, table: Any) -> int:
 
 def _run(client: Any, args: argparse.Namespace, table: Any) -> int:
     words = args.words
-    if words[0] in RUN_ACTIONS and not (words[0] == "ls" and len(words) > 1):
+    is_action = words[0] in RUN_ACTIONS and not (words[0] == "ls" and len(words) > 1)
+    _refuse_options_that_do_not_apply(args, words[0] if is_action else "start")
+    if is_action:
         return _run_action(client, words, args, table)
     if len(words) != 2:
         raise ValueError('usage: aamp run AGENT "task" [--input FILE ...]')
+    if args.download is not None:
+        if args.no_follow:
+            raise ValueError("--download waits for the run to end; it cannot go with --no-follow")
+        check_directory(args.download)  # before the run starts, not after it ended
     ident = agent_id(client, words[0])
     inputs = [
         {"name": p.name, "content_b64": base64.b64encode(p.read_bytes()).decode()}
         for p in args.input
     ]
-    version: int | str = int(args.version) if args.version.isdigit() else args.version
+    wanted = args.version or "latest"
+    version: int | str = int(wanted) if wanted.isdigit() else wanted
     run = client.call(
         "POST",
         f"/v1/agents/{ident}/runs",
         json={"task": words[1], "inputs": inputs, "version": version},
     )
-    print(f"run {run['id']} ({run['status']}, version {run['version']})", flush=True)
     if args.no_follow:
+        print(run["id"])  # nothing else on stdout: `id=$(aamp run ... --no-follow)`
         return 0
-    return follow(client, run["id"])
+    print(f"run {run['id']} ({run['status']}, version {run['version']})", flush=True)
+    status = follow(client, run["id"])
+    if args.download is not None:
+        _download(client, run["id"], args.download)
+    return 0 if status == "succeeded" else 1
 
 
-def follow(client: Any, run_id: str) -> int:
-    """Print the run's steps as they happen; the exit status says how it ended."""
+def _refuse_options_that_do_not_apply(args: argparse.Namespace, form: str) -> None:
+    given = {
+        "input": bool(args.input),
+        "version": args.version is not None,
+        "download": args.download is not None,
+        "no_follow": args.no_follow,
+    }
+    for option, present in given.items():
+        if present and option not in RUN_OPTIONS[form]:
+            flag = "--" + option.replace("_", "-")
+            where = "aamp run AGENT TASK" if form == "start" else f"aamp run {form}"
+            takes = sorted("--" + o.replace("_", "-") for o in RUN_OPTIONS[form])
+            raise ValueError(
+                f"{flag} does not apply to `{where}` (it takes {', '.join(takes) or 'no options'})"
+            )
+
+
+def _download(client: Any, run_id: str, dest: Path) -> None:
+    items = client.call("GET", f"/v1/runs/{run_id}/artifacts")
+    save_artifacts(
+        client, run_id, items, dest, progress=lambda line: print(line, file=sys.stderr, flush=True)
+    )
+
+
+def follow(client: Any, run_id: str) -> str:
+    """Print the run's steps as they happen; returns the status it ended with."""
     last = 0
     status = "unknown"
     while status == "unknown":
         headers = {"last-event-id": str(last)} if last else {}
-        with client.http.stream("GET", f"/v1/runs/{run_id}/events", headers=headers) as resp:
-            client._check(resp)
+        with client.stream("GET", f"/v1/runs/{run_id}/events", headers=headers) as resp:
             event: dict[str, str] = {}
             for line in resp.iter_lines():
                 if line == "":
@@ -201,9 +254,9 @@ def follow(client: Any, run_id: str) -> int:
                     event[key] = value.lstrip(" ")
         if status == "unknown":  # the stream ended early (a proxy, a restart): resume
             run = client.call("GET", f"/v1/runs/{run_id}")
-            if run["status"] in ("succeeded", "failed", "cancelled", "timed_out"):
+            if run["status"] in FINISHED:
                 status = run["status"]
-    return 0 if status == "succeeded" else 1
+    return status
 
 
 def describe(kind: str, d: dict[str, Any]) -> str:
@@ -272,10 +325,5 @@ def _run_action(client: Any, words: list[str], args: argparse.Namespace, table: 
     items = client.call("GET", f"/v1/runs/{run_id}/artifacts")
     table([("NAME", "SIZE", "SHA256")] + [(a["name"], str(a["size"]), a["sha256"]) for a in items])
     if args.download is not None:
-        args.download.mkdir(parents=True, exist_ok=True)
-        for item in items:
-            dest = args.download / Path(item["name"]).name
-            resp = client._send("GET", f"/v1/runs/{run_id}/artifacts/{item['name']}")
-            dest.write_bytes(resp.content)
-            print(f"saved {dest}", file=sys.stderr)
+        _download(client, run_id, args.download)
     return 0

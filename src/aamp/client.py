@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,6 +58,21 @@ class ApiClient:
                 "unreachable",
                 f"the control plane is not reachable at {self.base}; start it with `aamp up`",
             ) from None
+
+    @contextlib.contextmanager
+    def stream(self, method: str, url: str, **kw: Any) -> Iterator[httpx.Response]:
+        """A request whose body the caller reads as it arrives; its status is checked first,
+        and a connection that fails on the way is a ClientError too."""
+        try:
+            with self.http.stream(method, url, **kw) as resp:
+                self._check(resp)
+                yield resp
+        except httpx.ConnectError:
+            raise ClientError(
+                "unreachable", f"the control plane is not reachable at {self.base}"
+            ) from None
+        except httpx.HTTPError as exc:
+            raise ClientError("transfer_failed", f"transfer failed: {exc}") from None
 
     def call(self, method: str, url: str, **kw: Any) -> Any:
         """One JSON request; the decoded body (None for an empty one)."""
@@ -131,13 +147,12 @@ class ApiClient:
         tmp = local.with_name(f".{local.name}.aamp-partial")
         written = 0
         try:
-            with self.http.stream(
+            with self.stream(
                 "GET",
                 f"/v1/sandboxes/{sandbox_id}/files",
                 params={"path": guest_path},
                 timeout=None,
             ) as resp:
-                self._check(resp)
                 expected = int(resp.headers.get("content-length", "-1"))
                 with tmp.open("wb") as f:
                     for chunk in resp.iter_bytes():
@@ -146,12 +161,6 @@ class ApiClient:
             if expected >= 0 and written != expected:
                 raise ClientError("truncated", f"got {written} of {expected} bytes")
             tmp.replace(local)
-        except httpx.ConnectError:
-            raise ClientError(
-                "unreachable", f"the control plane is not reachable at {self.base}"
-            ) from None
-        except httpx.HTTPError as exc:
-            raise ClientError("transfer_failed", f"download failed: {exc}") from None
         finally:
             tmp.unlink(missing_ok=True)
         return written

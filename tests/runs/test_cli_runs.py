@@ -3,12 +3,18 @@ scripted model double: the run's steps stream in the terminal, artifacts downloa
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
+from pathlib import Path
 
 import pytest
 from scripted_model import ScriptedModelServerForTests
 from test_cli import ControlPlane  # tests/api/test_cli.py: a real `aamp up` process
+
+from aamp.runs.service import artifacts_dir
+from aamp.runs.store import RunStore
+from aamp.store import Store
 
 pytestmark = pytest.mark.usefixtures("base_image")
 
@@ -32,6 +38,28 @@ data:
 WRITE = "open('/workspace/out/n.txt','w').write(str(len(open('/workspace/in/a.csv').read())))"
 
 
+def write_reporter(tmp_path, base_url: str) -> Path:
+    """agent.yaml and policy.yaml for the `reporter` agent, and its input; returns the CSV."""
+    (tmp_path / "agent.yaml").write_text(AGENT.format(base_url=base_url))
+    (tmp_path / "policy.yaml").write_text(POLICY)
+    csv = tmp_path / "a.csv"
+    csv.write_bytes(b"x,y\n1,2\n")
+    return csv
+
+
+def publish_agent(plane, tmp_path, agent: str, policy: str) -> None:
+    """Create the agent and its policy from tmp_path's files, grant them, publish."""
+    for command in (
+        ("agent", "create", "-f", str(tmp_path / "agent.yaml")),
+        ("policy", "put", str(tmp_path / "policy.yaml")),
+        ("grant", "attach", agent, "policy", policy),
+        ("grant", "attach", agent, "image", "base"),
+        ("agent", "publish", agent),
+    ):
+        done = plane.aamp(*command)
+        assert done.returncode == 0, (command, done.stderr)
+
+
 def test_agent_and_run_commands(settings, tmp_path) -> None:
     turns = [
         {"tool_calls": [{"name": "python", "arguments": {"code": WRITE}}]},
@@ -41,10 +69,8 @@ def test_agent_and_run_commands(settings, tmp_path) -> None:
     plane.start()
     try:
         with ScriptedModelServerForTests(turns) as model:
+            write_reporter(tmp_path, model.base_url)
             agent_file = tmp_path / "agent.yaml"
-            agent_file.write_text(AGENT.format(base_url=model.base_url))
-            (tmp_path / "policy.yaml").write_text(POLICY)
-            (tmp_path / "a.csv").write_bytes(b"x,y\n1,2\n")
             bad = tmp_path / "bad.yaml"
             bad.write_text("name: broken\nmodel: {name: m}\npolicy: files-only\n")
             out = plane.aamp("agent", "create", "-f", str(bad))
@@ -93,19 +119,13 @@ def test_approval_commands_answer_a_waiting_run(settings, tmp_path) -> None:
             (tmp_path / "agent.yaml").write_text(agent.replace("name: reporter", "name: asker"))
             (tmp_path / "policy.yaml").write_text(policy)
             (tmp_path / "a.csv").write_bytes(b"x,y\n1,2\n")
-            for command in (
-                ("agent", "create", "-f", str(tmp_path / "agent.yaml")),
-                ("policy", "put", str(tmp_path / "policy.yaml")),
-                ("grant", "attach", "asker", "policy", "files-ask"),
-                ("grant", "attach", "asker", "image", "base"),
-                ("agent", "publish", "asker"),
-            ):
-                done = plane.aamp(*command)
-                assert done.returncode == 0, (command, done.stderr)
+            publish_agent(plane, tmp_path, "asker", "files-ask")
             out = plane.aamp(
                 "run", "asker", "count", "--input", str(tmp_path / "a.csv"), "--no-follow"
             )
-            run_id = re.search(r"run (run-[0-9a-f]+)", out.stdout.decode()).group(1)
+            assert out.returncode == 0, out.stderr
+            assert re.fullmatch(r"run-[0-9a-f]+\n", out.stdout.decode()), out.stdout  # only the id
+            run_id = out.stdout.decode().strip()
             listed = ""
             for _ in range(300):
                 listed = plane.aamp("approval", "ls").stdout.decode()
@@ -128,5 +148,104 @@ def test_approval_commands_answer_a_waiting_run(settings, tmp_path) -> None:
             assert '"status": "succeeded"' in shown
             history = plane.aamp("approval", "ls", "--all").stdout.decode()
             assert re.search(rf"{approval_id}.*approved\s+user:admin", history), history
+    finally:
+        plane.stop()
+
+
+WRITE_TWO = (
+    "import os; os.makedirs('/workspace/out/sub', exist_ok=True); "
+    "open('/workspace/out/n.txt','w').write('8'); "
+    "open('/workspace/out/sub/n.txt','w').write('in sub')"
+)
+
+
+def test_run_download_saves_checked_artifacts_when_the_run_ends(settings, tmp_path) -> None:
+    turns = [
+        {"tool_calls": [{"name": "python", "arguments": {"code": WRITE_TWO}}]},
+        {"content": "Written."},
+        {"status": 400},  # the second run's model refuses: that run fails
+    ]
+    plane = ControlPlane(settings)
+    plane.start()
+    try:
+        with ScriptedModelServerForTests(turns) as model:
+            csv = write_reporter(tmp_path, model.base_url)
+            publish_agent(plane, tmp_path, "reporter", "files-only")
+            start = ("run", "reporter", "count", "--input", str(csv))
+
+            # Refused before any run starts: nothing to wait for, or nowhere to save.
+            dest = tmp_path / "dl"
+            out = plane.aamp(*start, "--download", str(dest), "--no-follow")
+            assert out.returncode == 1 and b"cannot go with --no-follow" in out.stderr
+            a_file = tmp_path / "a-file"
+            a_file.write_bytes(b"")
+            out = plane.aamp(*start, "--download", str(a_file))
+            assert out.returncode == 1 and b"exists and is not a directory" in out.stderr
+            assert b"run-" not in plane.aamp("run", "ls").stdout
+
+            out = plane.aamp(*start, "--download", str(dest))
+            text, progress = out.stdout.decode(), out.stderr.decode()
+            assert out.returncode == 0, (text, progress)
+            assert "run succeeded" in text
+            run_id = re.search(r"run (run-[0-9a-f]+)", text).group(1)
+            # Each artifact keeps its path under /workspace/out: the two n.txt stay apart.
+            assert (dest / "n.txt").read_bytes() == b"8"
+            assert (dest / "sub" / "n.txt").read_bytes() == b"in sub"
+            assert f"downloading 2 artifact(s) of run {run_id} into {dest}" in progress
+            assert "[1/2] n.txt (1 bytes)" in progress and "[2/2] sub/n.txt (6 bytes)" in progress
+            assert f"[2/2] saved {dest / 'sub' / 'n.txt'}" in progress
+            assert sorted(p.name for p in dest.rglob("*")) == ["n.txt", "n.txt", "sub"]
+
+            # Again into the same directory: the same bytes are kept, other bytes never replaced.
+            again = plane.aamp("run", "artifacts", run_id, "--download", str(dest))
+            assert again.returncode == 0 and b"is already there" in again.stderr
+            (dest / "n.txt").write_bytes(b"mine")
+            clash = plane.aamp("run", "artifacts", run_id, "--download", str(dest))
+            assert clash.returncode == 1
+            assert b"already exists with other content; not overwritten" in clash.stderr
+            assert (dest / "n.txt").read_bytes() == b"mine"
+
+            # A symbolic link inside the directory is not followed out of it.
+            outside, linked = tmp_path / "outside", tmp_path / "linked"
+            outside.mkdir()
+            linked.mkdir()
+            (linked / "sub").symlink_to(outside)
+            out = plane.aamp("run", "artifacts", run_id, "--download", str(linked))
+            assert out.returncode == 1 and b"is a symbolic link; not followed" in out.stderr
+            assert list(outside.iterdir()) == [] and not (linked / "n.txt").exists()
+
+            # An option that does not apply is refused, not ignored.
+            out = plane.aamp("run", "show", run_id, "--download", str(dest))
+            assert out.returncode == 1 and b"--download does not apply" in out.stderr
+
+            # A run that fails exits non-zero; it left nothing to download.
+            failed_dest = tmp_path / "failed"
+            out = plane.aamp(*start, "--download", str(failed_dest))
+            assert out.returncode == 1 and b"run failed" in out.stdout, out.stdout
+            assert b"has no artifacts to download" in out.stderr
+            assert not failed_dest.exists()
+
+            # From the untrusted side: bytes that are not what the run recorded, and a name
+            # that climbs out (written by someone with the server's disk and database).
+            stored = artifacts_dir(plane.settings, run_id) / hashlib.sha256(b"8").hexdigest()
+            for forged, words in ((b"9", b"received 1 bytes, sha256 "), (b"8888", b"more than")):
+                stored.write_bytes(forged)
+                bad = tmp_path / f"forged-{len(forged)}"
+                out = plane.aamp("run", "artifacts", run_id, "--download", str(bad))
+                assert out.returncode == 1 and words in out.stderr, out.stderr
+                assert b"the run recorded; not saved" in out.stderr
+                assert not (bad / "n.txt").exists()
+                assert [p.name for p in bad.rglob("*")] == []  # no partial file either
+            stored.write_bytes(b"8")
+            with Store.open(plane.settings) as store:
+                RunStore(store).add_artifact(
+                    run_id, "../escape.txt", 1, hashlib.sha256(b"8").hexdigest()
+                )
+            climbing = tmp_path / "climbing" / "dl"
+            out = plane.aamp("run", "artifacts", run_id, "--download", str(climbing))
+            assert out.returncode == 1, out.stderr
+            assert b"'../escape.txt': would leave the download directory" in out.stderr
+            assert not (tmp_path / "climbing" / "escape.txt").exists()
+            assert not climbing.exists()  # refused before anything was written
     finally:
         plane.stop()
