@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import zlib
 
+import brotli
 import pytest
 
 from aamp.egress.scrub import DECODED_PIECE, BodyDecoder, Scrubber, UnsupportedEncoding
@@ -65,20 +66,36 @@ def test_header_scrub_is_independent_of_the_stream():
     assert scrubber.flush() == b"x" * (held - 4) + SECRET[:4]
 
 
-def test_gzip_and_deflate_are_decoded_in_bounded_pieces():
+def test_gzip_deflate_and_br_are_decoded_in_bounded_pieces():
     body = b"A" * (3 * DECODED_PIECE) + SECRET
-    for encoding, data in (("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))):
+    for encoding, data in (
+        ("gzip", gzip.compress(body)),
+        ("deflate", zlib.compress(body)),
+        ("br", brotli.compress(body)),
+    ):
         decoder = BodyDecoder(encoding)
         pieces = [*decoder.feed(data), decoder.flush()]
         assert max(len(p) for p in pieces) <= DECODED_PIECE
         assert b"".join(pieces) == body
     assert not BodyDecoder("identity").decoding
-    with pytest.raises(UnsupportedEncoding, match="br"):
-        BodyDecoder("br")
+    with pytest.raises(UnsupportedEncoding, match="zstd"):
+        BodyDecoder("zstd")
     with pytest.raises(UnsupportedEncoding):
         BodyDecoder("gzip, gzip")
+    with pytest.raises(UnsupportedEncoding):
+        BodyDecoder("gzip, br")
     with pytest.raises(UnsupportedEncoding, match="corrupt"):
         list(BodyDecoder("gzip").feed(b"not gzip at all"))
+    with pytest.raises(UnsupportedEncoding, match="corrupt"):
+        list(BodyDecoder("br").feed(b"not brotli at all"))
+
+
+def test_br_split_into_tiny_pieces_decodes_whole():
+    body = (b"x" * 5000 + SECRET) * 50
+    data = brotli.compress(body)
+    decoder = BodyDecoder("br")
+    out = b"".join(b"".join(decoder.feed(data[i : i + 3])) for i in range(0, len(data), 3))
+    assert out + decoder.flush() == body
 
 
 def test_clean_fast_path_agrees_with_one_whole_scrub_for_every_seam():

@@ -11,15 +11,19 @@ so every occurrence is seen whole; everything before that tail goes out at once.
 never rescanned after replacement, so the marker is a byte that occurs in no needle: then no
 occurrence can span a marker, and none can be formed from the pieces around one.
 
-`BodyDecoder` undoes a gzip/deflate Content-Encoding first (a value inside compressed bytes
-is invisible to a byte search); any other coding cannot be scrubbed and is refused by the
-proxy. The proxy also asks service upstreams for `Accept-Encoding: identity`.
+`BodyDecoder` undoes a gzip, deflate or br Content-Encoding first (a value inside compressed
+bytes is invisible to a byte search), in pieces of at most `DECODED_PIECE` bytes however
+much a piece of input inflates to; any other coding, or more than one, cannot be scrubbed
+and is refused by the proxy. The proxy also asks service upstreams for
+`Accept-Encoding: identity`, so decoding is needed only for upstreams that ignore it.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Iterable, Iterator
+
+import brotli
 
 _MARKER_CANDIDATES = b"*#~!^|_-.\x00"
 MARKER_LENGTH = 8
@@ -129,17 +133,22 @@ class Scrubber:
 
 
 class BodyDecoder:
-    """Undo a response's Content-Encoding (identity, gzip, x-gzip, deflate) piece by piece."""
+    """Undo a response's Content-Encoding (identity, gzip, x-gzip, deflate, br) piece by
+    piece, in decoded pieces of at most `DECODED_PIECE` bytes."""
 
     def __init__(self, encoding: str | None):
         codings = [c.strip().lower() for c in (encoding or "").split(",") if c.strip()]
         codings = [c for c in codings if c != "identity"]
+        self._z: zlib._Decompress | None = None
+        self._br: brotli.Decompressor | None = None
         if not codings:
-            self._z = None
+            pass
         elif len(codings) == 1 and codings[0] in ("gzip", "x-gzip"):
             self._z = zlib.decompressobj(16 + zlib.MAX_WBITS)
         elif len(codings) == 1 and codings[0] == "deflate":
             self._z = zlib.decompressobj(zlib.MAX_WBITS)
+        elif len(codings) == 1 and codings[0] == "br":
+            self._br = brotli.Decompressor()
         else:
             raise UnsupportedEncoding(
                 f"cannot scrub a response in Content-Encoding {', '.join(codings)!r}"
@@ -147,19 +156,35 @@ class BodyDecoder:
 
     @property
     def decoding(self) -> bool:
-        return self._z is not None
+        return self._z is not None or self._br is not None
 
     def feed(self, data: bytes) -> Iterator[bytes]:
-        """Decoded pieces of at most `DECODED_PIECE` bytes each (a gzip bomb stays bounded
-        in memory: the caller sends each piece before the next is inflated)."""
-        if self._z is None:
+        """Decoded pieces of at most `DECODED_PIECE` bytes each (a compression bomb stays
+        bounded in memory: the caller sends each piece before the next is inflated)."""
+        if self._br is not None:
+            yield from self._feed_brotli(data)
+        elif self._z is not None:
+            try:
+                while data:
+                    yield self._z.decompress(data, DECODED_PIECE)
+                    data = self._z.unconsumed_tail
+            except zlib.error as exc:
+                raise UnsupportedEncoding(f"the compressed response is corrupt: {exc}") from None
+        else:
             yield data
-            return
+
+    def _feed_brotli(self, data: bytes) -> Iterator[bytes]:
+        # brotli stops growing its output once it reaches the limit, so one output can be
+        # up to about twice the limit (it is cut); what it held back comes from later calls
+        # without input, until one returns nothing.
+        assert self._br is not None
         try:
-            while data:
-                yield self._z.decompress(data, DECODED_PIECE)
-                data = self._z.unconsumed_tail
-        except zlib.error as exc:
+            out = self._br.process(data, output_buffer_limit=DECODED_PIECE)
+            while out:
+                for at in range(0, len(out), DECODED_PIECE):
+                    yield out[at : at + DECODED_PIECE]
+                out = self._br.process(b"", output_buffer_limit=DECODED_PIECE)
+        except brotli.error as exc:
             raise UnsupportedEncoding(f"the compressed response is corrupt: {exc}") from None
 
     def flush(self) -> bytes:
