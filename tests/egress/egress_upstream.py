@@ -10,7 +10,14 @@ For credential-injection tests it plays a careless service that echoes what it w
 `/whoami` → the Authorization and X-Api-Key headers it got, in a JSON body and in response
 headers; `/leak/FRAMING/K` → the credential it got (bearer token, or basic's base64 token,
 decoded pair and password, or X-Api-Key) in a body sent in two TLS records split K bytes into
-it, framed `chunked`, `length` or `close`; `/leak/gzip/0` → the same, gzip-encoded.
+it, framed `chunked`, `length` or `close`; `/leak/gzip/0` → the same, gzip-encoded;
+`/reflect/CODING/K[/PAD]` → every form of every credential part it got (`reflected_forms`: raw,
+case-changed, URL-encoded, JSON-escaped, hex, base64 and base64url of the parts and of the
+whole header value, inside longer base64 strings at each alignment, the whole request head
+in base64), in response headers (one a header *name*) and in a body encoded with CODING
+(identity, gzip, deflate, br), after PAD bytes of plain text, and sent chunked in chunks of
+K bytes, each its own write, so that forms are split across reads; the forms sent are kept
+in `reflected`.
 Pass `ssl=` to serve HTTPS.
 """
 
@@ -22,7 +29,12 @@ import contextlib
 import gzip
 import hashlib
 import json
+import re
 import ssl as ssl_module
+import urllib.parse
+import zlib
+
+import brotli
 
 _WS_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 _BLOCK = b"x" * (1024 * 1024)
@@ -36,6 +48,7 @@ class UpstreamServer:
         self.requests: list[tuple[str, str, str]] = []  # (method, target, host header)
         self.seen: list[list[tuple[str, str]]] = []  # every request's header lines, in order
         self.connections = 0
+        self.reflected: list[dict[str, bytes]] = []  # /reflect: the forms each answer carried
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self) -> UpstreamServer:
@@ -149,6 +162,11 @@ class UpstreamServer:
             return True
         if target.startswith("/leak/"):
             return await leak_response(target, headers, writer)
+        if target.startswith("/reflect/"):
+            forms = reflected_forms(headers)
+            self.reflected.append(forms)
+            await reflect_response(target, forms, writer)
+            return True
         if target == "/echo":
             writer.write(f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
             await writer.drain()
@@ -232,6 +250,79 @@ async def leak_response(target: str, headers: dict[str, str], writer: asyncio.St
     writer.write(second)
     await writer.drain()
     return framing == "length"
+
+
+def reflected_forms(headers: dict[str, str]) -> dict[str, bytes]:
+    """Every way a careless service could write back the credential it got, by name."""
+    texts = {f"part{i}": part for i, part in enumerate(credential_parts(headers))}
+    for name in ("authorization", "x-api-key"):
+        if headers.get(name):
+            texts[name] = headers[name].encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode()
+    forms = {"head-b64": base64.b64encode(b"GET / HTTP/1.1\r\n" + head)}
+    for label, raw in texts.items():
+        text = raw.decode()
+        quoted = urllib.parse.quote(text, safe="")
+        variants = {
+            "raw": raw,
+            "upper": raw.upper(),
+            "lower": raw.lower(),
+            "swapcase": raw.swapcase(),
+            "url": quoted.encode(),
+            "url-lower": re.sub("%[0-9A-F]{2}", lambda m: m.group(0).lower(), quoted).encode(),
+            "url-plus": urllib.parse.quote_plus(text).encode(),
+            "json": json.dumps(text)[1:-1].encode(),
+            "json-slash": json.dumps(text)[1:-1].replace("/", "\\/").encode(),
+            "hex": raw.hex().encode(),
+            "hex-upper": raw.hex().upper().encode(),
+        }
+        for offset in range(4):  # 0..2 inside a longer string; 3: the text alone
+            data = raw if offset == 3 else b"<" * offset + raw + b">"
+            std, url = base64.b64encode(data), base64.urlsafe_b64encode(data)
+            variants[f"b64-{offset}"] = std
+            variants[f"b64-{offset}-bare"] = std.rstrip(b"=")
+            variants[f"b64url-{offset}"] = url.rstrip(b"=")
+            variants[f"b64-{offset}-url"] = urllib.parse.quote(std, safe="").encode()
+            variants[f"b64-{offset}-json"] = std.replace(b"/", b"\\/")
+        forms.update({f"{label}-{kind}": form for kind, form in variants.items()})
+    return forms
+
+
+def reflect_parts(forms: dict[str, bytes], coding: str, pad: int = 0) -> tuple[list[str], bytes]:
+    """The header lines and the CODING-encoded body of an answer that reflects `forms`:
+    one header per form (and one whose name is the first part, if it can be a name), and a
+    body of `pad` bytes of text, then one `NAME=[FORM]` line per form."""
+    body = (b"lorem ipsum dolor sit amet, " * 4096)[:pad]
+    body += b"".join(b"\n%s=[%s]" % (name.encode(), form) for name, form in forms.items())
+    encode = {
+        "identity": lambda b: b,
+        "gzip": gzip.compress,
+        "deflate": zlib.compress,
+        "br": brotli.compress,
+    }[coding]
+    lines = ["Content-Type: text/plain"]
+    if coding != "identity":
+        lines.append(f"Content-Encoding: {coding}")
+    lines += [f"X-Reflect-{i}: [{form.decode()}]" for i, form in enumerate(forms.values())]
+    token = forms.get("part0-raw", b"")
+    if re.fullmatch(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+", token):  # a valid header name
+        lines.append(f"X-Echo-{token.decode()}: named")
+    return lines, encode(body)
+
+
+async def reflect_response(target: str, forms: dict[str, bytes], writer) -> None:
+    """`/reflect/CODING/K[/PAD]`: `reflect_parts` in K-byte chunks, each its own write."""
+    _, _, coding, size, *pad = target.split("/")
+    lines, data = reflect_parts(forms, coding, int(pad[0]) if pad else 0)
+    head = ["HTTP/1.1 200 OK", "Transfer-Encoding: chunked", *lines]
+    writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
+    step = int(size)
+    for at in range(0, len(data), step):
+        piece = data[at : at + step]
+        writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+        await writer.drain()
+    writer.write(b"0\r\n\r\n")
+    await writer.drain()
 
 
 def ws_frame(payload: bytes, *, mask: bool) -> bytes:

@@ -19,6 +19,7 @@ import pytest
 from egress_client import connect, get, read_response, send
 from egress_tls import client_context, make_upstream_tls, open_tls_tunnel, request
 from egress_upstream import UpstreamServer
+from secret_leaks import leaked
 from sqlalchemy import text
 
 from aamp.audit import AuditLog
@@ -449,3 +450,45 @@ async def test_guest_tls_that_does_not_trust_the_ca_fails_and_is_recorded(
         "crm-api",
     )
     assert service_upstream.seen == []
+
+
+REFLECTING = [
+    (Bearer("crm_token"), "svc.test", [TOKEN]),
+    (Basic("erp_password", user="agent"), "basic.test", [PASSWORD]),
+    (Basic("erp_password", user_secret="erp_user"), "basic.test", [PASSWORD, "agent"]),
+    (Header("X-Api-Key", "K {{secret:kb_key}}/{{secret:crm_token}}"), "svc.test", [API_KEY, TOKEN]),
+]
+
+
+@pytest.mark.parametrize("coding", ["identity", "gzip", "deflate", "br"])
+@pytest.mark.parametrize(("chunk", "pad"), [(1, 0), (7, 40_000), (65_536, 40_000)])
+@pytest.mark.parametrize(
+    ("auth", "host", "secrets"),
+    REFLECTING,
+    ids=["bearer", "basic", "basic-user-secret", "header-two-secrets"],
+)
+async def test_no_form_of_any_secret_reaches_the_guest(
+    proxy, ca, service_upstream, auth, host, secrets, coding, chunk, pad
+):
+    # The upstream writes back every credential it got in every form a careless service
+    # might (see reflected_forms), in headers and in a body encoded with `coding`, sent in
+    # `chunk`-byte chunks (forms split across reads); `pad` bytes before them make the body
+    # long enough for the scrubber's anchor search.
+    port = service_upstream.port
+    proxy.update_services(ServiceSet([Service("svc", f"https://{host}:{port}", auth)]))
+    reader, writer = await tunnel(proxy, ca, host, port)
+    try:
+        target = f"/reflect/{coding}/{chunk}/{pad}"
+        response = await request(reader, writer, target, f"{host}:{port}")
+    finally:
+        writer.close()
+    assert response.status == 200
+    (forms,) = service_upstream.reflected
+    sent = b"\n".join(forms.values())
+    assert all(leaked(sent, [secret]) == secret for secret in secrets)  # they were all sent
+    assert leaked(json.dumps(response.headers).encode(), secrets) is None
+    assert leaked(response.body, secrets) is None
+    assert "content-encoding" not in response.headers  # decoded, scrubbed, sent plain
+    for name in forms:  # the body is all there, each form scrubbed in place
+        assert f"\n{name}=[".encode() in response.body
+    assert response.body.startswith(b"lorem ipsum "[: min(pad, 12)])

@@ -5,9 +5,16 @@ from __future__ import annotations
 import gzip
 import zlib
 
+import brotli
 import pytest
 
-from aamp.egress.scrub import DECODED_PIECE, BodyDecoder, Scrubber, UnsupportedEncoding
+from aamp.egress.scrub import (
+    DECODED_PIECE,
+    BodyDecoder,
+    Scrubber,
+    SecretForms,
+    UnsupportedEncoding,
+)
 
 SECRET = b"s3cr3t-VALUE-42"
 OTHER = b"dG9rZW4="
@@ -20,7 +27,7 @@ def run(scrubber: Scrubber, pieces: list[bytes]) -> bytes:
 def test_every_split_point_of_two_pieces():
     text = b"head " + SECRET + b" mid " + OTHER + SECRET + b" tail"
     for cut in range(len(text) + 1):
-        scrubber = Scrubber([SECRET, OTHER])
+        scrubber = Scrubber(SecretForms([SECRET, OTHER]))
         out = run(scrubber, [text[:cut], text[cut:]])
         m = scrubber.marker
         assert out == b"head " + m + b" mid " + m + m + b" tail", cut
@@ -29,14 +36,14 @@ def test_every_split_point_of_two_pieces():
 
 def test_one_byte_at_a_time_and_empty_pieces():
     text = (b"x" + SECRET) * 5
-    scrubber = Scrubber([SECRET])
+    scrubber = Scrubber(SecretForms([SECRET]))
     out = run(scrubber, [b""] + [text[i : i + 1] for i in range(len(text))] + [b""])
     assert out == (b"x" + scrubber.marker) * 5
     assert SECRET not in out
 
 
 def test_longest_needle_wins_and_marker_is_not_in_any_needle():
-    scrubber = Scrubber([b"abc", b"abcdef", b"*"])
+    scrubber = Scrubber(SecretForms([b"abc", b"abcdef", b"*"]))
     assert b"*" not in scrubber.marker
     out = run(scrubber, [b"xxabcdefyy abc"])
     assert out == b"xx" + scrubber.marker + b"yy " + scrubber.marker
@@ -46,39 +53,55 @@ def test_longest_needle_wins_and_marker_is_not_in_any_needle():
 def test_no_needle_reappears_around_a_marker():
     # An upstream that knows the secret cannot rebuild it from the pieces around a marker.
     needle = b"ab"
-    scrubber = Scrubber([needle])
+    scrubber = Scrubber(SecretForms([needle]))
     out = run(scrubber, [b"aab", b"b", b"a", b"abb"])
     assert needle not in out
 
 
 def test_nothing_to_scrub_passes_bytes_through():
-    scrubber = Scrubber([])
+    scrubber = Scrubber(SecretForms([]))
     assert not scrubber
     assert scrubber.feed(b"abc") == b"abc" and scrubber.flush() == b""
 
 
 def test_header_scrub_is_independent_of_the_stream():
-    scrubber = Scrubber([SECRET])
+    scrubber = Scrubber(SecretForms([SECRET]))
     held = len(SECRET) - 1  # the longest needle minus one byte is kept back
     assert scrubber.feed(b"x" * 20 + SECRET[:4]) == b"x" * (24 - held)
     assert scrubber.scrub(b"Bearer " + SECRET) == b"Bearer " + scrubber.marker
     assert scrubber.flush() == b"x" * (held - 4) + SECRET[:4]
 
 
-def test_gzip_and_deflate_are_decoded_in_bounded_pieces():
+def test_gzip_deflate_and_br_are_decoded_in_bounded_pieces():
     body = b"A" * (3 * DECODED_PIECE) + SECRET
-    for encoding, data in (("gzip", gzip.compress(body)), ("deflate", zlib.compress(body))):
+    for encoding, data in (
+        ("gzip", gzip.compress(body)),
+        ("deflate", zlib.compress(body)),
+        ("br", brotli.compress(body)),
+    ):
         decoder = BodyDecoder(encoding)
         pieces = [*decoder.feed(data), decoder.flush()]
         assert max(len(p) for p in pieces) <= DECODED_PIECE
         assert b"".join(pieces) == body
     assert not BodyDecoder("identity").decoding
-    with pytest.raises(UnsupportedEncoding, match="br"):
-        BodyDecoder("br")
+    with pytest.raises(UnsupportedEncoding, match="zstd"):
+        BodyDecoder("zstd")
     with pytest.raises(UnsupportedEncoding):
         BodyDecoder("gzip, gzip")
+    with pytest.raises(UnsupportedEncoding):
+        BodyDecoder("gzip, br")
     with pytest.raises(UnsupportedEncoding, match="corrupt"):
         list(BodyDecoder("gzip").feed(b"not gzip at all"))
+    with pytest.raises(UnsupportedEncoding, match="corrupt"):
+        list(BodyDecoder("br").feed(b"not brotli at all"))
+
+
+def test_br_split_into_tiny_pieces_decodes_whole():
+    body = (b"x" * 5000 + SECRET) * 50
+    data = brotli.compress(body)
+    decoder = BodyDecoder("br")
+    out = b"".join(b"".join(decoder.feed(data[i : i + 3])) for i in range(0, len(data), 3))
+    assert out + decoder.flush() == body
 
 
 def test_clean_fast_path_agrees_with_one_whole_scrub_for_every_seam():
@@ -92,17 +115,17 @@ def test_clean_fast_path_agrees_with_one_whole_scrub_for_every_seam():
         + b"." * 40
     )
     for size in (len(SECRET), len(SECRET) + 1, 17, 23, 64):
-        scrubber = Scrubber([SECRET, OTHER])
+        scrubber = Scrubber(SecretForms([SECRET, OTHER]))
         pieces = [body[i : i + size] for i in range(0, len(body), size)]
         streamed = b"".join(b"".join(scrubber.feed_pieces(p)) for p in pieces)
         streamed += scrubber.flush()
-        whole = Scrubber([SECRET, OTHER])
+        whole = Scrubber(SecretForms([SECRET, OTHER]))
         assert streamed == whole.scrub(body), size
         assert scrubber.hits == whole.hits == body.count(SECRET) + body.count(OTHER)
 
 
 def test_clean_pieces_are_passed_as_views_not_copies():
-    scrubber = Scrubber([SECRET])
+    scrubber = Scrubber(SecretForms([SECRET]))
     data = b"y" * 1000
     first = scrubber.feed_pieces(data)
     assert len(first) == 1 and isinstance(first[0], memoryview) and first[0].obj is data

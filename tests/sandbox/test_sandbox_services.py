@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parents[1] / "egress"))
+from secret_leaks import leaked
+
 pytestmark = pytest.mark.usefixtures("base_image")
 PROBE = Path(__file__).with_name("service_probe.py")
 
@@ -40,7 +43,7 @@ def test_secret_is_injected_on_the_host_and_never_seen_in_the_guest(settings, sh
 
     # The service got the real credential, both times (a guest-set header was replaced).
     seen = report["upstream_saw"]
-    service_calls = [s for s in seen if s["host-served"] == "a.test"]
+    service_calls = [s for s in seen if s["host-served"] == "a.test" and s["path"] == "/whoami"]
     assert [s["authorization"] for s in service_calls] == [f"Bearer {value}"] * 2
     # The exfiltration attempt went out with the placeholder, never the value.
     exfil = [s for s in seen if s["host-served"] == "b.test"]
@@ -55,3 +58,12 @@ def test_secret_is_injected_on_the_host_and_never_seen_in_the_guest(settings, sh
     everything_the_guest_saw = json.dumps(report)
     for form in forms:
         assert form not in everything_the_guest_saw
+    # An upstream that writes the credential back in every form it could (br- and
+    # gzip-encoded): the guest got the answer, and no reading of anything it saw holds
+    # a piece of the value.
+    reflected = [s for s in upstream_side if s["path"].startswith("/reflect/")]
+    assert [s["authorization"] for s in reflected] == [f"Bearer {value}"] * 2
+    for name in ("reflect-br.txt", "reflect-gzip.txt"):
+        assert "\npart0-b64-1=[" in report[name] and "\npart0-swapcase=[" in report[name]
+    assert "x-reflect-0:" in report["reflect-br.head"].lower()
+    assert leaked(everything_the_guest_saw.encode(), [value]) is None

@@ -14,8 +14,10 @@ loop and one strict HTTP/1.1 parser, exactly like plain HTTP, except that:
   credential added (any header of the same name from the guest is dropped first), and is sent
   over a TLS connection the proxy opens to the upstream, verifying the upstream's certificate
   against the system trust store or the installation's configured CA bundle;
-- the response is scrubbed of every form of every secret value used (`scrub.py`), its body
-  re-framed as chunked since its length changes.
+- the response — status line, header names and values, body (gzip, deflate or br decoded
+  first) — is scrubbed of every form (`secret_forms.py`) of every secret value used and of
+  the header values that carried them (`scrub.py`), its body re-framed as chunked since its
+  length changes.
 
 Why on the existing proxy and not mitmproxy (issue 3 asks for a well-kept library or a reason):
 the part that must be right is not TLS (that is OpenSSL via the standard `ssl` module and

@@ -1114,7 +1114,7 @@ class EgressProxy:
             if name not in drop:
                 lines.append(f"{raw}: {value}")
         if credential is not None:
-            lines.append("Accept-Encoding: identity")  # a secret inside gzip is unscrubbable
+            lines.append("Accept-Encoding: identity")  # spares decoding it to scrub it
             lines.extend(f"{name}: {value}" for name, value in credential.headers)
         kind, length = framing
         if kind == "chunked":
@@ -1193,6 +1193,7 @@ class EgressProxy:
         for (name, value), raw in zip(response.headers, response.raw_names, strict=True):
             if name not in rdrop:
                 if scrubber is not None:
+                    raw = scrubber.scrub(raw.encode("latin-1")).decode("latin-1")
                     value = scrubber.scrub(value.encode("latin-1")).decode("latin-1")
                 out_lines.append(f"{raw}: {value}")
         if down == "chunked":

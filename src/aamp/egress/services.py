@@ -17,7 +17,9 @@ another port is an ordinary destination (tunnelled, never injected).
 
 Credential values come from a `SecretReader` — `VaultSecretReader` adapts `aamp.vault.Vault`,
 whose `reveal` is the one reader of secret values — once per request, and live only in the
-`Credential` built for that request: never cached, logged or shown in a repr. Templates come
+`Credential` built for that request (its headers, and the forms of the values and of the
+header values sent that its response is scrubbed of: `secret_forms.py`): never cached,
+logged or shown in a repr. Templates come
 only from the service definition; nothing the guest sends is ever expanded, so a guest that
 writes `{{secret:crm_token}}` into a request gets exactly those characters sent.
 """
@@ -25,14 +27,14 @@ writes `{{secret:crm_token}}` into a request gets exactly those characters sent.
 from __future__ import annotations
 
 import base64
-import json
 import re
-import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aamp.egress.rules import Host, HostError, normalize_host, parse_port, split_host_port
+from aamp.egress.scrub import SecretForms
+from aamp.egress.secret_forms import secret_forms
 from aamp.policy.model import SERVICE_RE
 
 SECRET_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")  # the vault's rule for secret names
@@ -340,20 +342,7 @@ class Credential:
     secret_names: tuple[str, ...]
     replaces: frozenset[str]
     headers: tuple[tuple[str, str], ...] = field(repr=False)
-    scrub_forms: tuple[bytes, ...] = field(repr=False)
-
-
-def _forms(value: str) -> list[bytes]:
-    """The spellings of a value a response could carry it in."""
-    raw = value.encode("utf-8")
-    forms = [raw, urllib.parse.quote(value, safe="").encode("ascii")]
-    forms.append(urllib.parse.quote_plus(value, safe="").encode("ascii"))
-    forms.append(json.dumps(value)[1:-1].encode("ascii"))
-    return forms
-
-
-def _b64_forms(data: bytes) -> list[bytes]:
-    return [base64.b64encode(data), base64.urlsafe_b64encode(data)]
+    scrub_forms: SecretForms = field(repr=False)
 
 
 async def render(service: Service, reader: SecretReader, purpose: str) -> Credential:
@@ -375,28 +364,23 @@ async def render(service: Service, reader: SecretReader, purpose: str) -> Creden
             )
         values[name] = value
     auth = service.auth
-    scrub: list[bytes] = []
-    for value in values.values():
-        scrub.extend(_forms(value))
     if isinstance(auth, Bearer):
-        header_value = f"Bearer {values[auth.secret]}"
-        headers = (("Authorization", header_value),)
+        header = ("Authorization", f"Bearer {values[auth.secret]}")
+        sent = [header[1]]
     elif isinstance(auth, Basic):
         user = auth.user if auth.user is not None else values[auth.user_secret or ""]
         if ":" in user:
             raise CredentialError(f"secret {auth.user_secret!r} (a basic user) contains ':'")
-        pair = f"{user}:{values[auth.password_secret]}".encode()
-        token = base64.b64encode(pair).decode("ascii")
-        headers = (("Authorization", f"Basic {token}"),)
-        scrub.extend(_b64_forms(pair))
-        scrub.extend(_b64_forms(values[auth.password_secret].encode()))
+        pair = f"{user}:{values[auth.password_secret]}"
+        header = ("Authorization", "Basic " + base64.b64encode(pair.encode()).decode("ascii"))
+        sent = [pair, header[1]]
     else:
-        header_value = _TEMPLATE_RE.sub(lambda m: values[m.group(1)], auth.template)
-        headers = ((auth.name, header_value),)
+        header = (auth.name, _TEMPLATE_RE.sub(lambda m: values[m.group(1)], auth.template))
+        sent = [header[1]]
     return Credential(
         service=service.name,
         secret_names=tuple(values),
         replaces=auth.header_names,
-        headers=headers,
-        scrub_forms=tuple(dict.fromkeys(scrub)),
+        headers=(header,),
+        scrub_forms=secret_forms(values.values(), sent),
     )
