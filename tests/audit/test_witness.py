@@ -183,14 +183,19 @@ async def test_a_damaged_line_hides_no_later_line(settings: Settings, store: Sto
     signer = await _thirty(settings, store)
     path = _witness(settings)
     lines = path.read_text().splitlines(keepends=True)
-    path.write_text(lines[0] + "x" * 100_000 + "\n" + "".join(lines[1:]))
+    path.write_text(lines[0] + "{}\n" + lines[1] + "x" * 100_000 + "\n" + lines[2])
     truncate_tail(store, 22)
     report = _verify(store, signer, path)
     assert report.problem is not None
     assert (report.problem.seq, report.problem.kind) == (23, "removed"), report.summary()
     assert "records 23..30 are missing" in report.problem.message
     assert report.note is not None
-    assert "damaged at line 2: the line is longer than 4096 bytes" in report.note
+    assert "damaged at line 2: the line is not an object with exactly" in report.note
+    path.write_text(lines[0] + lines[1] + "x" * 100_000 + "\n" + lines[2])
+    report = _verify(store, signer, path)
+    assert report.problem is not None and "records 23..30" in report.problem.message
+    assert report.note is not None
+    assert "damaged at line 3: the line is longer than 4096 bytes" in report.note
 
 
 async def test_a_planted_checkpoint_row_at_the_head_is_not_witnessed(
