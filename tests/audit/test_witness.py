@@ -91,11 +91,13 @@ async def test_truncating_the_tail_fails_verify_naming_the_range(
 
 
 async def test_records_written_again_over_a_cut_tail_do_not_match_the_witness(
-    settings: Settings, store: Store
+    settings: Settings, store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
     signer = await _thirty(settings, store)
     truncate_tail(store, 22)
     async with AuditLog.open(settings, store, checkpoint_every=10) as log:
+        # The restart signs head 22; the witness already holds 30, and the log says so.
+        assert "audit head 22 not witnessed: the witness already holds record 30" in caplog.text
         await append_many(log, 15, prefix="again")
     assert head_seq(store) == 37
     assert verify(store, signer.trusted_keys()).ok  # a consistent, newly signed chain

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -47,6 +48,8 @@ _HEX = {"hash": 64, "key_id": 32, "signature": 128}
 _HEX_RE = re.compile(r"^[0-9a-f]+$")
 _TAIL_BYTES = 4096  # more than one line: enough to find the last complete one
 MAX_LINE_BYTES = 4096  # a line is about 300 bytes
+
+log = logging.getLogger(__name__)
 
 
 def witness_line(cp: Checkpoint) -> bytes:
@@ -94,6 +97,14 @@ class WitnessFile:
             file_seq, ends_with_newline = _tail(fd)
             self._last_seq = max(self._last_seq, file_seq)
             if cp.seq <= self._last_seq:
+                if cp.seq < self._last_seq:
+                    log.warning(
+                        "audit head %d not witnessed: the witness already holds record %d "
+                        "(another process wrote it, or records were removed from the "
+                        "database: `aamp audit verify` tells which)",
+                        cp.seq,
+                        self._last_seq,
+                    )
                 return False
             line = witness_line(cp)
             write_all(fd, line if ends_with_newline else b"\n" + line)
