@@ -97,7 +97,15 @@ def add_parsers(sub: Any) -> None:
     audit = sub.add_parser("audit", help="the audit log (local)").add_subparsers(
         dest="action", required=True
     )
-    audit.add_parser("verify", help="check the whole chain; name the first bad record")
+    av = audit.add_parser(
+        "verify", help="check the whole chain and its witness; name the first bad record"
+    )
+    av.add_argument(
+        "--witness",
+        metavar="FILE",
+        help="check against this witness (e.g. a forwarded copy) instead of "
+        "$AAMP_HOME/audit-witness.jsonl",
+    )
     ae = audit.add_parser("export", help="write JSON lines")
     ae.add_argument("--since", help="ISO 8601 time (with zone) or a record number")
     ae.add_argument("-o", "--output", help="file to write (default stdout)")
@@ -302,14 +310,25 @@ def _secret(client: Any, args: argparse.Namespace, table: Any) -> int:
 
 
 def _audit(args: argparse.Namespace, settings: Settings) -> int:
-    from aamp.audit import SIGNING_KEY_FILENAME, CheckpointSigner, export, verify
+    from aamp.audit import (
+        SIGNING_KEY_FILENAME,
+        WITNESS_FILENAME,
+        CheckpointSigner,
+        WitnessReader,
+        export,
+        verify,
+    )
     from aamp.store import Store
 
     key_path = settings.home / SIGNING_KEY_FILENAME
     with Store.open(settings, upgrade=False) as store:
         if args.action == "verify":
             keys = CheckpointSigner.load(key_path).trusted_keys() if key_path.exists() else {}
-            report = verify(store, keys)
+            if args.witness and not Path(args.witness).is_file():
+                raise ValueError(f"--witness {args.witness}: no such file")
+            witness_path = Path(args.witness) if args.witness else settings.home / WITNESS_FILENAME
+            # Made before the chain's head is read: every line it holds is then in the chain.
+            report = verify(store, keys, witness=WitnessReader(witness_path, keys))
             print(report.summary())
             return 0 if report.ok else 1
         since: datetime | int | None = None

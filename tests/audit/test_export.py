@@ -7,15 +7,18 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from audit_helpers import append_many
+from audit_helpers import append_many, truncate_tail, witness_seqs
 
 from aamp.audit import (
+    WITNESS_FILENAME,
     AuditLog,
     CheckpointSigner,
     ExportFormatError,
+    WitnessReader,
     export,
     verify_export,
 )
+from aamp.config import Settings
 from aamp.store import Store
 
 N = 30
@@ -130,3 +133,85 @@ def test_not_an_export_is_a_clear_error(tmp_path: Path) -> None:
     bad.write_text("not json\n")
     with pytest.raises(ExportFormatError, match="line 1 is not JSON"):
         verify_export(bad)
+
+
+def _export(store: Store, path: Path, signer: CheckpointSigner, **kwargs: object) -> None:
+    with path.open("w", encoding="utf-8") as out:
+        export(store, out, public_keys=signer.trusted_keys(), **kwargs)  # type: ignore[arg-type]
+
+
+async def _witnessed(settings: Settings, store: Store) -> tuple[CheckpointSigner, Path]:
+    async with AuditLog.open(settings, store, checkpoint_every=10) as log:
+        await append_many(log, N, tasks=3)
+    return log.signer, settings.home / WITNESS_FILENAME
+
+
+async def _cut_and_exported(
+    settings: Settings, store: Store, tmp_path: Path
+) -> tuple[CheckpointSigner, Path, Path]:
+    """30 witnessed records, the database cut back to 24, then exported."""
+    signer, witness = await _witnessed(settings, store)
+    truncate_tail(store, 24)
+    path = tmp_path / "audit.jsonl"
+    _export(store, path, signer)
+    return signer, witness, path
+
+
+async def test_an_export_of_a_cut_database_fails_against_the_witness(
+    settings: Settings, store: Store, tmp_path: Path
+) -> None:
+    signer, witness, path = await _cut_and_exported(settings, store, tmp_path)
+    keys = signer.trusted_keys()
+    assert verify_export(path, keys).ok  # the file alone is consistent
+    report = verify_export(path, keys, witness=WitnessReader(witness, keys))
+    assert report.problem is not None, report.summary()
+    assert (report.problem.seq, report.problem.kind) == (25, "removed"), report.summary()
+    assert "records 25..30 are missing" in report.problem.message
+
+
+async def test_heads_witnessed_after_the_export_are_not_expected_in_it(
+    settings: Settings, store: Store, tmp_path: Path
+) -> None:
+    signer, witness = await _witnessed(settings, store)
+    path = tmp_path / "audit.jsonl"
+    _export(store, path, signer)
+    async with AuditLog.open(settings, store, checkpoint_every=10) as log:
+        await append_many(log, 12, prefix="later")
+    assert witness_seqs(witness) == [10, 20, 30, 40, 42]
+    keys = signer.trusted_keys()
+    report = verify_export(path, keys, witness=WitnessReader(witness, keys))
+    assert report.ok, report.summary()
+    assert report.witnessed_seq == 30
+    since = tmp_path / "since.jsonl"
+    _export(store, since, signer, since=15)
+    report = verify_export(since, keys, witness=WitnessReader(witness, keys))
+    assert report.ok and report.witnessed_seq == 42, report.summary()
+
+
+async def test_an_export_whose_records_were_written_again_does_not_match_the_witness(
+    settings: Settings, store: Store, tmp_path: Path
+) -> None:
+    signer, witness = await _witnessed(settings, store)
+    truncate_tail(store, 24)
+    async with AuditLog.open(settings, store, checkpoint_every=10) as log:
+        await append_many(log, 8, prefix="again")
+    path = tmp_path / "audit.jsonl"
+    _export(store, path, signer)
+    keys = signer.trusted_keys()
+    assert verify_export(path, keys).ok
+    report = verify_export(path, keys, witness=WitnessReader(witness, keys))
+    assert report.problem is not None, report.summary()
+    assert (report.problem.seq, report.problem.kind) == (30, "witness_mismatch")
+
+
+async def test_an_export_without_its_time_uses_the_witness_only_inside_it(
+    settings: Settings, store: Store, tmp_path: Path
+) -> None:
+    signer, witness, path = await _cut_and_exported(settings, store, tmp_path)
+    objs = _lines(path)
+    del objs[0]["exported_at"]  # as written before exports carried it
+    _write(path, objs)
+    keys = signer.trusted_keys()
+    report = verify_export(path, keys, witness=WitnessReader(witness, keys))
+    assert report.ok and report.witnessed_seq == 20, report.summary()
+    assert report.note is not None and "does not say when it was exported" in report.note

@@ -4,7 +4,9 @@ Public surface:
 
 - `AuditSink` — the interface every other part records through (`await sink.record(...)`).
 - `AuditLog` — the implementation (group-committed single writer; see `log.py`).
-- `verify(store, keys)` / `export(store, out, since=...)` / `verify_export(path, keys)`.
+- `verify(store, keys, witness=...)` / `export(store, out, since=...)` /
+  `verify_export(path, keys, witness=...)`.
+- `WitnessFile` / `WitnessReader` — the signed heads kept outside the database (`witness.py`).
 - `canonical` — the exact encoding that is hashed (the spec, in its docstring).
 """
 
@@ -14,9 +16,11 @@ from aamp.audit.log import AuditClosed, AuditLog, AuditWriteError
 from aamp.audit.record import AuditInputError, AuditRecord, AuditSink, Decision
 from aamp.audit.signing import SIGNING_KEY_FILENAME, CheckpointSigner
 from aamp.audit.verify import verify
+from aamp.audit.witness import WITNESS_FILENAME, WitnessFile, WitnessReader
 
 __all__ = [
     "SIGNING_KEY_FILENAME",
+    "WITNESS_FILENAME",
     "AuditClosed",
     "AuditInputError",
     "AuditLog",
@@ -28,6 +32,8 @@ __all__ = [
     "ExportFormatError",
     "Problem",
     "VerifyReport",
+    "WitnessFile",
+    "WitnessReader",
     "export",
     "verify",
     "verify_export",

@@ -11,13 +11,20 @@ what it is:
 - `relinked`: a record hashes correctly but does not follow its predecessor (one of the two
   was rewritten with its hash recomputed, or records were removed and renumbered);
 - `checkpoint`: a signed checkpoint does not match the record at its seq, or its signature is
-  invalid or by an unknown key (a rewrite with recomputed hashes shows up here).
+  invalid or by an unknown key (a rewrite with recomputed hashes shows up here);
+- `witness_mismatch`: the record at a seq the witness file names (`witness.py`) does not have
+  the hash the witness says was signed for it: the chain was rewritten up to there, or cut and
+  new records took the removed numbers.
+
+Records missing at the end are named as a range (`records 23..30 are missing`), ending at the
+newest of what says they existed: the head row, a signed checkpoint, a witnessed head.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -30,17 +37,24 @@ REORDER_SEARCH_WINDOW = 10_000
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
+    """A signed statement "record `seq` has hash `hash`" (`time`: when it was signed)."""
+
     seq: int
     hash: str
     key_id: str
     signature: str
+    time: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    """The first bad record: its seq, what kind of damage, and a sentence for humans."""
+    """The first bad record: its seq, what kind of damage, and a sentence for humans.
 
-    seq: int
+    `seq` is None when the damage is not in the chain (kind `witness_damaged`: the witness
+    file itself is damaged, cut short or missing).
+    """
+
+    seq: int | None
     kind: str
     message: str
 
@@ -56,20 +70,26 @@ class VerifyReport:
     problem: Problem | None
     seconds: float = 0.0
     note: str | None = None
+    witnessed_seq: int | None = None  # the newest witnessed head checked (None: no witness)
 
     def summary(self) -> str:
         if self.problem is not None:
-            return f"FAILED at record {self.problem.seq} ({self.problem.kind}): " + (
-                self.problem.message
-            )
+            where = "" if self.problem.seq is None else f" at record {self.problem.seq}"
+            text = f"FAILED{where} ({self.problem.kind}): {self.problem.message}"
+            return text + (f" ({self.note})" if self.note else "")
         span = (
             "no records"
             if self.first_seq is None
             else (f"records {self.first_seq}..{self.last_seq}")
         )
+        witness = (
+            ""
+            if self.witnessed_seq is None
+            else f", the witnessed head at record {self.witnessed_seq} matches"
+        )
         text = (
-            f"OK: {self.records} {span}, {self.checkpoints} signed checkpoints verified "
-            f"in {self.seconds:.2f}s"
+            f"OK: {self.records} {span}, {self.checkpoints} signed checkpoints verified"
+            f"{witness} in {self.seconds:.2f}s"
         )
         return text + (f" ({self.note})" if self.note else "")
 
@@ -79,8 +99,16 @@ Row = tuple[int, str, str, str, str, str, "str | None", "str | None", str, str, 
 prev_hash, hash) — the column order of every reader."""
 
 
+_NO_WITNESS = sys.maxsize  # the seq of the next witnessed head when there is none
+
+
 class ChainChecker:
-    """Walks records in seq order; `feed` returns the first Problem found (then stop)."""
+    """Walks records in seq order; `feed` returns the first Problem found (then stop).
+
+    `checkpoints` are the signed checkpoints of the records about to be fed (a caller that
+    reads in pages may replace it before each page). `witness` yields witnessed heads in
+    increasing seq, already checked for damage and signatures (`witness.WitnessReader`).
+    """
 
     def __init__(
         self,
@@ -89,8 +117,14 @@ class ChainChecker:
         *,
         start_seq: int = 1,
         start_prev_hash: str | None = GENESIS_HASH,
+        witness: Iterable[Checkpoint] = (),
     ) -> None:
         self.checkpoints = checkpoints
+        self._witness: Iterator[Checkpoint] = iter(witness)
+        self._witnessed = next(self._witness, None)
+        while self._witnessed is not None and self._witnessed.seq < start_seq:
+            self._witnessed = next(self._witness, None)  # before this walk's first record
+        self.witnessed_seq: int | None = None  # the newest witnessed head that matched
         self.trusted_keys = trusted_keys
         self.next_seq = start_seq
         # None: the first record's prev_hash is taken on trust (an export starting mid-chain).
@@ -146,6 +180,19 @@ class ChainChecker:
             if problem is not None:
                 return problem
             self.checkpoints_ok += 1
+        witnessed = self._witnessed
+        if witnessed is not None and witnessed.seq == seq:
+            if witnessed.hash != h:
+                return Problem(
+                    seq,
+                    "witness_mismatch",
+                    f"record {seq} does not match the witness: the witness file says record "
+                    f"{seq} was signed with hash {witnessed.hash[:16]}... at {witnessed.time}, "
+                    f"but the record hashes to {h[:16]}... (the chain up to record {seq} was "
+                    "rewritten, or its tail was cut and new records took the removed numbers)",
+                )
+            self.witnessed_seq = seq
+            self._witnessed = next(self._witness, None)
         if self.first_seq is None:
             self.first_seq = seq
         self.records += 1
@@ -164,12 +211,14 @@ class ChainChecker:
         sha256, enc = hashlib.sha256, encode
         checkpoints = self.checkpoints
         expected, prev_hash = self.next_seq, self.prev_hash
+        witnessed = self._next_witnessed_seq()
         fast = 0  # rows accepted here since the state was last written back
         for row in rows:
             seq, time, actor, action, resource, decision, reason, request_id, details, prev, h = row
             if (
                 seq == expected
                 and prev == prev_hash
+                and seq < witnessed
                 and seq not in checkpoints
                 and sha256(
                     enc(
@@ -197,8 +246,12 @@ class ChainChecker:
             if problem is not None:
                 return problem
             expected, prev_hash = self.next_seq, self.prev_hash
+            witnessed = self._next_witnessed_seq()
         self._accepted(fast, expected, prev_hash)
         return None
+
+    def _next_witnessed_seq(self) -> int:
+        return _NO_WITNESS if self._witnessed is None else self._witnessed.seq
 
     def _accepted(self, count: int, next_seq: int, last_hash: str | None) -> None:
         """Write back `count` rows accepted by `feed_many`'s fast path."""
@@ -231,29 +284,95 @@ class ChainChecker:
             )
         return None
 
-    def finish(self, *, expected_last_seq: int | None = None) -> Problem | None:
-        """After the last record: missing tail records (per head row or checkpoints)?"""
+    def finish(
+        self,
+        *,
+        expected_last_seq: int | None = None,
+        beyond: Iterable[Checkpoint] | None = None,
+        witnessed_before: str | None = None,
+    ) -> Problem | None:
+        """After the last record: are records missing at the end?
+
+        Evidence that later records existed: the head row (`expected_last_seq`), signed
+        checkpoints past the end (`beyond`; by default those in `self.checkpoints`), and
+        witnessed heads past the end (only those signed before `witnessed_before`, when given:
+        an export cannot hold what was written after it was taken). The problem names the
+        whole missing range, up to the newest evidence.
+        """
         last = self.next_seq - 1
-        beyond = sorted(s for s in self.checkpoints if s > last)
+        found: list[tuple[int, Problem]] = []
         if expected_last_seq is not None and expected_last_seq > last:
-            return Problem(
+            found.append(
+                (
+                    expected_last_seq,
+                    Problem(
+                        last + 1,
+                        "removed",
+                        f"records {last + 1}..{expected_last_seq} are missing: the chain ends at "
+                        f"record {last} but its head says {expected_last_seq}",
+                    ),
+                )
+            )
+        signed_beyond = self._signed_beyond(last, beyond)
+        if signed_beyond is not None:
+            found.append(signed_beyond)
+        witnessed = self._witnessed_beyond(witnessed_before)
+        if witnessed is not None:
+            found.append(
+                (
+                    witnessed.seq,
+                    Problem(
+                        last + 1,
+                        "removed",
+                        f"records {last + 1}..{witnessed.seq} are missing: the witness file "
+                        f"says record {witnessed.seq} was signed at {witnessed.time}, but the "
+                        f"chain ends at record {last}",
+                    ),
+                )
+            )
+        if not found:
+            return None
+        return max(found, key=lambda item: item[0])[1]  # the first of the widest ranges
+
+    def _signed_beyond(
+        self, last: int, beyond: Iterable[Checkpoint] | None
+    ) -> tuple[int, Problem] | None:
+        """The newest validly signed checkpoint past `last` (else the first badly signed)."""
+        if beyond is None:
+            beyond = (cp for seq, cp in self.checkpoints.items() if seq > last)
+        good: Checkpoint | None = None
+        bad: Checkpoint | None = None
+        for cp in beyond:
+            key = self.trusted_keys.get(cp.key_id)
+            if key is not None and verify_signature(key, cp.seq, cp.hash, cp.signature):
+                good = cp if good is None or cp.seq > good.seq else good
+            elif bad is None or cp.seq < bad.seq:
+                bad = cp
+        if good is not None:
+            return good.seq, Problem(
                 last + 1,
                 "removed",
-                f"records {last + 1}..{expected_last_seq} are missing: the chain ends at "
-                f"record {last} but its head says {expected_last_seq}",
+                f"records {last + 1}..{good.seq} are missing: a validly signed checkpoint "
+                f"covers record {good.seq}",
             )
-        if beyond:
-            cp = self.checkpoints[beyond[0]]
-            key = self.trusted_keys.get(cp.key_id)
-            signed = key is not None and verify_signature(key, cp.seq, cp.hash, cp.signature)
-            return Problem(
+        if bad is not None:
+            return bad.seq, Problem(
                 last + 1,
-                "removed" if signed else "checkpoint",
-                f"records after {last} are missing: a "
-                f"{'validly signed' if signed else 'badly signed'} checkpoint covers record "
-                f"{cp.seq}",
+                "checkpoint",
+                f"records after {last} are missing: a badly signed checkpoint covers record "
+                f"{bad.seq}",
             )
         return None
+
+    def _witnessed_beyond(self, before: str | None) -> Checkpoint | None:
+        """The newest witnessed head not yet reached (all left are past the end)."""
+        newest: Checkpoint | None = None
+        while self._witnessed is not None:
+            w = self._witnessed
+            if before is None or (w.time is not None and w.time < before):
+                newest = w
+            self._witnessed = next(self._witness, None)
+        return newest
 
     def _original_seq(self, row: Row) -> int | None:
         seq = row[0]

@@ -3,7 +3,8 @@
 File format (UTF-8, one JSON object per line, each with a `kind`):
 
 - first line: `{"kind":"header","format":"aamp-audit-export/1","since_seq":N,
-  "public_keys":{key_id: public key hex}}`
+  "public_keys":{key_id: public key hex},"exported_at":time}` (`exported_at`: when the
+  export began; every record committed before then is in it);
 - one line per record, in seq order: `{"kind":"record","seq":..,"time":..,"actor":..,
   "action":..,"resource":..,"decision":..,"reason":..,"request_id":..,"details":{..},
   "prev_hash":..,"hash":..}` — the fields a SIEM wants, plus what re-hashing needs;
@@ -15,6 +16,12 @@ File format (UTF-8, one JSON object per line, each with a `kind`):
 An export that starts mid-chain (`since`) takes its first record's `prev_hash` on trust; every
 record after it is checked. Checkpoint signatures are checked against the keys the caller
 trusts, or else against the header's keys (and the report says so).
+
+Given the witness (`witness.WitnessReader`), `verify_export` also checks each witnessed head
+inside the file's range against its record, and fails naming the missing range when the file
+ends before a head that was witnessed before the export began (so the database was already
+cut when it was exported, or the file was cut since). Heads witnessed after `exported_at`
+are not expected in the file.
 """
 
 from __future__ import annotations
@@ -32,10 +39,11 @@ from sqlalchemy import func, select
 from aamp.audit.canonical import GENESIS_HASH, canonical_json
 from aamp.audit.chain import ChainChecker, Checkpoint, Problem, VerifyReport
 from aamp.audit.signing import public_key_from_hex, public_key_hex
-from aamp.audit.verify import _COLUMNS, PAGE_SIZE, load_checkpoints
+from aamp.audit.verify import read_pages
+from aamp.audit.witness import WitnessReader
 from aamp.store import Store
 from aamp.store.tables import AuditRecordRow
-from aamp.store.timestamps import format_time
+from aamp.store.timestamps import format_time, is_time, now
 
 FORMAT = "aamp-audit-export/1"
 _r = AuditRecordRow.__table__.c
@@ -68,58 +76,45 @@ def export(
     public_keys: Mapping[str, Ed25519PublicKey] | None = None,
 ) -> int:
     """Write records from `since` (a seq, or the first record at/after a time); returns count."""
+    exported_at = now()  # before anything is read: all committed by then is in the file
     start = _start_seq(store, since)
     keys = {kid: public_key_hex(k) for kid, k in (public_keys or {}).items()}
-    out.write(_line({"kind": "header", "format": FORMAT, "since_seq": start, "public_keys": keys}))
-    checkpoints = load_checkpoints(store)
+    out.write(
+        _line(
+            {
+                "kind": "header",
+                "format": FORMAT,
+                "since_seq": start,
+                "public_keys": keys,
+                "exported_at": exported_at,
+            }
+        )
+    )
     count = 0
     last_seq: int | None = None
     last_hash: str | None = None
-    if start is not None:
-        last = start - 1
-        stmt = select(*_COLUMNS).order_by(_r.seq).limit(PAGE_SIZE)
-        with store.engine.connect() as conn:
-            while True:
-                rows = conn.execute(stmt.where(_r.seq > last)).all()
-                conn.rollback()
-                if not rows:
-                    break
-                for row in rows:
-                    seq, time, actor, action, resource, decision, reason, rid, det, prev, h = row
-                    out.write(
-                        _line(
-                            {
-                                "kind": "record",
-                                "seq": seq,
-                                "time": time,
-                                "actor": actor,
-                                "action": action,
-                                "resource": resource,
-                                "decision": decision,
-                                "reason": reason,
-                                "request_id": rid,
-                                "details": json.loads(det),
-                                "prev_hash": prev,
-                                "hash": h,
-                            }
-                        )
+    pages = () if start is None else read_pages(store, after=start - 1)
+    for rows, checkpoints in pages:
+        for row in rows:
+            record = dict(zip(_RECORD_FIELDS, row, strict=True))
+            record["details"] = json.loads(record["details"])
+            out.write(_line({"kind": "record", **record}))
+            seq = record["seq"]
+            cp = checkpoints.get(seq)
+            if cp is not None:
+                out.write(
+                    _line(
+                        {
+                            "kind": "checkpoint",
+                            "seq": cp.seq,
+                            "hash": cp.hash,
+                            "key_id": cp.key_id,
+                            "signature": cp.signature,
+                        }
                     )
-                    cp = checkpoints.get(seq)
-                    if cp is not None:
-                        out.write(
-                            _line(
-                                {
-                                    "kind": "checkpoint",
-                                    "seq": cp.seq,
-                                    "hash": cp.hash,
-                                    "key_id": cp.key_id,
-                                    "signature": cp.signature,
-                                }
-                            )
-                        )
-                    count += 1
-                    last_seq, last_hash = seq, h
-                last = rows[-1][0]
+                )
+            count += 1
+            last_seq, last_hash = seq, record["hash"]
     out.write(
         _line({"kind": "end", "records": count, "last_seq": last_seq, "last_hash": last_hash})
     )
@@ -158,7 +153,10 @@ def _read(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 def verify_export(
-    path: str | Path, trusted_keys: Mapping[str, Ed25519PublicKey] | None = None
+    path: str | Path,
+    trusted_keys: Mapping[str, Ed25519PublicKey] | None = None,
+    *,
+    witness: WitnessReader | None = None,
 ) -> VerifyReport:
     """Verify an export file offline, streaming; the first problem names its record."""
     started = _time.perf_counter()
@@ -175,12 +173,21 @@ def verify_export(
         trusted_keys = {k: public_key_from_hex(v) for k, v in header["public_keys"].items()}
         note = "checkpoint signatures checked against the keys named in the file itself"
     start_seq = int(header.get("since_seq") or 1)
+    exported_at = header.get("exported_at")
+    if witness is not None and not is_time(exported_at):
+        # An export from before `exported_at` existed: its own heads are still checked.
+        exported_at = ""
+        note = (note + "; " if note else "") + (
+            "the file does not say when it was exported, so the witness checked only the "
+            "records it holds"
+        )
     checkpoints: dict[int, Checkpoint] = {}
     checker = ChainChecker(
         checkpoints,
         trusted_keys,
         start_seq=start_seq,
         start_prev_hash=GENESIS_HASH if start_seq == 1 else None,
+        witness=() if witness is None else witness,
     )
     problem: Problem | None = None
     pending: Any = None  # a record waiting for a possible checkpoint line
@@ -232,7 +239,10 @@ def verify_export(
                 "records were cut off",
             )
         else:
-            problem = checker.finish(expected_last_seq=end.get("last_seq"))
+            problem = checker.finish(
+                expected_last_seq=end.get("last_seq"),
+                witnessed_before=None if witness is None else exported_at,
+            )
             if problem is None and end.get("records") != checker.records:
                 problem = Problem(
                     checker.next_seq,
@@ -240,6 +250,12 @@ def verify_export(
                     f"the end line counts {end.get('records')} records, the file has "
                     f"{checker.records}",
                 )
+    if witness is not None:
+        witness_problem = witness.problem(chain_has_records=checker.records > 0)
+        if problem is None:
+            problem = witness_problem
+        elif witness_problem is not None:
+            note = (note + "; " if note else "") + f"also: {witness_problem.message}"
     return VerifyReport(
         ok=problem is None,
         records=checker.records,
@@ -250,4 +266,5 @@ def verify_export(
         problem=problem,
         seconds=_time.perf_counter() - started,
         note=note,
+        witnessed_seq=None if witness is None else checker.witnessed_seq,
     )

@@ -19,20 +19,28 @@ concurrency at the cost of one commit's latency. Because the head is read under 
 every batch, several processes on one PostgreSQL database extend one chain without forks.
 
 Checkpoints: whenever a batch crosses a multiple of `checkpoint_every`, the record at that seq
-gets an Ed25519-signed checkpoint in the same transaction; `close()` adds one at the head.
+gets an Ed25519-signed checkpoint in the same transaction. On a time basis, `checkpoint_seconds`
+after the first record no checkpoint covers, the head is signed too (`checkpointer.py`), as it
+is at start-up (the head an earlier process left unsigned, e.g. after `kill -9`) and at
+`close()`. Every committed checkpoint is appended to the witness file (`witness.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import select
 
+from aamp.audit.chain import Checkpoint
+from aamp.audit.checkpointer import DEFAULT_SECONDS, Checkpointer, seconds_from_env
+from aamp.audit.forward import forward_from_env
 from aamp.audit.record import AuditEvent, AuditRecord, make_event
-from aamp.audit.signing import SIGNING_KEY_FILENAME, CheckpointSigner
+from aamp.audit.signing import SIGNING_KEY_FILENAME, CheckpointSigner, verify_signature
+from aamp.audit.witness import WITNESS_FILENAME, WitnessFile
 from aamp.config import Settings
 from aamp.store import Store
 from aamp.store.tables import AuditCheckpointRow, AuditHeadRow
@@ -41,6 +49,7 @@ from aamp.store.timestamps import now
 DEFAULT_CHECKPOINT_EVERY = 10_000
 DEFAULT_MAX_BATCH = 5_000
 
+log = logging.getLogger(__name__)
 _head = AuditHeadRow.__table__
 _checkpoints = AuditCheckpointRow.__table__
 
@@ -66,9 +75,14 @@ def _insert_sql(paramstyle: str) -> str:
 
 
 _COPY_SQL = f"COPY audit_records ({', '.join(_COLUMNS)}) FROM STDIN"
-_CHECKPOINT_SQL = (
-    "INSERT INTO audit_checkpoints (seq, hash, time, key_id, signature) VALUES (%s, %s, %s, %s, %s)"
-)
+
+
+def _checkpoint_sql(paramstyle: str) -> str:
+    mark = "?" if paramstyle == "qmark" else "%s"
+    return (
+        "INSERT INTO audit_checkpoints (seq, hash, time, key_id, signature) "
+        f"VALUES ({', '.join([mark] * 5)})"
+    )
 
 
 def _row(rec: AuditRecord) -> tuple[Any, ...]:
@@ -128,30 +142,56 @@ class AuditLog:
         *,
         checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
         max_batch: int = DEFAULT_MAX_BATCH,
+        checkpoint_seconds: float = DEFAULT_SECONDS,
+        witness: WitnessFile | None = None,
     ) -> None:
-        if checkpoint_every < 1 or max_batch < 1:
-            raise ValueError("checkpoint_every and max_batch must be positive")
+        if checkpoint_every < 1 or max_batch < 1 or checkpoint_seconds <= 0:
+            raise ValueError("checkpoint_every, max_batch and checkpoint_seconds must be positive")
         self.store = store
         self.signer = signer
         self.checkpoint_every = checkpoint_every
         self.max_batch = max_batch
+        self.checkpoint_seconds = checkpoint_seconds
+        self.witness = witness
         self._queue: asyncio.Queue[_Pending | None] | None = None
         self._writer: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._witness_executor: ThreadPoolExecutor | None = None
+        self._checkpointer: Checkpointer | None = None
         self._closing = False
 
     @classmethod
     def open(cls, settings: Settings, store: Store, **kwargs: Any) -> AuditLog:
-        """The log with the host signing key from `$AAMP_HOME/audit-signing.key`."""
+        """The installation's log: the host signing key from `$AAMP_HOME/audit-signing.key`,
+        the witness `$AAMP_HOME/audit-witness.jsonl` (forwarded as AAMP_AUDIT_WITNESS_FORWARD
+        says) and the interval AAMP_AUDIT_CHECKPOINT_SECONDS; a bad setting is a ConfigError.
+        """
+        witness_path = settings.home / WITNESS_FILENAME
+        forward = forward_from_env(settings.env, witness_path)
+        kwargs.setdefault("checkpoint_seconds", seconds_from_env(settings.env))
         signer = CheckpointSigner.load_or_create(settings.home / SIGNING_KEY_FILENAME)
-        return cls(store, signer, **kwargs)
+        return cls(store, signer, witness=WitnessFile(witness_path, forward), **kwargs)
 
     async def start(self) -> None:
+        """Start the writer; first sign (and witness) the head an earlier process left."""
         if self._writer is not None:
             return
-        self._queue = asyncio.Queue()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aamp-audit")
+        self._witness_executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="aamp-audit-witness"
+        )
+        checkpointer = Checkpointer(self._sign_head, self._witness, seconds=self.checkpoint_seconds)
+        try:
+            if self.witness is not None:
+                await self._in_thread(self._witness_executor, self.witness.create)
+            await checkpointer.sign_now()  # start-up recovery
+        except BaseException:
+            self._shutdown_executors()
+            raise
+        self._queue = asyncio.Queue()
         self._closing = False
+        self._checkpointer = checkpointer
+        checkpointer.start()
         self._writer = asyncio.create_task(self._write_loop(), name="aamp-audit-writer")
 
     async def __aenter__(self) -> AuditLog:
@@ -193,31 +233,54 @@ class AuditLog:
     record = append  # the AuditSink name
 
     async def checkpoint(self) -> int | None:
-        """Sign a checkpoint at the current head now; returns its seq (None if empty)."""
-        if self._executor is None:
+        """Sign (and witness) a checkpoint at the current head now; its seq (None if empty)."""
+        if self._checkpointer is None:
             raise AuditClosed("the audit log is not running")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._checkpoint_head)
+        cp = await self._checkpointer.sign_now()
+        return None if cp is None else cp.seq
 
     async def close(self) -> None:
-        """Write everything queued, checkpoint the head, stop the writer."""
-        if self._writer is None or self._queue is None:
+        """Write everything queued, checkpoint and witness the head, stop the writer."""
+        if self._writer is None or self._queue is None or self._checkpointer is None:
             return
         self._closing = True
         self._queue.put_nowait(None)
         await self._writer
         try:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._checkpoint_head)
+            await self._checkpointer.stop()
+            await self._checkpointer.sign_now()
         finally:
-            assert self._executor is not None
-            self._executor.shutdown(wait=True)
+            self._shutdown_executors()
             self._writer = None
             self._queue = None
-            self._executor = None
+            self._checkpointer = None
+
+    def _shutdown_executors(self) -> None:
+        for executor in (self._executor, self._witness_executor):
+            if executor is not None:
+                executor.shutdown(wait=True)
+        self._executor = None
+        self._witness_executor = None
+
+    async def _in_thread(self, executor: ThreadPoolExecutor | None, fn: Any, *args: Any) -> Any:
+        if executor is None:
+            raise AuditClosed("the audit log is not running")
+        return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+
+    async def _sign_head(self) -> Checkpoint | None:
+        # On the writer's own thread, between two of its batches: it never contends with
+        # them for the head lock, and a batch waits at most for this one small transaction.
+        result: Checkpoint | None = await self._in_thread(self._executor, self._checkpoint_head)
+        return result
+
+    async def _witness(self, cp: Checkpoint) -> None:
+        if self.witness is not None:
+            await self._in_thread(self._witness_executor, self.witness.append, cp)
 
     async def _write_loop(self) -> None:
-        assert self._queue is not None
+        assert self._queue is not None and self._checkpointer is not None
         queue = self._queue
+        checkpointer = self._checkpointer
         loop = asyncio.get_running_loop()
         stop = False
         while not stop:
@@ -233,7 +296,9 @@ class AuditLog:
                 batch.append(item)
             events = [event for event, _ in batch]
             try:
-                records = await loop.run_in_executor(self._executor, self._commit_batch, events)
+                records, signed = await loop.run_in_executor(
+                    self._executor, self._commit_batch, events
+                )
             except Exception as exc:  # every append in the batch learns it was not written
                 for _, fut in batch:
                     if not fut.done():
@@ -244,9 +309,12 @@ class AuditLog:
             for (_, fut), rec in zip(batch, records, strict=True):
                 if not fut.done():
                     fut.set_result(rec)
+            checkpointer.records_committed(signed)
 
-    def _commit_batch(self, events: list[AuditEvent]) -> list[AuditRecord]:
+    def _commit_batch(self, events: list[AuditEvent]) -> tuple[list[AuditRecord], list[Checkpoint]]:
         """One transaction: lock head, chain, insert, move head, checkpoint, commit.
+
+        Returns the records and the checkpoints signed with them.
 
         Statements go straight to the driver. SQLite: lock, one prepared INSERT run for every
         record (executemany: three times faster here than one multi-row INSERT, which SQLite
@@ -255,7 +323,7 @@ class AuditLog:
         pipelined INSERTs, which the server executes one by one), the head's UPDATE, COMMIT.
         """
         if not events:
-            return []
+            return [], []
         with self.store.write_connection() as conn:
             if conn.dialect.name == "postgresql":
                 return self._commit_pg(conn.connection.driver_connection, events)
@@ -267,10 +335,12 @@ class AuditLog:
             conn.exec_driver_sql(_move_head_sql(paramstyle), (records[-1].seq, records[-1].hash))
             due = self._due_checkpoints(records)
             if due:
-                conn.exec_driver_sql(_CHECKPOINT_SQL.replace("%s", "?"), due)
-        return records
+                conn.exec_driver_sql(_checkpoint_sql(paramstyle), [_cp_row(c) for c in due])
+        return records, due
 
-    def _commit_pg(self, driver: Any, events: list[AuditEvent]) -> list[AuditRecord]:
+    def _commit_pg(
+        self, driver: Any, events: list[AuditEvent]
+    ) -> tuple[list[AuditRecord], list[Checkpoint]]:
         """The PostgreSQL body of `_commit_batch`; its caller's transaction commits."""
         with driver.cursor() as cur:
             with driver.pipeline():
@@ -284,8 +354,8 @@ class AuditLog:
             with driver.pipeline():
                 cur.execute(_move_head_sql("format"), (records[-1].seq, records[-1].hash))
                 if due:
-                    cur.executemany(_CHECKPOINT_SQL, due)
-        return records
+                    cur.executemany(_checkpoint_sql("format"), [_cp_row(c) for c in due])
+        return records, due
 
     def _chain(self, events: list[AuditEvent], seq: int, prev: str) -> list[AuditRecord]:
         """The events as records numbered and hashed on from the head (seq, prev)."""
@@ -297,33 +367,45 @@ class AuditLog:
             prev = records[-1].hash
         return records
 
-    def _due_checkpoints(self, records: list[AuditRecord]) -> list[tuple[Any, ...]]:
-        """Signed checkpoint rows for the records at multiples of `checkpoint_every`."""
+    def _due_checkpoints(self, records: list[AuditRecord]) -> list[Checkpoint]:
+        """Signed checkpoints for the records at multiples of `checkpoint_every`."""
         return [
-            tuple(self._checkpoint_row(rec.seq, rec.hash, rec.time).values())
+            self._signed(rec.seq, rec.hash, rec.time)
             for rec in records
             if rec.seq % self.checkpoint_every == 0
         ]
 
-    def _checkpoint_row(self, seq: int, hash_hex: str, time: str) -> dict[str, Any]:
-        return {
-            "seq": seq,
-            "hash": hash_hex,
-            "time": time,
-            "key_id": self.signer.key_id,
-            "signature": self.signer.sign(seq, hash_hex),
-        }
+    def _signed(self, seq: int, hash_hex: str, time: str) -> Checkpoint:
+        signature = self.signer.sign(seq, hash_hex)
+        return Checkpoint(seq, hash_hex, self.signer.key_id, signature, time)
 
-    def _checkpoint_head(self) -> int | None:
+    def _checkpoint_head(self) -> Checkpoint | None:
+        """The head's checkpoint: signed now in its own transaction, or the one it has."""
+        c = _checkpoints.c
         with self.store.write_connection() as conn:
             seq, hash_hex = conn.execute(
                 select(_head.c.seq, _head.c.hash).where(_head.c.id == 1).with_for_update()
             ).one()
             if seq == 0:
                 return None
-            exists = conn.execute(
-                select(_checkpoints.c.seq).where(_checkpoints.c.seq == seq)
+            row = conn.execute(
+                select(c.seq, c.hash, c.key_id, c.signature, c.time).where(c.seq == seq)
             ).first()
-            if exists is None:
-                conn.execute(insert(_checkpoints), [self._checkpoint_row(seq, hash_hex, now())])
-            return int(seq)
+            if row is None:
+                cp = self._signed(int(seq), hash_hex, now())
+                conn.exec_driver_sql(_checkpoint_sql(conn.dialect.paramstyle), _cp_row(cp))
+                return cp
+            existing = Checkpoint(int(row[0]), row[1], row[2], row[3], row[4])
+            if existing.hash == hash_hex and verify_signature(
+                self.signer.public_key, existing.seq, existing.hash, existing.signature
+            ):
+                return existing
+        # A row this key did not sign for this head (planted, or another host's key): leave it
+        # for `verify` to report, and give the witness a checkpoint that is really signed.
+        log.warning("the audit checkpoint row at record %d does not verify; not witnessed", seq)
+        return self._signed(int(seq), hash_hex, now())
+
+
+def _cp_row(cp: Checkpoint) -> tuple[Any, ...]:
+    """A checkpoint's values in `_checkpoint_sql` order."""
+    return (cp.seq, cp.hash, cp.time, cp.key_id, cp.signature)

@@ -51,7 +51,7 @@ def write_key_file(path: Path, content: bytes) -> bool:
     finally:
         os.unlink(tmp)
     if created:
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     return created
 
 
@@ -67,7 +67,7 @@ def replace_key_file(path: Path, content: bytes) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def read_or_create_key_file(path: Path, make: Callable[[], bytes]) -> bytes:
@@ -77,7 +77,8 @@ def read_or_create_key_file(path: Path, make: Callable[[], bytes]) -> bytes:
     return read_key_file(path)
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """Make a name just created in `directory` durable (the file's own fsync does not)."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
