@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Request
@@ -17,6 +18,7 @@ from aamp.identity.model import Actor, Resource
 AgentId = Annotated[str, Path(min_length=1, max_length=32)]
 LevelName = Literal["view", "run", "edit"]
 KindName = Literal["policy", "service", "image"]
+VERSION_PATTERN = r"^(draft|latest|[0-9]{1,9})$"
 
 
 class AgentIn(BaseModel):
@@ -74,6 +76,19 @@ class AgentResourceOut(BaseModel):
 async def _agent(request: Request, _: ControlPlane, __: Actor) -> Resource:
     agent_id = str(request.path_params.get("agent_id", ""))
     return Resource("agent", agent_id, agent=agent_id)
+
+
+async def _version(request: Request, cp: ControlPlane, __: Actor) -> Resource:
+    """The agent, and the version asked for if it is not a published one."""
+    agent_id = str(request.path_params.get("agent_id", ""))
+    which = str(request.path_params.get("version", ""))
+    unpublished: str | None = None
+    if which == "draft":
+        unpublished = which
+    elif re.fullmatch(VERSION_PATTERN, which) and which != "latest":
+        found = await cp.store.run(AgentVersions(cp.store).find, agent_id, int(which))
+        unpublished = None if found is not None and found.status == "published" else which
+    return Resource("agent", agent_id, agent=agent_id, unpublished=unpublished)
 
 
 async def _grant_subject(request: Request, _: ControlPlane, __: Actor) -> Resource:
@@ -204,20 +219,16 @@ def router() -> APIRouter:
         return [v.to_dict() for v in versions]
 
     @r.get("/agents/{agent_id}/versions/{version}", response_model=VersionOut)
-    @rule("agent_version.read", _agent)
+    @rule("agent_version.read", _version)
     async def get_version(
         agent_id: AgentId,
-        version: Annotated[str, Path(pattern=r"^(draft|latest|[0-9]{1,9})$")],
+        version: Annotated[str, Path(pattern=VERSION_PATTERN)],
         request: Request,
     ) -> dict[str, object]:
-        """One version by number, `latest` (published) or `draft` (only with `edit`)."""
+        """One version by number, `latest` (published) or `draft`; the draft and unpublished
+        numbers only with `edit`."""
         cp = cp_of(request)
-        found = await cp.store.run(AgentVersions(cp.store).get, agent_id, version)
-        if found.status == "draft" and not await check(
-            request, "agent_version.edit", Resource("agent", agent_id, agent=agent_id)
-        ):
-            raise ApiError(404, "not_found", f"agent {agent_id!r} has no version {version}")
-        return found.to_dict()
+        return (await cp.store.run(AgentVersions(cp.store).get, agent_id, version)).to_dict()
 
     @r.put("/agents/{agent_id}/draft", response_model=VersionOut)
     @rule("agent_version.edit", _agent)

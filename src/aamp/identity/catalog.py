@@ -3,7 +3,8 @@
 Policies are kept as the document the admin wrote (YAML or JSON), validated with
 `aamp.policy` on the way in so a stored policy always parses. Services name an upstream
 origin, an auth kind and the vault secret names holding its credentials (never values).
-`agent_resources` records which of them each agent may use; sandbox creation checks it.
+`agent_resources` records which of them each agent may use; `agent_policy` reads a policy
+with what of it an agent is not granted, the facts `allowed` decides a sandbox or run on.
 """
 
 from __future__ import annotations
@@ -96,6 +97,20 @@ class Service:
             "updated_at": self.updated_at,
             "updated_by": self.updated_by,
         }
+
+
+@dataclass(frozen=True)
+class AgentPolicy:
+    """A named policy as a sandbox for one agent would use it: the stored policy (None if
+    there is none by that name), its services that exist (in the policy's order) and the
+    names of those that do not, and — for an agent — what of all that is not granted to it
+    (`policy:NAME`, `image:NAME`, `service:NAME`: the facts `allowed` decides on)."""
+
+    name: str
+    stored: StoredPolicy | None
+    services: tuple[Service, ...]
+    unknown_services: tuple[str, ...]
+    ungranted: tuple[str, ...]
 
 
 def parse_policy_document(text: str, fmt: str) -> Policy:
@@ -336,6 +351,37 @@ class Catalog:
             if row is None:
                 raise NotFound(f"{kind} {name!r} is not granted to agent {agent_id!r}")
             s.delete(row)
+
+    def agent_policy(self, agent_id: str | None, name: str) -> AgentPolicy:
+        """Policy `name` with its services, and what of it `agent_id` is not granted, read in
+        one snapshot (see `AgentPolicy`); no agent: nothing is checked against grants."""
+        with self.store.session() as s:
+            row = s.get(PolicyRow, name)
+            stored = self._policy(row) if row is not None else None
+            services: list[Service] = []
+            unknown: list[str] = []
+            for service_name in stored.policy.services if stored else ():
+                service_row = s.get(ServiceRow, service_name)
+                if service_row is None:
+                    unknown.append(service_name)
+                else:
+                    services.append(self._service(service_row))
+            granted = set()
+            if agent_id is not None:
+                rows = s.scalars(
+                    select(AgentResourceRow).where(AgentResourceRow.agent_id == agent_id)
+                )
+                granted = {(r.kind, r.name) for r in rows}
+        needed = [("policy", name)]
+        if stored is not None:
+            needed.append(("image", stored.policy.image))
+            needed.extend(("service", n) for n in stored.policy.services)
+        ungranted = (
+            tuple(f"{k}:{n}" for k, n in needed if (k, n) not in granted)
+            if agent_id is not None
+            else ()
+        )
+        return AgentPolicy(name, stored, tuple(services), tuple(unknown), ungranted)
 
     def is_granted(self, agent_id: str, kind: str, name: str) -> bool:
         with self.store.session() as s:
