@@ -11,10 +11,8 @@ from typing import Any
 
 from sqlalchemy import text
 
-DEFINITION = {
-    "model": {"base_url": "http://127.0.0.1:9/v1", "name": "m"},
-    "tools": ["python"],
-}
+DEFINITION = {"model": {"endpoint": "llm", "name": "m"}, "tools": ["python"]}
+LLM = {"base_url": "http://127.0.0.1:9/v1", "models": ["m"]}
 
 
 def records(plane, request_id: str) -> list[dict[str, Any]]:
@@ -52,6 +50,7 @@ def the_one_denial(plane, resp, action: str, actor: str) -> dict[str, Any]:
 async def _agent(admin, name: str, policy: dict[str, Any], grants: list[tuple[str, str]]) -> str:
     agent = (await admin.post("/v1/agents", json={"name": name})).json()["id"]
     assert (await admin.put(f"/v1/policies/{policy['name']}", json=policy)).status_code == 200
+    assert (await admin.put("/v1/model-endpoints/llm", json=LLM)).status_code == 200
     for kind, item in grants:
         r = await admin.post(f"/v1/agents/{agent}/resources", json={"kind": kind, "name": item})
         assert r.status_code == 201, r.text
@@ -67,7 +66,8 @@ async def test_below_edit_only_published_versions_run_or_are_read(plane) -> None
     op = await plane.user("op", "operator")
     async with plane.client(plane.admin_token) as admin:
         policy = {"name": "plain", "image": "base"}
-        agent = await _agent(admin, "drafts", policy, [("policy", "plain"), ("image", "base")])
+        grants = [("policy", "plain"), ("image", "base"), ("model-endpoint", "llm")]
+        agent = await _agent(admin, "drafts", policy, grants)
         draft = {**DEFINITION, "policy": "plain"}
         assert (await admin.put(f"/v1/agents/{agent}/draft", json=draft)).status_code == 200
         assert (await admin.post(f"/v1/agents/{agent}/publish")).status_code == 200
@@ -137,7 +137,7 @@ async def test_runs_need_the_policy_its_image_and_services_granted(plane) -> Non
         definition = {**DEFINITION, "policy": "browsing", "tools": ["python", "service:crm"]}
         assert (await admin.put(f"/v1/agents/{agent}/draft", json=definition)).status_code == 200
         assert (await admin.post(f"/v1/agents/{agent}/publish")).status_code == 200
-        missing = ["policy:browsing", "image:browser", "service:crm"]
+        missing = ["policy:browsing", "image:browser", "service:crm", "model-endpoint:llm"]
         while missing:
             refused = await admin.post(f"/v1/agents/{agent}/runs", json={"task": "t"})
             record = the_one_denial(plane, refused, "run.create", "user:admin")

@@ -14,11 +14,11 @@ pytestmark = pytest.mark.usefixtures("base_image")
 
 AGENT = """
 name: reporter
-model: {{base_url: "{base_url}", name: scripted}}
+model: {endpoint: llm, name: scripted}
 system_prompt: You write reports.
 tools: [python, files]
 policy: files-only
-limits: {{max_steps: 5, wall_time: 2m}}
+limits: {max_steps: 5, wall_time: 2m}
 """
 
 POLICY = """
@@ -42,19 +42,34 @@ def test_agent_and_run_commands(settings, tmp_path) -> None:
     try:
         with ScriptedModelServerForTests(turns) as model:
             agent_file = tmp_path / "agent.yaml"
-            agent_file.write_text(AGENT.format(base_url=model.base_url))
+            agent_file.write_text(AGENT)
             (tmp_path / "policy.yaml").write_text(POLICY)
             (tmp_path / "a.csv").write_bytes(b"x,y\n1,2\n")
             bad = tmp_path / "bad.yaml"
             bad.write_text("name: broken\nmodel: {name: m}\npolicy: files-only\n")
             out = plane.aamp("agent", "create", "-f", str(bad))
-            assert out.returncode != 0 and b"model.base_url: required" in out.stderr
-            assert b"broken" not in plane.aamp("agent", "ls").stdout  # nothing half-made
+            assert out.returncode != 0 and b"model.endpoint: required" in out.stderr
+            inline = f"name: inline\nmodel: {{base_url: '{model.base_url}', name: m}}\n"
+            bad.write_text(inline + "policy: files-only\n")
+            out = plane.aamp("agent", "create", "-f", str(bad))
+            assert out.returncode != 0 and b"model.base_url: an agent does not carry" in out.stderr
+            listed = plane.aamp("agent", "ls").stdout
+            assert b"broken" not in listed and b"inline" not in listed  # nothing half-made
+            out = plane.aamp(
+                "model-endpoint", "put", "llm", "--base-url", model.base_url, "--models", "scripted"
+            )
+            assert out.returncode == 0, out.stderr
+            assert b"llm http://127.0.0.1:" in out.stdout and b"(loopback)" in out.stdout
+            assert b"llm " in plane.aamp("model-endpoint", "ls").stdout
             out = plane.aamp("agent", "create", "-f", str(agent_file))
             assert out.returncode == 0, out.stderr
             assert b"draft version 1" in out.stdout
             assert plane.aamp("policy", "put", str(tmp_path / "policy.yaml")).returncode == 0
-            for kind, name in (("policy", "files-only"), ("image", "base")):
+            for kind, name in (
+                ("policy", "files-only"),
+                ("image", "base"),
+                ("model-endpoint", "llm"),
+            ):
                 done = plane.aamp("grant", "attach", "reporter", kind, name)
                 assert done.returncode == 0, done.stderr
             out = plane.aamp("run", "reporter", "count", "--input", str(tmp_path / "a.csv"))
@@ -89,15 +104,17 @@ def test_approval_commands_answer_a_waiting_run(settings, tmp_path) -> None:
     plane.start()
     try:
         with ScriptedModelServerForTests(turns) as model:
-            agent = AGENT.format(base_url=model.base_url).replace("files-only", "files-ask")
+            agent = AGENT.replace("files-only", "files-ask")
             (tmp_path / "agent.yaml").write_text(agent.replace("name: reporter", "name: asker"))
             (tmp_path / "policy.yaml").write_text(policy)
             (tmp_path / "a.csv").write_bytes(b"x,y\n1,2\n")
             for command in (
                 ("agent", "create", "-f", str(tmp_path / "agent.yaml")),
                 ("policy", "put", str(tmp_path / "policy.yaml")),
+                ("model-endpoint", "put", "llm", "--base-url", model.base_url),
                 ("grant", "attach", "asker", "policy", "files-ask"),
                 ("grant", "attach", "asker", "image", "base"),
+                ("grant", "attach", "asker", "model-endpoint", "llm"),
                 ("agent", "publish", "asker"),
             ):
                 done = plane.aamp(*command)

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
 
-from aamp.agents.definition import DefinitionError, definition_from_dict
+from aamp.agents.definition import DefinitionError, definition_from_dict, endpoint_problems
 from aamp.agents.versions import AgentVersions
 from aamp.api.context import ControlPlane
 from aamp.api.errors import ApiError
@@ -17,7 +17,7 @@ from aamp.identity.model import Actor, Resource
 
 AgentId = Annotated[str, Path(min_length=1, max_length=32)]
 LevelName = Literal["view", "run", "edit"]
-KindName = Literal["policy", "service", "image"]
+KindName = Literal["policy", "service", "image", "model-endpoint"]
 VERSION_PATTERN = r"^(draft|latest|[0-9]{1,9})$"
 
 
@@ -175,7 +175,7 @@ def router() -> APIRouter:
     @r.get("/agents/{agent_id}/resources", response_model=list[AgentResourceOut])
     @rule("agent_resource.list", _agent)
     async def list_resources(agent_id: AgentId, request: Request) -> list[dict[str, object]]:
-        """The policies, services and images this agent is granted."""
+        """The policies, services, images and model endpoints this agent is granted."""
         cp = cp_of(request)
         await cp.store.run(cp.directory.get_agent, agent_id)
         return await cp.store.run(cp.catalog.list_resources, agent_id)
@@ -236,10 +236,19 @@ def router() -> APIRouter:
         agent_id: AgentId, body: dict[str, object], request: Request
     ) -> dict[str, object]:
         """Create or replace the draft from a definition (model, system_prompt, tools, policy,
-        limits); errors name the field. Published versions never change."""
+        limits); errors name the field. The model names a model endpoint and, once it is
+        registered, one of the models it serves; running it needs the endpoint granted.
+        Published versions never change."""
         cp, actor = cp_of(request), actor_of(request)
         try:
             definition = definition_from_dict(body)
+            # Like the policy, the endpoint may be registered (and granted) later; once it
+            # exists, the model must be one it serves.
+            endpoint = await cp.store.run(cp.catalog.find_model_endpoint, definition.model.endpoint)
+            if endpoint is not None and (
+                problems := endpoint_problems(definition.model, endpoint.models)
+            ):
+                raise DefinitionError(problems)
         except DefinitionError as exc:
             raise ApiError(400, "invalid_definition", str(exc)) from None
         saved = await cp.store.run(

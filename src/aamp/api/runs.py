@@ -21,12 +21,13 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
+from aamp.agents.definition import DefinitionError, endpoint_problems
 from aamp.agents.versions import AgentVersion, AgentVersions, missing_version
 from aamp.api.context import ControlPlane
 from aamp.api.errors import ApiError
 from aamp.api.guard import actor_of, check, cp_of, json_body, record_change, request_id, rule
 from aamp.api.sandboxes import sandbox_from
-from aamp.identity.catalog import AgentPolicy
+from aamp.identity.catalog import AgentNeeds
 from aamp.identity.errors import NotFound
 from aamp.identity.model import Actor, Resource
 from aamp.runs.service import RunRequest, RunService
@@ -113,11 +114,12 @@ async def _approval(request: Request, cp: ControlPlane, _: Actor) -> Resource:
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What the resolver found for a new run — the version asked for and its policy as the
-    agent would use it — which `allowed` decides on and the route then starts, unchanged."""
+    """What the resolver found for a new run — the version asked for, its policy and model
+    endpoint as the agent would use them — which `allowed` decides on and the route then
+    starts, unchanged."""
 
     version: AgentVersion | None
-    named: AgentPolicy | None
+    needs: AgentNeeds | None
 
 
 def _version_asked(body: dict[str, Any]) -> str | int | None:
@@ -131,8 +133,9 @@ def _version_asked(body: dict[str, Any]) -> str | int | None:
 
 
 async def _new_run(request: Request, cp: ControlPlane, _: Actor) -> Resource:
-    """The agent, whether the version asked for is a published one, and what of its policy
-    (image, services) is not granted to the agent."""
+    """The agent, whether the version asked for is a published one, what of its policy (image,
+    services) and model endpoint is not granted to the agent, and whether that endpoint is
+    still unconfirmed."""
     agent_id = str(request.path_params.get("agent_id", ""))[:32]
     which = _version_asked(await json_body(request))
     if which is None:
@@ -143,17 +146,22 @@ async def _new_run(request: Request, cp: ControlPlane, _: Actor) -> Resource:
         version = AgentVersions(cp.store).find(agent_id, which)
         if version is None:
             return RunPlan(None, None)
-        return RunPlan(version, cp.catalog.agent_policy(agent_id, version.definition.policy))
+        d = version.definition
+        return RunPlan(
+            version, cp.catalog.agent_needs(agent_id, d.policy, endpoint=d.model.endpoint)
+        )
 
     found = await cp.store.run(plan)
     request.state.run_plan = found
     published = found.version is not None and found.version.status == "published"
+    endpoint = found.needs.endpoint if found.needs else None
     return Resource(
         "agent",
         agent_id,
         agent=agent_id,
-        ungranted=found.named.ungranted if found.named else (),
+        ungranted=found.needs.ungranted if found.needs else (),
         unpublished=None if which == "latest" or published else str(which),
+        unconfirmed=endpoint.name if endpoint is not None and not endpoint.confirmed else None,
     )
 
 
@@ -204,13 +212,18 @@ def router() -> APIRouter:
         plan: RunPlan = request.state.run_plan
         if plan.version is None:
             raise ApiError(404, "not_found", missing_version(agent_id, body.version))
-        version, d = plan.version, plan.version.definition
-        assert plan.named is not None  # found with the version
-        if plan.named.stored is None:
+        version, d, needs = plan.version, plan.version.definition, plan.needs
+        assert needs is not None  # found with the version
+        if needs.policy is None:
             raise ApiError(400, "invalid_request", f"policy: no policy named {d.policy!r}")
-        policy = plan.named.stored.policy
-        create = sandbox_from(plan.named)  # every service of the policy exists
-        upstreams = {s.name: s.upstream for s in plan.named.services}
+        problems = endpoint_problems(
+            d.model, needs.endpoint.models if needs.endpoint is not None else None
+        )
+        if problems or needs.endpoint is None:
+            raise ApiError(400, "invalid_definition", str(DefinitionError(problems)))
+        policy = needs.policy.policy
+        create = sandbox_from(needs)  # every service of the policy exists
+        upstreams = {s.name: s.upstream for s in needs.services}
         services: dict[str, str] = {}
         for name in d.services:
             if name not in policy.services:
@@ -251,7 +264,18 @@ def router() -> APIRouter:
             "run.queued",
             {"task": body.task, "version": version.version, "by": actor.audit_name},
         )
-        runs.start(RunRequest(run, d, policy, create, tuple(inputs), services, actor.audit_name))
+        runs.start(
+            RunRequest(
+                run,
+                d,
+                policy,
+                create,
+                tuple(inputs),
+                services,
+                actor.audit_name,
+                needs.endpoint,
+            )
+        )
         return run.to_dict()
 
     @r.get("/runs", response_model=list[RunOut])

@@ -21,7 +21,7 @@ from aamp.api.errors import ApiError
 from aamp.api.guard import actor_of, check, cp_of, json_body, request_id, rule
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import ServiceSet
-from aamp.identity.catalog import AgentPolicy, Service, parse_policy_document
+from aamp.identity.catalog import AgentNeeds, Service, parse_policy_document
 from aamp.identity.errors import NotFound
 from aamp.identity.model import Actor, Resource
 from aamp.policy import Policy, PolicyError
@@ -98,7 +98,7 @@ class SandboxPlan:
     builds exactly that (never a second, possibly different, lookup). `named` is the named
     policy as the agent would use it; None when the policy is inline or not given."""
 
-    named: AgentPolicy | None
+    named: AgentNeeds | None
 
 
 def _admin_only(body: dict[str, Any]) -> str | None:
@@ -130,7 +130,7 @@ async def _new_sandbox(request: Request, cp: ControlPlane, _: Actor) -> Resource
     agent = agent if isinstance(agent, str) and 1 <= len(agent) <= 32 else None
     named = None
     if body.get("policy_document") is None and isinstance(policy, str) and len(policy) <= 64:
-        named = await cp.store.run(cp.catalog.agent_policy, agent, policy)
+        named = await cp.store.run(cp.catalog.agent_needs, agent, policy)
     request.state.sandbox_plan = SandboxPlan(named)
     return Resource(
         "sandbox",
@@ -175,16 +175,16 @@ def _from_policy(
     )
 
 
-def sandbox_from(named: AgentPolicy, driver: str | None = None) -> CreateRequest:
+def sandbox_from(needs: AgentNeeds, driver: str | None = None) -> CreateRequest:
     """The sandbox a named policy makes (its grants were decided by `allowed`); a policy or
     service that does not exist is a 404/400 naming it."""
-    if named.stored is None:
-        raise NotFound(f"no policy named {named.name!r}")
-    if named.unknown_services:
+    if needs.policy is None:
+        raise NotFound(f"no policy named {needs.policy_name!r}")
+    if needs.unknown_services:
         raise ApiError(
-            400, "invalid_request", f"services: no service named {named.unknown_services[0]!r}"
+            400, "invalid_request", f"services: no service named {needs.unknown_services[0]!r}"
         )
-    return _from_policy(named.stored.policy, driver, named.services)
+    return _from_policy(needs.policy.policy, driver, needs.services)
 
 
 async def _create_request(cp: ControlPlane, body: SandboxIn, plan: SandboxPlan) -> CreateRequest:

@@ -23,15 +23,16 @@ The rules, in words:
   they created, and only while they can still run its agent;
 - an agent uses only what an admin granted it: a sandbox made for an agent (by anyone, admins
   included) and every run of it need the policy, its image and each of its services granted
-  to that agent;
+  to that agent, and a run also its model endpoint — confirmed by an admin;
 - agent versions: `view` reads the published ones; `edit` also reads and saves the draft,
   publishes it, and test-runs it (the draft, or any unpublished number); `run` starts runs of
   published versions, by number or `latest`;
 - a run is seen, followed, cancelled and its artifacts downloaded by its owner (while they can
   still `run` its agent), by users with `edit` on its agent, and by admins — so operators never
   see each other's runs; approval requests are answered with `edit` on the run's agent;
-- the audit log, users, roles, policies, services, secrets and agent resources are changed by
-  admins only; only admins read the audit log.
+- the audit log, users, roles, policies, services, model endpoints, secrets and agent
+  resources are changed by admins only (builders read model endpoints like services); only
+  admins read the audit log.
 """
 
 from __future__ import annotations
@@ -177,7 +178,16 @@ def _run_create(actor: Actor, resource: Resource) -> Decision:
     decision = _level(actor, resource.agent, Level.RUN)
     if not decision.allowed:
         return decision
-    return _only_granted(resource, _published_only(actor, resource, decision, "run"))
+    decision = _only_granted(resource, _published_only(actor, resource, decision, "run"))
+    if decision.allowed and resource.unconfirmed is not None:
+        name = resource.unconfirmed
+        return _deny(
+            f"model endpoint {name} is not confirmed: migration 0005 made it from the agent's "
+            f"former inline base_url and api_key_secret; an admin checks its URL and secret "
+            f"(`aamp model-endpoint show {name}`) and confirms it with "
+            f"`aamp model-endpoint confirm {name}`"
+        )
+    return decision
 
 
 def _version_read(actor: Actor, resource: Resource) -> Decision:
@@ -262,6 +272,11 @@ RULES: dict[str, Rule] = {
     "service.read": _roles(*_STAFF),
     "service.write": _admin_only,
     "service.delete": _admin_only,
+    "model_endpoint.list": _roles(*_STAFF),
+    "model_endpoint.read": _roles(*_STAFF),
+    "model_endpoint.write": _admin_only,
+    "model_endpoint.delete": _admin_only,
+    "model_endpoint.confirm": _admin_only,
     "secret.list": _roles(*_STAFF),
     "secret.read": _roles(*_STAFF),
     "secret.write": _admin_only,

@@ -94,7 +94,9 @@ class Resource:
     - `ungranted`: what the request would make the agent use that an admin has not granted
       it (`policy:NAME`, `image:NAME`, `service:NAME`), in the order they were found;
     - `unpublished`: the agent version asked for, when it is not a published one (`draft`,
-      or a number that is a draft or no version at all), or None.
+      or a number that is a draft or no version at all), or None;
+    - `unconfirmed`: the model endpoint a run would use, when an admin has not confirmed it
+      yet (migration 0005 made it from the agent's former inline URL), or None.
     """
 
     kind: str
@@ -106,6 +108,7 @@ class Resource:
     admin_only: str | None = None
     ungranted: tuple[str, ...] = ()
     unpublished: str | None = None
+    unconfirmed: str | None = None
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.id}" if self.id else self.kind
