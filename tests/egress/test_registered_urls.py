@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from egress_tls import make_upstream_tls
 
 from aamp.egress.registered import (
     AddressVerdict,
@@ -157,3 +158,40 @@ async def test_the_transport_connects_to_the_checked_address_only(server) -> Non
             await c.get(f"http://imds.test:{port}/ok")
     verdicts, used = seen[-1]
     assert used is None and [v.allowed for v in verdicts] == [False]
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "5")
+        self.end_headers()
+        self.wfile.write(b"hello")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+async def test_tls_is_verified_for_the_urls_name_at_the_checked_address(
+    tmp_path, monkeypatch
+) -> None:
+    """The connection goes to the address the name resolved to, and TLS verifies the
+    certificate for the name in the URL (with the site's CA from SSL_CERT_FILE)."""
+    context, ca = make_upstream_tls(tmp_path, ["llm.test"])
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    srv.socket = context.wrap_socket(srv.socket, server_side=True)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    port = srv.server_address[1]
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca))
+    resolver = StaticResolver({"llm.test": ["127.0.0.1"], "other.test": ["127.0.0.1"]})
+    try:
+        for name, works in (("llm.test", True), ("other.test", False)):
+            url = RegisteredUrl.parse(f"https://{name}:{port}/v1")
+            async with httpx.AsyncClient(transport=CheckedTransport("e", url, resolver)) as c:
+                if works:
+                    assert (await c.get(f"https://{name}:{port}/")).text == "hello"
+                else:
+                    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+                        await c.get(f"https://{name}:{port}/")
+    finally:
+        srv.shutdown()
+        srv.server_close()

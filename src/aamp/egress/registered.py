@@ -19,7 +19,8 @@ through `_CheckedBackend` (httpcore's network-backend seam): the host must be th
 and the port its port (a redirect elsewhere, or anything else, is refused), the name is
 resolved once with the installation's resolver, every address is checked, and the connection
 goes to the first checked address that answers — never to a second lookup. TLS still verifies
-the certificate for the URL's name. Proxy variables of the host's environment are ignored.
+the certificate for the URL's name (against SSL_CERT_FILE/SSL_CERT_DIR when set, else the
+bundled CAs). Proxy variables of the host's environment are ignored.
 Each connection attempt is reported to `on_connect` (allowed or refused, with the address and
 its class) so the caller can audit it.
 """
@@ -222,8 +223,10 @@ class CheckedTransport(httpx.AsyncHTTPTransport):
     ) -> None:
         super().__init__(trust_env=False)
         # httpx builds its httpcore pool without a way to pass a network backend; replace the
-        # pool with the same one on the checked backend (httpx 0.28's `_pool`, pinned).
-        ssl_context = httpx.create_ssl_context(trust_env=False)
+        # pool with the same one on the checked backend (httpx 0.28's `_pool`, pinned). The
+        # TLS context still honours SSL_CERT_FILE / SSL_CERT_DIR (a site's own CA); proxy
+        # variables are never read, so no connection is sent anywhere but the checked address.
+        ssl_context = httpx.create_ssl_context(trust_env=True)
         self._pool = httpcore.AsyncConnectionPool(
             ssl_context=ssl_context,
             max_connections=10,
