@@ -259,13 +259,16 @@ async def define_agent(
     }
     agent = (await c.post("/v1/agents", json={"name": f"eval-{n}-{task.name}"})).json()["id"]
     await c.put(f"/v1/policies/{policy['name']}", json=policy)
-    for kind, name in (("policy", policy["name"]), ("image", task.image)):
+    endpoint = {"base_url": base_url, "api_key_secret": secret, "models": [model]}
+    (await c.put("/v1/model-endpoints/eval", json=endpoint)).raise_for_status()
+    for kind, name in (
+        ("policy", policy["name"]),
+        ("image", task.image),
+        ("model-endpoint", "eval"),
+    ):
         await c.post(f"/v1/agents/{agent}/resources", json={"kind": kind, "name": name})
-    model_cfg: dict[str, Any] = {"base_url": base_url, "name": model, "timeout": "5m"}
-    if secret:
-        model_cfg["api_key_secret"] = secret
     definition = {
-        "model": model_cfg,
+        "model": {"endpoint": "eval", "name": model, "timeout": "5m"},
         "system_prompt": "You are a precise data assistant. Use the tools; be brief.",
         "tools": list(task.tools),
         "policy": policy["name"],

@@ -1,4 +1,4 @@
-"""The `aamp user|token|grant|policy|service|secret|audit` commands.
+"""The `aamp user|token|grant|policy|service|model-endpoint|secret|audit` commands.
 
 All but `audit` talk to the running control plane through its API (as the holder of the CLI
 token, or AAMP_TOKEN); `audit verify|export` read the store directly on this host, so they
@@ -55,9 +55,9 @@ def add_parsers(sub: Any) -> None:
     gr.add_argument("agent")
     gr.add_argument("grant_id", type=int)
     for name, text in (("attach", "grant an agent a resource"), ("detach", "take it back")):
-        p = grant.add_parser(name, help=f"{text}: policy, service or image")
+        p = grant.add_parser(name, help=f"{text}: policy, service, image or model-endpoint")
         p.add_argument("agent")
-        p.add_argument("kind", choices=["policy", "service", "image"])
+        p.add_argument("kind", choices=["policy", "service", "image", "model-endpoint"])
         p.add_argument("name")
 
     policy = sub.add_parser("policy", help="policies").add_subparsers(dest="action", required=True)
@@ -81,6 +81,22 @@ def add_parsers(sub: Any) -> None:
     service.add_parser("ls", help="list services")
     sr = service.add_parser("rm", help="delete a service")
     sr.add_argument("name")
+
+    endpoint = sub.add_parser(
+        "model-endpoint", help="model endpoints (OpenAI-compatible servers agents may use)"
+    ).add_subparsers(dest="action", required=True)
+    ep = endpoint.add_parser("put", help="register (or replace) a model endpoint")
+    ep.add_argument("name")
+    ep.add_argument("--base-url", required=True, help="e.g. http://llm.internal:8080/v1")
+    ep.add_argument("--api-key-secret", help="the vault secret holding its API key")
+    ep.add_argument("--models", default="", help="the model names it serves: a,b (none: any)")
+    endpoint.add_parser("ls", help="list model endpoints")
+    es = endpoint.add_parser("show", help="print a model endpoint")
+    es.add_argument("name")
+    ec = endpoint.add_parser("confirm", help="confirm an endpoint migration 0005 made")
+    ec.add_argument("name")
+    er = endpoint.add_parser("rm", help="delete a model endpoint")
+    er.add_argument("name")
 
     secret = sub.add_parser("secret", help="secrets (values are write-only)").add_subparsers(
         dest="action", required=True
@@ -124,6 +140,7 @@ def dispatch(args: argparse.Namespace, settings: Settings, table: Any) -> int:
             "grant": _grant,
             "policy": _policy,
             "service": _service,
+            "model-endpoint": _model_endpoint,
             "secret": _secret,
         }[args.command]
         return handler(client, args, table)
@@ -277,6 +294,50 @@ def _service(client: Any, args: argparse.Namespace, table: Any) -> int:
         return 0
     client.call("DELETE", f"/v1/services/{args.name}")
     return 0
+
+
+def _model_endpoint(client: Any, args: argparse.Namespace, table: Any) -> int:
+    path = f"/v1/model-endpoints/{getattr(args, 'name', '')}"
+    if args.action == "put":
+        body = {
+            "base_url": args.base_url,
+            "api_key_secret": args.api_key_secret,
+            "models": [m.strip() for m in args.models.split(",") if m.strip()],
+        }
+        _print_registered(client.call("PUT", path, json=body))
+        return 0
+    if args.action == "confirm":
+        _print_registered(client.call("POST", f"{path}/confirm"))
+        return 0
+    if args.action == "ls":
+        rows = [("NAME", "BASE URL", "API KEY SECRET", "MODELS", "CONFIRMED")]
+        for e in client.call("GET", "/v1/model-endpoints"):
+            rows.append(
+                (
+                    e["name"],
+                    e["base_url"],
+                    e["api_key_secret"] or "-",
+                    ",".join(e["models"]) or "any",
+                    "yes" if e["confirmed"] else "NO",
+                )
+            )
+        table(rows)
+        return 0
+    if args.action == "show":
+        print(json.dumps(client.call("GET", path), indent=2))
+        return 0
+    client.call("DELETE", path)
+    return 0
+
+
+def _print_registered(endpoint: dict[str, Any]) -> None:
+    """The endpoint's name, and what its host resolved to (what a run may reach)."""
+    found = endpoint.get("resolved")
+    if found is None:
+        where = f"not resolved now ({endpoint.get('unresolved')})"
+    else:
+        where = ", ".join(f"{a['address']} ({a['address_class']})" for a in found)
+    print(f"{endpoint['name']} {endpoint['base_url']}: {where}")
 
 
 def _secret(client: Any, args: argparse.Namespace, table: Any) -> int:

@@ -49,7 +49,9 @@ def parse_pool(spec: str) -> dict[str, int]:
 
 def egress_resolver(settings: Settings) -> Resolver:
     """Names are resolved on the host: by this host's resolver, or by the DNS servers in
-    AAMP_EGRESS_DNS (comma-separated addresses), as air-gapped sites often need."""
+    AAMP_EGRESS_DNS (comma-separated addresses), as air-gapped sites often need. The sandbox
+    manager holds it (`manager.resolver`); the egress proxies and runs' model-endpoint
+    connections both resolve with it."""
     servers = [s.strip() for s in settings.env.get("AAMP_EGRESS_DNS", "").split(",") if s.strip()]
     return DnsServerResolver(servers) if servers else SystemResolver()
 

@@ -3,7 +3,7 @@
 A real HTTP server on a loopback address that answers `POST /v1/chat/completions` by replaying
 a script, one turn per request, so the agent loop can be tested deterministically without a
 model. It keeps every request it received (the messages, so tests can see the observations the
-loop sent back). Turns:
+loop sent back) and its headers (`headers`: what credentials arrived). Turns:
 
 - `{"tool_calls": [{"name": "python", "arguments": {...}}]}` — arguments may also be a raw
   string (to send invalid JSON);
@@ -31,6 +31,7 @@ class ScriptedModelServerForTests:
     def __init__(self, turns: list[dict[str, Any]], host: str = "127.0.0.1", port: int = 0):
         self.turns = list(turns)
         self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, port), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -67,6 +68,7 @@ class ScriptedModelServerForTests:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 request = json.loads(self.rfile.read(length) or b"{}")
+                double.headers.append({k.lower(): v for k, v in self.headers.items()})
                 if not self.path.endswith("/chat/completions"):
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
                     return

@@ -14,15 +14,18 @@ from aamp.agents.definition import (
     DefinitionError,
     ModelConfig,
     definition_from_dict,
+    endpoint_problems,
     parse_definition,
     stored_form,
 )
-from aamp.agents.model import ModelClient, ModelError
+from aamp.agents.model import EndpointAccess, ModelClient, ModelError
 from aamp.agents.tools import ToolSet, truncate
+from aamp.egress.registered import CheckedTransport, RegisteredUrl
+from aamp.egress.resolver import SystemResolver
 
 GOOD = """
 name: fin
-model: {base_url: "http://127.0.0.1:9/v1", name: qwen2.5, api_key_secret: llm_key}
+model: {endpoint: llm, name: qwen2.5}
 tools: [shell, python, files, browser, "service:crm"]
 policy: finance-reports
 limits: {max_steps: 7, wall_time: 1h30m, observation_bytes: 4kB}
@@ -40,12 +43,14 @@ def test_a_good_definition_round_trips_through_its_stored_form() -> None:
     ("text", "field"),
     [
         ("model: {base_url: ftp://x, name: m}\npolicy: p", "model.base_url"),
-        ("model: {base_url: 'http://x', name: m}\npolicy: p\ntools: [bash]", "tools[0]"),
-        ("model: {base_url: 'http://x', name: m}\npolicy: p\nlimits: {max_steps: 0}", "max_steps"),
-        ("model: {base_url: 'http://x', name: m}\npolicy: p\nlimits: {wall_time: 5x}", "wall_time"),
-        ("model: {base_url: 'http://x', name: m}\npolicy: p\nlimit: {}", "limit:"),
-        ("model: {base_url: 'http://x', name: m}", "policy"),
-        ("model: {base_url: 'http://x', name: m, api_key_secret: 'a b'}\npolicy: p", "api_key"),
+        ("model: {endpoint: llm, name: m}\npolicy: p\ntools: [bash]", "tools[0]"),
+        ("model: {endpoint: llm, name: m}\npolicy: p\nlimits: {max_steps: 0}", "max_steps"),
+        ("model: {endpoint: llm, name: m}\npolicy: p\nlimits: {wall_time: 5x}", "wall_time"),
+        ("model: {endpoint: llm, name: m}\npolicy: p\nlimit: {}", "limit:"),
+        ("model: {endpoint: llm, name: m}", "policy"),
+        ("model: {endpoint: llm, name: m, api_key_secret: 'a b'}\npolicy: p", "api_key"),
+        ("model: {endpoint: 'Not An Endpoint', name: m}\npolicy: p", "model.endpoint"),
+        ("model: {name: m}\npolicy: p", "model.endpoint: required"),
         ("[1, 2]", "expected a mapping"),
     ],
 )
@@ -53,6 +58,40 @@ def test_bad_definitions_name_the_field(text: str, field: str) -> None:
     with pytest.raises(DefinitionError) as caught:
         parse_definition(text)
     assert field in str(caught.value)
+
+
+def test_an_agent_never_carries_a_url_or_a_secret() -> None:
+    """A builder's agent naming a URL or a secret directly is refused naming the field and
+    saying what to do instead; it is never read as an endpoint."""
+    text = (
+        "model: {base_url: 'http://169.254.169.254/v1', api_key_secret: crm_token, "
+        "endpoint: llm, name: m}\npolicy: p"
+    )
+    with pytest.raises(DefinitionError) as caught:
+        parse_definition(text)
+    fields = dict(caught.value.problems)
+    assert set(fields) == {"model.base_url", "model.api_key_secret"}
+    assert "aamp model-endpoint put NAME --base-url URL" in fields["model.base_url"]
+    assert "aamp grant attach AGENT model-endpoint NAME" in fields["model.base_url"]
+    assert "the model endpoint holds its API key secret" in fields["model.api_key_secret"]
+
+
+def test_the_model_name_must_be_one_the_endpoint_serves() -> None:
+    model = parse_definition("model: {endpoint: llm, name: m}\npolicy: p").model
+    assert endpoint_problems(model, ()) == []  # no declared models: any name
+    assert endpoint_problems(model, ("m", "n")) == []
+    [(field, message)] = endpoint_problems(model, ("qwen", "llama"))
+    assert field == "model.name" and "serves qwen, llama; not 'm'" in message
+    [(field, message)] = endpoint_problems(model, None)
+    assert field == "model.endpoint" and "no model endpoint named 'llm'" in message
+
+
+def access(url: str) -> EndpointAccess:
+    """The scripted model double as an endpoint (an IP literal: reached exactly)."""
+    owner = "model endpoint test"
+    return EndpointAccess(
+        "test", url, CheckedTransport(owner, RegisteredUrl.parse(url), SystemResolver())
+    )
 
 
 def test_tool_arguments_are_checked_against_the_schema() -> None:
@@ -82,17 +121,23 @@ def test_truncation_keeps_head_and_tail_and_says_so() -> None:
 async def test_the_model_client_retries_then_fails_clearly() -> None:
     turns = [{"status": 500}, {"status": 429}, {"content": "hello"}]
     with ScriptedModelServerForTests(turns) as server:
-        client = ModelClient(ModelConfig(server.base_url, "m", retries=2), None, backoff_base=0.01)
+        client = ModelClient(
+            ModelConfig("test", "m", retries=2), access(server.base_url), backoff_base=0.01
+        )
         reply = await client.complete([{"role": "user", "content": "hi"}], [], None)
         await client.close()
     assert reply.content == "hello" and reply.attempts == 3 and reply.prompt_tokens > 0
     with ScriptedModelServerForTests([{"status": 503}] * 3) as server:
-        client = ModelClient(ModelConfig(server.base_url, "m", retries=1), None, backoff_base=0.01)
+        client = ModelClient(
+            ModelConfig("test", "m", retries=1), access(server.base_url), backoff_base=0.01
+        )
         with pytest.raises(ModelError, match="failed 2 times; last: HTTP 503"):
             await client.complete([{"role": "user", "content": "hi"}], [], None)
         await client.close()
     with ScriptedModelServerForTests([{"status": 400}]) as server:
-        client = ModelClient(ModelConfig(server.base_url, "m", retries=3), None, backoff_base=0.01)
+        client = ModelClient(
+            ModelConfig("test", "m", retries=3), access(server.base_url), backoff_base=0.01
+        )
         with pytest.raises(ModelError, match="refused the request: HTTP 400"):
             await client.complete([{"role": "user", "content": "hi"}], [], None)
         await client.close()
@@ -101,14 +146,14 @@ async def test_the_model_client_retries_then_fails_clearly() -> None:
 
 async def test_an_unreachable_or_slow_endpoint_fails_with_the_reason() -> None:
     with ScriptedModelServerForTests([{"sleep": 3, "content": "late"}] * 2) as server:
-        config = ModelConfig(server.base_url, "m", timeout_seconds=1, retries=1)
-        client = ModelClient(config, None, backoff_base=0.01)
+        config = ModelConfig("test", "m", timeout_seconds=1, retries=1)
+        client = ModelClient(config, access(server.base_url), backoff_base=0.01)
         with pytest.raises(ModelError, match="timed out"):
             await client.complete([{"role": "user", "content": "hi"}], [], None)
         await client.close()
     with ScriptedModelServerForTests([]) as server:
         url = server.base_url
-    client = ModelClient(ModelConfig(url, "m", retries=0), None, backoff_base=0.01)
+    client = ModelClient(ModelConfig("test", "m", retries=0), access(url), backoff_base=0.01)
     with pytest.raises(ModelError, match="could not connect"):
         await client.complete([{"role": "user", "content": "hi"}], [], None)
     await client.close()

@@ -20,8 +20,10 @@ from aamp.agents.local_model import (
     grammar_schema,
     render_prompt,
 )
-from aamp.agents.model import ModelClient
+from aamp.agents.model import EndpointAccess, ModelClient
 from aamp.agents.tools import SCHEMAS, ToolSet
+from aamp.egress.registered import CheckedTransport, RegisteredUrl
+from aamp.egress.resolver import SystemResolver
 
 MISSING = local_model.missing_parts()
 needs_extra = pytest.mark.skipif(
@@ -107,9 +109,14 @@ def test_the_packaged_model_file_is_a_gguf() -> None:
 @needs_extra
 async def test_a_real_tool_call_passes_aamps_own_checks(server: LocalModelServer) -> None:
     tools = ToolSet.build(("shell", "python", "files"), {})
+    url = RegisteredUrl.parse(server.base_url)
     client = ModelClient(
-        ModelConfig(base_url=server.base_url, name=local_model.MODEL_ALIAS, temperature=0.0),
-        None,
+        ModelConfig(endpoint="local", name=local_model.MODEL_ALIAS, temperature=0.0),
+        EndpointAccess(
+            "local",
+            server.base_url,
+            CheckedTransport("model endpoint local", url, SystemResolver()),
+        ),
     )
     messages = [
         {"role": "system", "content": "You are a precise assistant. Use the tools."},

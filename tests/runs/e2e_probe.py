@@ -29,6 +29,7 @@ from sqlalchemy import text
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent / "agents")]
 
+from run_helpers import admin_client  # noqa: E402
 from scripted_model import ScriptedModelServerForTests  # noqa: E402
 
 from aamp.api.app import create_app  # noqa: E402
@@ -173,43 +174,40 @@ async def scenario(settings: Settings, mode: str, model: ScriptedModelServerForT
         },
     }
     tools = ["browser"] if mode == "browser" else ["python", "files"]
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        headers = {"authorization": f"Bearer {token}"}
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://aamp", headers=headers, timeout=300
-        ) as c:
-            agent = (await c.post("/v1/agents", json={"name": "e2e"})).json()["id"]
-            assert (await c.put("/v1/policies/reports", json=policy)).status_code == 200
-            for kind, name in (("policy", "reports"), ("image", image)):
-                await c.post(f"/v1/agents/{agent}/resources", json={"kind": kind, "name": name})
-            definition = {
-                "model": {"base_url": model.base_url, "name": "scripted"},
-                "tools": tools,
-                "policy": "reports",
-                "limits": {"tool_timeout": "120s", "wall_time": "5m"}
-                if mode != "ask"
-                else {"tool_timeout": "3s", "wall_time": f"{ASK_WALL_SECONDS}s"},
-            }
-            assert (await c.put(f"/v1/agents/{agent}/draft", json=definition)).status_code == 200
-            assert (await c.post(f"/v1/agents/{agent}/publish")).status_code == 200
-            inputs = [{"name": "sales.csv", "content_b64": base64.b64encode(csv_bytes).decode()}]
-            made = await c.post(f"/v1/agents/{agent}/runs", json={"task": "t", "inputs": inputs})
-            run_id = made.json()["id"]
-            seen: list = []
-            person = asyncio.create_task(answer_approvals(c, run_id, seen))
-            events_text = (await c.get(f"/v1/runs/{run_id}/events")).text  # until run.finished
-            person.cancel()
-            report["approvals_seen"] = seen
-            report["approvals"] = (await c.get("/v1/approvals", params={"pending": False})).json()
-            run = (await c.get(f"/v1/runs/{run_id}")).json()
-            report["run"] = run
-            report["events_text"] = events_text
-            report["artifacts"] = (await c.get(f"/v1/runs/{run_id}/artifacts")).json()
-            if report["artifacts"]:
-                got = await c.get(f"/v1/runs/{run_id}/artifacts/report.csv")
-                report["artifact_b64"] = base64.b64encode(got.content).decode()
-            report["sandboxes_after"] = (await c.get("/v1/sandboxes")).json()
+    async with app.router.lifespan_context(app), admin_client(app, token) as c:
+        agent = (await c.post("/v1/agents", json={"name": "e2e"})).json()["id"]
+        assert (await c.put("/v1/policies/reports", json=policy)).status_code == 200
+        llm = {"base_url": model.base_url}
+        assert (await c.put("/v1/model-endpoints/llm", json=llm)).status_code == 200
+        for kind, name in (("policy", "reports"), ("image", image), ("model-endpoint", "llm")):
+            await c.post(f"/v1/agents/{agent}/resources", json={"kind": kind, "name": name})
+        definition = {
+            "model": {"endpoint": "llm", "name": "scripted"},
+            "tools": tools,
+            "policy": "reports",
+            "limits": {"tool_timeout": "120s", "wall_time": "5m"}
+            if mode != "ask"
+            else {"tool_timeout": "3s", "wall_time": f"{ASK_WALL_SECONDS}s"},
+        }
+        assert (await c.put(f"/v1/agents/{agent}/draft", json=definition)).status_code == 200
+        assert (await c.post(f"/v1/agents/{agent}/publish")).status_code == 200
+        inputs = [{"name": "sales.csv", "content_b64": base64.b64encode(csv_bytes).decode()}]
+        made = await c.post(f"/v1/agents/{agent}/runs", json={"task": "t", "inputs": inputs})
+        run_id = made.json()["id"]
+        seen: list = []
+        person = asyncio.create_task(answer_approvals(c, run_id, seen))
+        events_text = (await c.get(f"/v1/runs/{run_id}/events")).text  # until run.finished
+        person.cancel()
+        report["approvals_seen"] = seen
+        report["approvals"] = (await c.get("/v1/approvals", params={"pending": False})).json()
+        run = (await c.get(f"/v1/runs/{run_id}")).json()
+        report["run"] = run
+        report["events_text"] = events_text
+        report["artifacts"] = (await c.get(f"/v1/runs/{run_id}/artifacts")).json()
+        if report["artifacts"]:
+            got = await c.get(f"/v1/runs/{run_id}/artifacts/report.csv")
+            report["artifact_b64"] = base64.b64encode(got.content).decode()
+        report["sandboxes_after"] = (await c.get("/v1/sandboxes")).json()
     # A clean stop removes the whole runtime directory; whatever is left of it is reported.
     report["runtime_after"] = sorted(str(p) for p in settings.runtime_dir.glob("**/*"))
     with cp.store.engine.connect() as conn:

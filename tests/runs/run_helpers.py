@@ -1,13 +1,60 @@
-"""Helpers shared by the run tests: define an agent with a policy through the API, wait for a
-run's end, read its SSE stream."""
+"""Helpers shared by the run tests: define an agent with a policy and a model endpoint through
+the API, wait for a run's end, read its SSE stream; run a probe script in a network namespace
+of its own, and give it an admin client of its in-process control plane."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def probe_in_netns(probe: Path, tmp_path: Path, *args: str, timeout: float = 500) -> dict:
+    """Run `probe` under `unshare -n` (its only interface `lo`, which it brings up) with the
+    settings of a fresh installation in `tmp_path`; returns the JSON report it prints last."""
+    import pytest
+    from install_layout import shared_image_dir  # tests/install_layout.py
+
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs unshare (util-linux) and root")
+    runtime = f"/run/aamp-t{secrets.token_hex(4)}"
+    env = {
+        "AAMP_HOME": str(tmp_path / "home"),
+        "AAMP_RUNTIME_DIR": runtime,
+        "AAMP_IMAGE_DIR": str(shared_image_dir()),
+        "AAMP_ADMIN_PASSWORD": "admin-password-for-tests",
+    }
+    try:
+        done = subprocess.run(
+            ["unshare", "-n", sys.executable, str(probe), json.dumps(env), *args],
+            capture_output=True,
+            timeout=timeout,
+            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        )
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
+    assert done.returncode == 0, done.stderr.decode()[-4000:]
+    return json.loads(done.stdout.decode().strip().splitlines()[-1])
+
+
+def admin_client(app: Any, token: str) -> httpx.AsyncClient:
+    """A client of an in-process control plane's API, as the holder of `token`."""
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://aamp",
+        headers={"authorization": f"Bearer {token}"},
+        timeout=300,
+    )
 
 
 async def make_agent(
@@ -20,15 +67,21 @@ async def make_agent(
     limits: dict[str, Any] | None = None,
     publish: bool = True,
 ) -> str:
-    """An agent whose definition uses `policy` (created and granted to it), published."""
+    """An agent whose definition uses `policy` and a model endpoint at `base_url` (named
+    `llm-NAME`; both registered and granted to it), published."""
     agent = (await admin.post("/v1/agents", json={"name": name})).json()["id"]
     r = await admin.put(f"/v1/policies/{policy['name']}", json=policy)
     assert r.status_code == 200, r.text
-    for kind, item in (("policy", policy["name"]), ("image", policy.get("image", "base"))):
+    endpoint = await put_endpoint(admin, f"llm-{name}", base_url)
+    for kind, item in (
+        ("policy", policy["name"]),
+        ("image", policy.get("image", "base")),
+        ("model-endpoint", endpoint),
+    ):
         r = await admin.post(f"/v1/agents/{agent}/resources", json={"kind": kind, "name": item})
         assert r.status_code == 201, r.text
     definition = {
-        "model": {"base_url": base_url, "name": "scripted", "timeout": "20s", "retries": 2},
+        "model": {"endpoint": endpoint, "name": "scripted", "timeout": "20s", "retries": 2},
         "system_prompt": "You are a test agent.",
         "tools": tools or ["shell", "python", "files"],
         "policy": policy["name"],
@@ -40,6 +93,14 @@ async def make_agent(
         r = await admin.post(f"/v1/agents/{agent}/publish")
         assert r.status_code == 200, r.text
     return agent
+
+
+async def put_endpoint(admin: httpx.AsyncClient, name: str, base_url: str, **extra: Any) -> str:
+    """Register model endpoint `name` at `base_url` (serving `scripted`); returns its name."""
+    body = {"base_url": base_url, "models": ["scripted"], **extra}
+    r = await admin.put(f"/v1/model-endpoints/{name}", json=body)
+    assert r.status_code == 200, r.text
+    return name
 
 
 async def wait_end(client: httpx.AsyncClient, run_id: str, timeout: float = 240) -> dict:

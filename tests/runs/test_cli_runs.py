@@ -20,11 +20,11 @@ pytestmark = pytest.mark.usefixtures("base_image")
 
 AGENT = """
 name: reporter
-model: {{base_url: "{base_url}", name: scripted}}
+model: {endpoint: llm, name: scripted}
 system_prompt: You write reports.
 tools: [python, files]
 policy: files-only
-limits: {{max_steps: 5, wall_time: 2m}}
+limits: {max_steps: 5, wall_time: 2m}
 """
 
 POLICY = """
@@ -38,22 +38,25 @@ data:
 WRITE = "open('/workspace/out/n.txt','w').write(str(len(open('/workspace/in/a.csv').read())))"
 
 
-def write_reporter(tmp_path, base_url: str) -> Path:
+def write_reporter(tmp_path) -> Path:
     """agent.yaml and policy.yaml for the `reporter` agent, and its input; returns the CSV."""
-    (tmp_path / "agent.yaml").write_text(AGENT.format(base_url=base_url))
+    (tmp_path / "agent.yaml").write_text(AGENT)
     (tmp_path / "policy.yaml").write_text(POLICY)
     csv = tmp_path / "a.csv"
     csv.write_bytes(b"x,y\n1,2\n")
     return csv
 
 
-def publish_agent(plane, tmp_path, agent: str, policy: str) -> None:
-    """Create the agent and its policy from tmp_path's files, grant them, publish."""
+def publish_agent(plane, tmp_path, agent: str, policy: str, model_url: str) -> None:
+    """Create the agent and its policy from tmp_path's files, register the model endpoint
+    `llm` at `model_url`, grant them all, publish."""
     for command in (
         ("agent", "create", "-f", str(tmp_path / "agent.yaml")),
         ("policy", "put", str(tmp_path / "policy.yaml")),
+        ("model-endpoint", "put", "llm", "--base-url", model_url),
         ("grant", "attach", agent, "policy", policy),
         ("grant", "attach", agent, "image", "base"),
+        ("grant", "attach", agent, "model-endpoint", "llm"),
         ("agent", "publish", agent),
     ):
         done = plane.aamp(*command)
@@ -69,18 +72,33 @@ def test_agent_and_run_commands(settings, tmp_path) -> None:
     plane.start()
     try:
         with ScriptedModelServerForTests(turns) as model:
-            write_reporter(tmp_path, model.base_url)
+            write_reporter(tmp_path)
             agent_file = tmp_path / "agent.yaml"
             bad = tmp_path / "bad.yaml"
             bad.write_text("name: broken\nmodel: {name: m}\npolicy: files-only\n")
             out = plane.aamp("agent", "create", "-f", str(bad))
-            assert out.returncode != 0 and b"model.base_url: required" in out.stderr
-            assert b"broken" not in plane.aamp("agent", "ls").stdout  # nothing half-made
+            assert out.returncode != 0 and b"model.endpoint: required" in out.stderr
+            inline = f"name: inline\nmodel: {{base_url: '{model.base_url}', name: m}}\n"
+            bad.write_text(inline + "policy: files-only\n")
+            out = plane.aamp("agent", "create", "-f", str(bad))
+            assert out.returncode != 0 and b"model.base_url: an agent does not carry" in out.stderr
+            listed = plane.aamp("agent", "ls").stdout
+            assert b"broken" not in listed and b"inline" not in listed  # nothing half-made
+            out = plane.aamp(
+                "model-endpoint", "put", "llm", "--base-url", model.base_url, "--models", "scripted"
+            )
+            assert out.returncode == 0, out.stderr
+            assert b"llm http://127.0.0.1:" in out.stdout and b"(loopback)" in out.stdout
+            assert b"llm " in plane.aamp("model-endpoint", "ls").stdout
             out = plane.aamp("agent", "create", "-f", str(agent_file))
             assert out.returncode == 0, out.stderr
             assert b"draft version 1" in out.stdout
             assert plane.aamp("policy", "put", str(tmp_path / "policy.yaml")).returncode == 0
-            for kind, name in (("policy", "files-only"), ("image", "base")):
+            for kind, name in (
+                ("policy", "files-only"),
+                ("image", "base"),
+                ("model-endpoint", "llm"),
+            ):
                 done = plane.aamp("grant", "attach", "reporter", kind, name)
                 assert done.returncode == 0, done.stderr
             out = plane.aamp("run", "reporter", "count", "--input", str(tmp_path / "a.csv"))
@@ -115,11 +133,11 @@ def test_approval_commands_answer_a_waiting_run(settings, tmp_path) -> None:
     plane.start()
     try:
         with ScriptedModelServerForTests(turns) as model:
-            agent = AGENT.format(base_url=model.base_url).replace("files-only", "files-ask")
+            agent = AGENT.replace("files-only", "files-ask")
             (tmp_path / "agent.yaml").write_text(agent.replace("name: reporter", "name: asker"))
             (tmp_path / "policy.yaml").write_text(policy)
             (tmp_path / "a.csv").write_bytes(b"x,y\n1,2\n")
-            publish_agent(plane, tmp_path, "asker", "files-ask")
+            publish_agent(plane, tmp_path, "asker", "files-ask", model.base_url)
             out = plane.aamp(
                 "run", "asker", "count", "--input", str(tmp_path / "a.csv"), "--no-follow"
             )
@@ -169,8 +187,8 @@ def test_run_download_saves_checked_artifacts_when_the_run_ends(settings, tmp_pa
     plane.start()
     try:
         with ScriptedModelServerForTests(turns) as model:
-            csv = write_reporter(tmp_path, model.base_url)
-            publish_agent(plane, tmp_path, "reporter", "files-only")
+            csv = write_reporter(tmp_path)
+            publish_agent(plane, tmp_path, "reporter", "files-only", model.base_url)
             start = ("run", "reporter", "count", "--input", str(csv))
 
             # Refused before any run starts: nothing to wait for, or nowhere to save.

@@ -56,7 +56,7 @@ async def test_versions_runs_and_visibility(run_plane) -> None:
             assert [
                 v["version"] for v in (await c1.get(f"/v1/agents/{agent}/versions")).json()
             ] == [1]
-            assert (await c1.get(f"/v1/agents/{agent}/versions/draft")).status_code == 404
+            assert (await c1.get(f"/v1/agents/{agent}/versions/draft")).status_code == 403
             assert [
                 v["version"] for v in (await cb.get(f"/v1/agents/{agent}/versions")).json()
             ] == [1, 2]

@@ -9,42 +9,16 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import secrets
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from install_layout import shared_image_dir  # tests/install_layout.py
-from run_helpers import parse_sse
+from run_helpers import parse_sse, probe_in_netns
 
 PROBE = Path(__file__).with_name("e2e_probe.py")
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _probe(tmp_path: Path, mode: str) -> dict:
-    if shutil.which("unshare") is None:
-        pytest.skip("unshare (util-linux) is not installed")
-    runtime = f"/run/aamp-t{secrets.token_hex(4)}"
-    env = {
-        "AAMP_HOME": str(tmp_path / "home"),
-        "AAMP_RUNTIME_DIR": runtime,
-        "AAMP_IMAGE_DIR": str(shared_image_dir()),
-        "AAMP_ADMIN_PASSWORD": "admin-password-for-tests",
-    }
-    try:
-        done = subprocess.run(
-            ["unshare", "-n", sys.executable, str(PROBE), json.dumps(env), mode],
-            capture_output=True,
-            timeout=500,
-            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
-        )
-    finally:
-        shutil.rmtree(runtime, ignore_errors=True)
-    assert done.returncode == 0, done.stderr.decode()[-4000:]
-    return json.loads(done.stdout.decode().strip().splitlines()[-1])
+    return probe_in_netns(PROBE, tmp_path, mode)
 
 
 def test_end_to_end_run_with_input_python_egress_and_artifact(tmp_path: Path, base_image) -> None:

@@ -71,10 +71,12 @@ def test_kill_9_mid_run_then_restart(tmp_path: Path, base_image) -> None:
                 assert made.status_code == 201, made.text
                 agent = made.json()["id"]
                 assert c.put("/v1/policies/p", json={"name": "p"}).status_code == 200
-                for kind, name in (("policy", "p"), ("image", "base")):
+                llm = {"base_url": model.base_url}
+                assert c.put("/v1/model-endpoints/llm", json=llm).status_code == 200
+                for kind, name in (("policy", "p"), ("image", "base"), ("model-endpoint", "llm")):
                     c.post(f"/v1/agents/{agent}/resources", json={"kind": kind, "name": name})
                 definition = {
-                    "model": {"base_url": model.base_url, "name": "scripted"},
+                    "model": {"endpoint": "llm", "name": "scripted"},
                     "tools": ["shell"],
                     "policy": "p",
                 }

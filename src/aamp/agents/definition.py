@@ -2,13 +2,17 @@
 
 `parse_definition` takes the builder's YAML/JSON (or a dict from the API) and returns a frozen
 `AgentDefinition`, or raises `DefinitionError` listing every problem with its field path
-(`model.base_url: ...`, `limits.max_steps: ...`). Unknown keys are errors, as in policies: a
-typo must not silently drop a limit. The model's API key is never in the definition: it names
-a vault secret (`model.api_key_secret`), revealed host-side when a run calls the model.
+(`model.endpoint: ...`, `limits.max_steps: ...`). Unknown keys are errors, as in policies: a
+typo must not silently drop a limit. The model is named, never located: `model.endpoint` is a
+model endpoint an admin registered and granted to the agent (its URL and API key secret are
+the endpoint's), `model.name` one of the models it serves. A definition carrying `base_url` or
+`api_key_secret` is refused, naming the field and what to do instead, since an agent that
+could name a URL and a secret could send any secret anywhere. `endpoint_problems` checks the
+model name against the endpoint's declared models.
 
 Example::
 
-    model: {base_url: "http://127.0.0.1:8080/v1", name: qwen2.5-0.5b-instruct}
+    model: {endpoint: llm, name: qwen2.5-0.5b-instruct}
     system_prompt: You prepare the monthly finance report.
     tools: [python, files, browser, service:crm]
     policy: finance-reports
@@ -18,20 +22,30 @@ Example::
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import yaml
 
+from aamp.identity.model_endpoints import ENDPOINT_NAME_RE, MODEL_NAME_RE
 from aamp.policy.model import NAME_RE, SERVICE_RE
 from aamp.policy.units import parse_duration, parse_size
-from aamp.vault.vault import NAME_RE as SECRET_NAME_RE
 
 BUILTIN_TOOLS = ("shell", "python", "files", "browser")
 MAX_PROMPT_CHARS = 64 * 1024
-MODEL_NAME_RE = re.compile(r"^[\w./:@+-]{1,200}$")
+# Fields an agent used to carry, and what replaced them.
+_MOVED_TO_ENDPOINTS = {
+    "base_url": (
+        "an agent does not carry a URL: an admin registers the model endpoint "
+        "(`aamp model-endpoint put NAME --base-url URL`) and grants it to the agent "
+        "(`aamp grant attach AGENT model-endpoint NAME`); name it as model.endpoint"
+    ),
+    "api_key_secret": (
+        "an agent does not carry a secret: the model endpoint holds its API key secret "
+        "(`aamp model-endpoint put NAME --base-url URL --api-key-secret SECRET`); name the "
+        "endpoint as model.endpoint"
+    ),
+}
 
 
 class DefinitionError(ValueError):
@@ -45,9 +59,8 @@ class DefinitionError(ValueError):
 
 @dataclass(frozen=True)
 class ModelConfig:
-    base_url: str
+    endpoint: str
     name: str
-    api_key_secret: str | None = None
     temperature: float | None = None
     timeout_seconds: int = 120
     retries: int = 3
@@ -126,28 +139,21 @@ class _Reader:
 
 
 def _parse_model(r: _Reader, raw: object) -> ModelConfig:
-    keys = ("base_url", "name", "api_key_secret", "temperature", "timeout", "retries")
+    keys = ("endpoint", "name", "temperature", "timeout", "retries")
+    if isinstance(raw, dict):
+        raw = _without_moved(r, raw)
     m = r.mapping(raw, "model", keys)
-    base_url = m.get("base_url")
-    if not isinstance(base_url, str) or not base_url:
-        r.fail("model.base_url", "required: the OpenAI-compatible endpoint, e.g. http://host/v1")
-        base_url = ""
-    else:
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            r.fail("model.base_url", f"expected an http(s) URL, got {base_url!r}")
+    endpoint = m.get("endpoint")
+    if not isinstance(endpoint, str) or not ENDPOINT_NAME_RE.match(endpoint):
+        r.fail(
+            "model.endpoint",
+            f"required: the name of a model endpoint granted to the agent, got {endpoint!r}",
+        )
+        endpoint = ""
     name = m.get("name")
     if not isinstance(name, str) or not MODEL_NAME_RE.match(name):
         r.fail("model.name", f"required: the model's name at the endpoint, got {name!r}")
         name = ""
-    secret = m.get("api_key_secret")
-    if secret is not None and (not isinstance(secret, str) or not SECRET_NAME_RE.match(secret)):
-        r.fail(
-            "model.api_key_secret",
-            f"expected the name of a vault secret (lower-case letters, digits and '_', "
-            f"starting with a letter), got {secret!r}",
-        )
-        secret = None
     temperature = m.get("temperature")
     if temperature is not None and (
         isinstance(temperature, bool)
@@ -159,13 +165,41 @@ def _parse_model(r: _Reader, raw: object) -> ModelConfig:
     timeout = r.converted(m, "timeout", "model", parse_duration, 120, 3600)
     retries = r.integer(m, "retries", "model", 3, 0, 10)
     return ModelConfig(
-        base_url,
+        endpoint,
         name,
-        secret,
         float(temperature) if temperature is not None else None,
         timeout,
         retries,
     )
+
+
+def _without_moved(r: _Reader, model: dict[str, Any]) -> dict[str, Any]:
+    """`model` without the fields that moved to model endpoints, each refused by name."""
+    for key, why in _MOVED_TO_ENDPOINTS.items():
+        if key in model:
+            r.fail(f"model.{key}", why)
+    return {k: v for k, v in model.items() if k not in _MOVED_TO_ENDPOINTS}
+
+
+def endpoint_problems(model: ModelConfig, served: tuple[str, ...] | None) -> list[tuple[str, str]]:
+    """What is wrong with `model` against its endpoint: `served` is the endpoint's declared
+    model names (empty: any), None when there is no endpoint by that name."""
+    if served is None:
+        return [
+            (
+                "model.endpoint",
+                f"no model endpoint named {model.endpoint!r}; an admin registers it with "
+                "`aamp model-endpoint put`",
+            )
+        ]
+    if served and model.name not in served:
+        return [
+            (
+                "model.name",
+                f"model endpoint {model.endpoint!r} serves {', '.join(served)}; not {model.name!r}",
+            )
+        ]
+    return []
 
 
 def _parse_tools(r: _Reader, raw: object) -> tuple[str, ...]:
@@ -225,7 +259,7 @@ def definition_from_dict(data: object) -> AgentDefinition:
     keys = ("name", "model", "system_prompt", "tools", "policy", "limits")
     m = r.mapping(data, "", keys)
     if "model" not in m:
-        r.fail("model", "required: {base_url, name}")
+        r.fail("model", "required: {endpoint, name}")
     model = _parse_model(r, m.get("model", {})) if "model" in m else ModelConfig("", "")
     prompt = m.get("system_prompt", AgentDefinition.system_prompt)
     if not isinstance(prompt, str) or not prompt.strip() or len(prompt) > MAX_PROMPT_CHARS:
@@ -256,7 +290,7 @@ def stored_form(definition: AgentDefinition) -> str:
     d = definition.to_dict()
     out = {
         "model": {
-            "base_url": d["model"]["base_url"],
+            "endpoint": d["model"]["endpoint"],
             "name": d["model"]["name"],
             "timeout": d["model"]["timeout_seconds"],
             "retries": d["model"]["retries"],
@@ -273,8 +307,6 @@ def stored_form(definition: AgentDefinition) -> str:
             "observation_bytes": definition.limits.observation_bytes,
         },
     }
-    if definition.model.api_key_secret:
-        out["model"]["api_key_secret"] = definition.model.api_key_secret
     if definition.model.temperature is not None:
         out["model"]["temperature"] = definition.model.temperature
     return json.dumps(out, sort_keys=True)

@@ -1,21 +1,30 @@
-"""The model client: one chat-completions call with tools, against any OpenAI-compatible
-server (vLLM, llama.cpp server, Ollama), through the `openai` package.
+"""The model client: one chat-completions call with tools, against the agent's model endpoint
+(any OpenAI-compatible server: vLLM, llama.cpp server, Ollama), through the `openai` package.
+
+Where it connects is the endpoint's, never the agent's: `EndpointAccess` carries the
+endpoint's base URL, the transport whose every connection is resolved once, address-checked
+and made to the checked address (`aamp.egress.registered.CheckedTransport`), and where each
+call's API key comes from (the vault, audited per call). Redirects are not followed.
 
 Transient failures (connection refused or reset, timeouts, 429, 5xx) are retried with
 exponential backoff; when the retries are spent, or the server refuses the request itself
 (400, 401, 404), `ModelError` says what happened in words the run's failure reason can carry.
+A connection the transport refuses (an address the endpoint may not reach) is not retried.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import openai
 
 from aamp.agents.definition import ModelConfig
+from aamp.egress.registered import ConnectionRefused
 
 RETRYABLE = (
     openai.APIConnectionError,  # includes APITimeoutError
@@ -47,21 +56,43 @@ class ModelReply:
     raw_message: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class EndpointAccess:
+    """How the client reaches the agent's model endpoint: its name (for messages), its base
+    URL, the checked transport, and the API key source — called once per model call (None:
+    the endpoint takes no key)."""
+
+    name: str
+    base_url: str
+    transport: httpx.AsyncBaseTransport
+    api_key: Callable[[], Awaitable[str]] | None = None
+
+
 class ModelClient:
     def __init__(
-        self, config: ModelConfig, api_key: str | None, *, backoff_base: float = 0.5
+        self, config: ModelConfig, endpoint: EndpointAccess, *, backoff_base: float = 0.5
     ) -> None:
         self.config = config
+        self.endpoint = endpoint
         self.backoff_base = backoff_base
+        self._where = f"the model endpoint {endpoint.name} ({endpoint.base_url})"
+        self._http = httpx.AsyncClient(
+            transport=endpoint.transport,
+            follow_redirects=False,
+            trust_env=False,
+            timeout=float(config.timeout_seconds),
+        )
         self._client = openai.AsyncOpenAI(
-            base_url=config.base_url,
-            api_key=api_key or "no-key",
+            base_url=endpoint.base_url,
+            api_key="no-key",  # the key, if any, is fetched and sent per call
             timeout=float(config.timeout_seconds),
             max_retries=0,  # retried here, with our backoff and our reasons
+            http_client=self._http,
         )
 
     async def close(self) -> None:
         await self._client.close()
+        await self._http.aclose()
 
     async def complete(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], max_tokens: int | None
@@ -74,6 +105,9 @@ class ModelClient:
             kwargs["temperature"] = cfg.temperature
         if max_tokens is not None:
             kwargs["max_tokens"] = max_tokens
+        if self.endpoint.api_key is not None:
+            kwargs["extra_headers"] = {"Authorization": f"Bearer {await self.endpoint.api_key()}"}
+        where = self._where
         attempts = 0
         while True:
             attempts += 1
@@ -82,21 +116,20 @@ class ModelClient:
                 response = await self._client.chat.completions.create(**kwargs)
                 break
             except RETRYABLE as exc:
+                if isinstance(exc.__cause__, ConnectionRefused):
+                    raise ModelError(f"the host refused to connect: {exc.__cause__}") from None
                 if attempts > cfg.retries:
                     raise ModelError(
-                        f"the model endpoint {cfg.base_url} failed {attempts} times; "
-                        f"last: {_describe(exc)}"
+                        f"{where} failed {attempts} times; last: {_describe(exc)}"
                     ) from None
                 await asyncio.sleep(self.backoff_base * 2 ** (attempts - 1))
             except openai.APIStatusError as exc:
-                raise ModelError(
-                    f"the model endpoint {cfg.base_url} refused the request: {_describe(exc)}"
-                ) from None
+                raise ModelError(f"{where} refused the request: {_describe(exc)}") from None
             except openai.OpenAIError as exc:
-                raise ModelError(f"the model endpoint {cfg.base_url}: {exc}") from None
+                raise ModelError(f"{where}: {exc}") from None
         seconds = time.monotonic() - started
         if not response.choices:
-            raise ModelError(f"the model endpoint {cfg.base_url} returned no choices")
+            raise ModelError(f"{where} returned no choices")
         choice = response.choices[0]
         msg = choice.message
         calls = tuple(

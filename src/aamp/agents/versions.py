@@ -1,7 +1,8 @@
 """`AgentVersions`: an agent's definitions over time. Edits go to the one draft; `publish`
 freezes the draft as the next published version, which never changes again.
 
-Operators run published versions only; builders with `edit` may test-run the draft. A run
+Below `edit` only published versions are read and run (decided by `aamp.identity.authz`);
+builders with `edit` may test-run the draft. A run
 records the version it ran, so what an agent did can always be read back exactly.
 """
 
@@ -117,8 +118,9 @@ class AgentVersions:
                 q = q.where(AgentVersionRow.status == "published")
             return [_version(r) for r in s.scalars(q.order_by(AgentVersionRow.version))]
 
-    def get(self, agent_id: str, which: str | int) -> AgentVersion:
-        """A version by number, `draft`, or `latest` (the newest published one)."""
+    def find(self, agent_id: str, which: str | int) -> AgentVersion | None:
+        """A version by number, `draft`, or `latest` (the newest published one); None if the
+        agent has no such version."""
         with self.store.session() as s:
             q = select(AgentVersionRow).where(AgentVersionRow.agent_id == agent_id)
             if which == "draft":
@@ -130,9 +132,18 @@ class AgentVersions:
             else:
                 q = q.where(AgentVersionRow.version == int(which))
             row = s.scalars(q.limit(1)).first()
-            if row is None:
-                what = {"draft": "no draft", "latest": "no published version"}.get(
-                    str(which), f"no version {which}"
-                )
-                raise NotFound(f"agent {agent_id!r} has {what}")
-            return _version(row)
+            return _version(row) if row is not None else None
+
+    def get(self, agent_id: str, which: str | int) -> AgentVersion:
+        """As `find`, but NotFound (naming what is missing) instead of None."""
+        found = self.find(agent_id, which)
+        if found is None:
+            raise NotFound(missing_version(agent_id, which))
+        return found
+
+
+def missing_version(agent_id: str, which: str | int) -> str:
+    what = {"draft": "no draft", "latest": "no published version"}.get(
+        str(which), f"no version {which}"
+    )
+    return f"agent {agent_id!r} has {what}"

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
 
-from aamp.agents.definition import DefinitionError, definition_from_dict
+from aamp.agents.definition import DefinitionError, definition_from_dict, endpoint_problems
 from aamp.agents.versions import AgentVersions
 from aamp.api.context import ControlPlane
 from aamp.api.errors import ApiError
@@ -16,7 +17,8 @@ from aamp.identity.model import Actor, Resource
 
 AgentId = Annotated[str, Path(min_length=1, max_length=32)]
 LevelName = Literal["view", "run", "edit"]
-KindName = Literal["policy", "service", "image"]
+KindName = Literal["policy", "service", "image", "model-endpoint"]
+VERSION_PATTERN = r"^(draft|latest|[0-9]{1,9})$"
 
 
 class AgentIn(BaseModel):
@@ -74,6 +76,19 @@ class AgentResourceOut(BaseModel):
 async def _agent(request: Request, _: ControlPlane, __: Actor) -> Resource:
     agent_id = str(request.path_params.get("agent_id", ""))
     return Resource("agent", agent_id, agent=agent_id)
+
+
+async def _version(request: Request, cp: ControlPlane, __: Actor) -> Resource:
+    """The agent, and the version asked for if it is not a published one."""
+    agent_id = str(request.path_params.get("agent_id", ""))
+    which = str(request.path_params.get("version", ""))
+    unpublished: str | None = None
+    if which == "draft":
+        unpublished = which
+    elif re.fullmatch(VERSION_PATTERN, which) and which != "latest":
+        found = await cp.store.run(AgentVersions(cp.store).find, agent_id, int(which))
+        unpublished = None if found is not None and found.status == "published" else which
+    return Resource("agent", agent_id, agent=agent_id, unpublished=unpublished)
 
 
 async def _grant_subject(request: Request, _: ControlPlane, __: Actor) -> Resource:
@@ -160,7 +175,7 @@ def router() -> APIRouter:
     @r.get("/agents/{agent_id}/resources", response_model=list[AgentResourceOut])
     @rule("agent_resource.list", _agent)
     async def list_resources(agent_id: AgentId, request: Request) -> list[dict[str, object]]:
-        """The policies, services and images this agent is granted."""
+        """The policies, services, images and model endpoints this agent is granted."""
         cp = cp_of(request)
         await cp.store.run(cp.directory.get_agent, agent_id)
         return await cp.store.run(cp.catalog.list_resources, agent_id)
@@ -204,20 +219,16 @@ def router() -> APIRouter:
         return [v.to_dict() for v in versions]
 
     @r.get("/agents/{agent_id}/versions/{version}", response_model=VersionOut)
-    @rule("agent_version.read", _agent)
+    @rule("agent_version.read", _version)
     async def get_version(
         agent_id: AgentId,
-        version: Annotated[str, Path(pattern=r"^(draft|latest|[0-9]{1,9})$")],
+        version: Annotated[str, Path(pattern=VERSION_PATTERN)],
         request: Request,
     ) -> dict[str, object]:
-        """One version by number, `latest` (published) or `draft` (only with `edit`)."""
+        """One version by number, `latest` (published) or `draft`; the draft and unpublished
+        numbers only with `edit`."""
         cp = cp_of(request)
-        found = await cp.store.run(AgentVersions(cp.store).get, agent_id, version)
-        if found.status == "draft" and not await check(
-            request, "agent_version.edit", Resource("agent", agent_id, agent=agent_id)
-        ):
-            raise ApiError(404, "not_found", f"agent {agent_id!r} has no version {version}")
-        return found.to_dict()
+        return (await cp.store.run(AgentVersions(cp.store).get, agent_id, version)).to_dict()
 
     @r.put("/agents/{agent_id}/draft", response_model=VersionOut)
     @rule("agent_version.edit", _agent)
@@ -225,10 +236,19 @@ def router() -> APIRouter:
         agent_id: AgentId, body: dict[str, object], request: Request
     ) -> dict[str, object]:
         """Create or replace the draft from a definition (model, system_prompt, tools, policy,
-        limits); errors name the field. Published versions never change."""
+        limits); errors name the field. The model names a model endpoint and, once it is
+        registered, one of the models it serves; running it needs the endpoint granted.
+        Published versions never change."""
         cp, actor = cp_of(request), actor_of(request)
         try:
             definition = definition_from_dict(body)
+            # Like the policy, the endpoint may be registered (and granted) later; once it
+            # exists, the model must be one it serves.
+            endpoint = await cp.store.run(cp.catalog.find_model_endpoint, definition.model.endpoint)
+            if endpoint is not None and (
+                problems := endpoint_problems(definition.model, endpoint.models)
+            ):
+                raise DefinitionError(problems)
         except DefinitionError as exc:
             raise ApiError(400, "invalid_definition", str(exc)) from None
         saved = await cp.store.run(

@@ -1,7 +1,9 @@
 """The FastAPI application: routes, the one guard, error handling, limits, lifespan.
 
 `create_app(cp)` wires every router behind the app-wide `guard` dependency (authenticate,
-`allowed`, audit), so a route cannot opt out; see `guard.py`. The lifespan starts the audit
+`allowed`, audit), so a route cannot opt out; see `guard.py`. It refuses to build an app
+with any route outside the guard or without a rule — the OpenAPI document included, which
+is served as a guarded route for signed-in users. The lifespan starts the audit
 log before the sandbox manager (whose reaper records through it) and stops them in reverse.
 """
 
@@ -11,12 +13,14 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute, iter_route_contexts
 
 from aamp import __version__
 from aamp.api import agents, audit, catalog, runs, sandboxes, secrets, users
 from aamp.api.context import MAX_EXEC_BODY_BYTES, ControlPlane
 from aamp.api.errors import ERROR_RESPONSES, install_error_handlers
-from aamp.api.guard import cp_of, guard, rule
+from aamp.api.guard import RULE_ATTR, cp_of, guard, rule
 from aamp.api.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from aamp.audit import AuditInputError
 from aamp.identity import IdentityError
@@ -71,8 +75,21 @@ def create_app(cp: ControlPlane) -> FastAPI:
         lifespan=lifespan,
         dependencies=[Depends(guard)],
         responses=ERROR_RESPONSES,
+        # FastAPI's own schema and docs routes would sit outside the guard (no token, no
+        # audit record); the schema is served below as a guarded route instead. The Swagger
+        # and ReDoc pages load their scripts from a CDN, which an air-gapped installation
+        # never reaches, so they are not served at all.
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.cp = cp
+
+    @app.get("/openapi.json", include_in_schema=False)
+    @rule("api.schema")
+    async def openapi_document(request: Request) -> JSONResponse:
+        """The OpenAPI document (the API's reference), for signed-in users."""
+        return JSONResponse(request.app.openapi())
 
     @app.get("/v1/health", tags=["health"])
     @rule("health.read")
@@ -109,4 +126,16 @@ def create_app(cp: ControlPlane) -> FastAPI:
     )
     app.add_middleware(BodyLimitMiddleware, limit_for=_limit_for(cp))
     app.add_middleware(RequestIdMiddleware)
+    _check_every_route_is_guarded(app)
     return app
+
+
+def _check_every_route_is_guarded(app: FastAPI) -> None:
+    """Refuse to build an app with a route the guard would not see (a plain Starlette route,
+    a mount) or that has no rule: such a route would answer without a decision on record.
+    (Routes of included routers are walked too: FastAPI keeps them inside the router.)"""
+    for route in iter_route_contexts(app.routes):
+        guarded = isinstance(route.original_route, APIRoute)
+        if not guarded or getattr(route.endpoint, RULE_ATTR, None) is None:
+            where = route.path or repr(route.original_route)
+            raise RuntimeError(f"route {where} is not behind the guard with a rule (@rule)")

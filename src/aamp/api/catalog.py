@@ -1,4 +1,11 @@
-"""Routes for policies (YAML or JSON, validated by `aamp.policy`) and services."""
+"""Routes for policies (YAML or JSON, validated by `aamp.policy`), services and model endpoints.
+
+Registering (or confirming) a model endpoint resolves its host once with the installation's
+resolver and judges every address as the run's connections will (`aamp.egress.registered`):
+a name resolving to a link-local, metadata, multicast, unspecified, broadcast or reserved
+address is refused, naming the address and its class; the audit record of the registration
+states the addresses and classes it resolved to (or that it did not resolve yet).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +14,12 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
 
+from aamp.api.context import ControlPlane
 from aamp.api.errors import ApiError
 from aamp.api.guard import cp_of, record_change, rule
+from aamp.egress.registered import ConnectionRefused, resolve_and_check
 from aamp.identity.catalog import MAX_POLICY_BYTES
+from aamp.identity.model_endpoints import MAX_MODELS, ModelEndpoint, check_base_url
 
 Name = Annotated[str, Path(min_length=1, max_length=64)]
 
@@ -53,6 +63,66 @@ class ServiceOut(BaseModel):
     created_by: str
     updated_at: str
     updated_by: str
+
+
+class ModelEndpointIn(BaseModel):
+    base_url: Annotated[str, Field(min_length=1, max_length=512)]
+    api_key_secret: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    models: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=200)]], Field(max_length=MAX_MODELS)
+    ] = []
+
+
+class ModelEndpointOut(BaseModel):
+    name: str
+    base_url: str
+    api_key_secret: str | None
+    models: list[str]
+    confirmed: bool
+    created_at: str
+    created_by: str
+    updated_at: str
+    updated_by: str
+    confirmed_at: str | None
+    confirmed_by: str | None
+
+
+class ResolvedAddress(BaseModel):
+    address: str
+    address_class: str
+
+
+class ModelEndpointRegistered(ModelEndpointOut):
+    """As registered, with what its host resolved to just now (`resolved`: None when it did
+    not resolve; the reason is in `unresolved`)."""
+
+    resolved: list[ResolvedAddress] | None
+    unresolved: str | None
+
+
+async def _addresses(cp: ControlPlane, name: str, base_url: str) -> dict[str, object]:
+    """Resolve the endpoint's host once and judge every address; 400 naming the first one a
+    name may not reach. Returns what was found, for the audit record and the answer."""
+    url = check_base_url(base_url)
+    owner = f"model endpoint {name}"
+    try:
+        verdicts = await resolve_and_check(owner, url, cp.manager.resolver)
+    except ConnectionRefused as exc:
+        return {"resolved": None, "unresolved": str(exc)}
+    for verdict in verdicts:
+        if not verdict.allowed:
+            raise ApiError(400, "address_refused", f"base_url: {verdict.reason}")
+    found = [{"address": str(v.address), "address_class": v.kind.value} for v in verdicts]
+    return {"resolved": found, "unresolved": None}
+
+
+async def _registered(
+    request: Request, action: str, endpoint: ModelEndpoint, found: dict[str, object]
+) -> dict[str, object]:
+    await record_change(
+        request, action, f"model-endpoint:{endpoint.name}", {**endpoint.to_dict(), **found}
+    )
+    return {**endpoint.to_dict(), **found}
 
 
 def _format(request: Request) -> str:
@@ -143,5 +213,66 @@ def router() -> APIRouter:
         cp = cp_of(request)
         await cp.store.run(cp.catalog.delete_service, name)
         await record_change(request, "service.deleted", f"service:{name}", {})
+
+    @r.get("/model-endpoints", response_model=list[ModelEndpointOut], tags=["model endpoints"])
+    @rule("model_endpoint.list")
+    async def list_model_endpoints(request: Request) -> list[dict[str, object]]:
+        cp = cp_of(request)
+        return [e.to_dict() for e in await cp.store.run(cp.catalog.list_model_endpoints)]
+
+    @r.get("/model-endpoints/{name}", response_model=ModelEndpointOut, tags=["model endpoints"])
+    @rule("model_endpoint.read")
+    async def get_model_endpoint(name: Name, request: Request) -> dict[str, object]:
+        cp = cp_of(request)
+        return (await cp.store.run(cp.catalog.get_model_endpoint, name)).to_dict()
+
+    @r.put(
+        "/model-endpoints/{name}",
+        response_model=ModelEndpointRegistered,
+        tags=["model endpoints"],
+    )
+    @rule("model_endpoint.write")
+    async def put_model_endpoint(
+        name: Name, body: ModelEndpointIn, request: Request
+    ) -> dict[str, object]:
+        """Register (or replace) a model endpoint: an OpenAI-compatible base URL, the vault
+        secret holding its API key, the model names it serves (none: any). An admin's put
+        confirms it. Its host is resolved and every address checked (see the module)."""
+        cp = cp_of(request)
+        found = await _addresses(cp, name, body.base_url)
+        by = request.state.actor.audit_name
+        endpoint = await cp.store.run(
+            lambda: cp.catalog.put_model_endpoint(
+                name,
+                base_url=body.base_url,
+                api_key_secret=body.api_key_secret,
+                models=body.models,
+                by=by,
+            )
+        )
+        return await _registered(request, "model_endpoint.written", endpoint, found)
+
+    @r.post(
+        "/model-endpoints/{name}/confirm",
+        response_model=ModelEndpointRegistered,
+        tags=["model endpoints"],
+    )
+    @rule("model_endpoint.confirm")
+    async def confirm_model_endpoint(name: Name, request: Request) -> dict[str, object]:
+        """Confirm an endpoint as it stands — one migration 0005 made from an agent's former
+        inline URL and secret; until then runs that use it are refused."""
+        cp = cp_of(request)
+        current = await cp.store.run(cp.catalog.get_model_endpoint, name)
+        found = await _addresses(cp, name, current.base_url)
+        by = request.state.actor.audit_name
+        endpoint = await cp.store.run(lambda: cp.catalog.confirm_model_endpoint(name, by=by))
+        return await _registered(request, "model_endpoint.confirmed", endpoint, found)
+
+    @r.delete("/model-endpoints/{name}", status_code=204, tags=["model endpoints"])
+    @rule("model_endpoint.delete")
+    async def delete_model_endpoint(name: Name, request: Request) -> None:
+        cp = cp_of(request)
+        await cp.store.run(cp.catalog.delete_model_endpoint, name)
+        await record_change(request, "model_endpoint.deleted", f"model-endpoint:{name}", {})
 
     return r

@@ -1,10 +1,18 @@
 """The one guard every route goes through: authenticate, find the resource, ask `allowed`,
 record the decision in the audit log, and refuse or proceed.
 
-It is installed as an app-wide FastAPI dependency, so no route can leave it out. A route
-declares what it does with `@rule(action, resolver)`; a route without a rule is denied (and
-the authorisation matrix test fails for it). The decision — allow or deny, its reason, and
-the grant that allowed it — is durable in the audit log before the route runs.
+It is installed as an app-wide FastAPI dependency, so no route can leave it out (and
+`create_app` refuses to build an app with a route outside it). A route declares what it does
+with `@rule(action, resolver)`; a route without a rule is denied (and the authorisation
+matrix test fails for it). The resolver finds the resource with every fact a refusal depends
+on (what is granted to the agent, whether a version is published, whether only an admin may
+ask this), and may leave what it found on `request.state` for the route to use unchanged; so
+the decision recorded here is the final one — a route may still reject bad input or a missing
+thing (400/404/422), but never refuses on its own after an "allow". The decision — allow or
+deny, its reason, and the grant that allowed it — is durable in the audit log before the
+route runs. A refused credential is recorded with whom it names when that is known (the user
+and token of a revoked or expired token, a disabled user, a session whose CSRF token is
+missing), never as `anonymous`.
 
 Credentials: `Authorization: Bearer <API token>`, or the UI's session cookie; with a cookie,
 unsafe methods must also carry the session's CSRF token in `X-CSRF-Token`.
@@ -102,7 +110,8 @@ async def json_body(request: Request) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-async def _authenticate(request: Request, cp: ControlPlane) -> Actor:
+async def _authenticate(request: Request, cp: ControlPlane) -> tuple[Actor, str | None]:
+    """The request's actor, and its session's CSRF token hash (None without a session)."""
     header = request.headers.get("authorization")
     if header is not None:
         scheme, _, value = header.partition(" ")
@@ -114,37 +123,41 @@ async def _authenticate(request: Request, cp: ControlPlane) -> Actor:
         actor, stale = await cp.store.run(cp.directory.token_actor, secret)
         if stale:
             await cp.store.run(cp.directory.touch_token, actor.token_id or "")
-        return actor
+        return actor, None
     cookie = request.cookies.get(SESSION_COOKIE)
     if cookie:
         if len(cookie) > 256:
             raise AuthenticationFailed("the session is not valid; sign in again")
-        actor, csrf_hash = await cp.store.run(cp.directory.actor_for_session, cookie)
-        if request.method in UNSAFE_METHODS:
-            given = request.headers.get(CSRF_HEADER, "")
-            if not given or not cred.same(cred.digest(given), csrf_hash):
-                raise ApiError(403, "csrf_failed", f"the {CSRF_HEADER} header is missing or wrong")
-        return actor
-    return ANONYMOUS
+        return await cp.store.run(cp.directory.actor_for_session, cookie)
+    return ANONYMOUS, None
+
+
+def _csrf_failure(request: Request, csrf_hash: str | None) -> str | None:
+    """Why a session's unsafe request lacks its CSRF token, or None if it is fine."""
+    if csrf_hash is None or request.method not in UNSAFE_METHODS:
+        return None
+    given = request.headers.get(CSRF_HEADER, "")
+    if given and cred.same(cred.digest(given), csrf_hash):
+        return None
+    return f"the {CSRF_HEADER} header is missing or wrong"
 
 
 async def _record(
     cp: ControlPlane,
     request: Request,
-    actor: Actor | str,
+    actor: Actor,
     action: str,
     resource: str,
     decision: Decision,
 ) -> None:
     details: dict[str, Any] = {"method": request.method, "path": request.url.path}
-    if isinstance(actor, Actor):
-        details["via"] = actor.via
-        if actor.token_id:
-            details["token"] = actor.token_id
+    details["via"] = actor.via
+    if actor.token_id:
+        details["token"] = actor.token_id
     if decision.grant_id is not None:
         details["grant_id"] = decision.grant_id
     await cp.audit.record(
-        actor=actor.audit_name if isinstance(actor, Actor) else actor,
+        actor=actor.audit_name,
         action=action,
         resource=resource[:512],
         decision=decision.word,
@@ -155,19 +168,21 @@ async def _record(
 
 
 async def guard(request: Request) -> Actor:
-    """The app-wide dependency (see the module docstring)."""
+    """The app-wide dependency (see the module docstring). A refused credential is recorded
+    with whom it names when that is known (a revoked or expired token, a disabled user)."""
     cp = cp_of(request)
     endpoint = request.scope.get("endpoint")
     route_rule: RouteRule | None = getattr(endpoint, RULE_ATTR, None)
     action = route_rule.action if route_rule else "route.unruled"
     try:
-        actor = await _authenticate(request, cp)
+        actor, csrf_hash = await _authenticate(request, cp)
     except AuthenticationFailed as exc:
-        await _record(cp, request, "anonymous", action, action, Decision(False, exc.args[0]))
+        await _record(cp, request, exc.claimed, action, action, Decision(False, exc.args[0]))
         raise ApiError(401, "unauthenticated", exc.args[0]) from None
-    except ApiError as exc:
-        await _record(cp, request, "anonymous", action, action, Decision(False, exc.message))
-        raise
+    csrf_failure = _csrf_failure(request, csrf_hash)
+    if csrf_failure is not None:
+        await _record(cp, request, actor, action, action, Decision(False, csrf_failure))
+        raise ApiError(403, "csrf_failed", csrf_failure)
     if route_rule is None:
         route = request.scope.get("route")
         where = f"{request.method} {getattr(route, 'path', request.url.path)}"

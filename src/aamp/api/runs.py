@@ -14,17 +14,20 @@ import binascii
 import json
 import re
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
-from aamp.agents.versions import AgentVersions
+from aamp.agents.definition import DefinitionError, endpoint_problems
+from aamp.agents.versions import AgentVersion, AgentVersions, missing_version
 from aamp.api.context import ControlPlane
 from aamp.api.errors import ApiError
-from aamp.api.guard import actor_of, check, cp_of, record_change, request_id, rule
-from aamp.api.sandboxes import SandboxIn, _create_request
+from aamp.api.guard import actor_of, check, cp_of, json_body, record_change, request_id, rule
+from aamp.api.sandboxes import sandbox_from
+from aamp.identity.catalog import AgentNeeds
 from aamp.identity.errors import NotFound
 from aamp.identity.model import Actor, Resource
 from aamp.runs.service import RunRequest, RunService
@@ -36,6 +39,7 @@ INPUT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._ -]{0,254}$")
 MAX_INPUTS = 100
 EVENTS_PAGE = 500  # steps per store read while streaming
 KEEPALIVE_SECONDS = 15.0
+MAX_VERSION = 999_999_999
 
 
 class InputFile(BaseModel):
@@ -46,7 +50,7 @@ class InputFile(BaseModel):
 class RunIn(BaseModel):
     task: Annotated[str, Field(min_length=1, max_length=100_000)]
     # A version number is at most 9 digits, as in /agents/{id}/versions/{version}.
-    version: Annotated[int, Field(ge=1, le=999_999_999)] | Literal["latest", "draft"] = "latest"
+    version: Annotated[int, Field(ge=1, le=MAX_VERSION)] | Literal["latest", "draft"] = "latest"
     inputs: Annotated[list[InputFile], Field(max_length=MAX_INPUTS)] = []
 
 
@@ -108,9 +112,57 @@ async def _approval(request: Request, cp: ControlPlane, _: Actor) -> Resource:
     return Resource("approval", approval_id, agent=await cp.store.run(lookup))
 
 
-async def _agent(request: Request, _: ControlPlane, __: Actor) -> Resource:
-    agent_id = str(request.path_params.get("agent_id", ""))
-    return Resource("agent", agent_id, agent=agent_id)
+@dataclass(frozen=True)
+class RunPlan:
+    """What the resolver found for a new run — the version asked for, its policy and model
+    endpoint as the agent would use them — which `allowed` decides on and the route then
+    starts, unchanged."""
+
+    version: AgentVersion | None
+    needs: AgentNeeds | None
+
+
+def _version_asked(body: dict[str, Any]) -> str | int | None:
+    """The body's `version` if it is one RunIn accepts (else None: the route's 422 says why)."""
+    which = body.get("version", "latest")
+    if which in ("latest", "draft"):
+        return str(which)
+    if isinstance(which, int) and not isinstance(which, bool) and 1 <= which <= MAX_VERSION:
+        return which
+    return None
+
+
+async def _new_run(request: Request, cp: ControlPlane, _: Actor) -> Resource:
+    """The agent, whether the version asked for is a published one, what of its policy (image,
+    services) and model endpoint is not granted to the agent, and whether that endpoint is
+    still unconfirmed."""
+    agent_id = str(request.path_params.get("agent_id", ""))[:32]
+    which = _version_asked(await json_body(request))
+    if which is None:
+        request.state.run_plan = RunPlan(None, None)
+        return Resource("agent", agent_id, agent=agent_id)
+
+    def plan() -> RunPlan:
+        version = AgentVersions(cp.store).find(agent_id, which)
+        if version is None:
+            return RunPlan(None, None)
+        d = version.definition
+        return RunPlan(
+            version, cp.catalog.agent_needs(agent_id, d.policy, endpoint=d.model.endpoint)
+        )
+
+    found = await cp.store.run(plan)
+    request.state.run_plan = found
+    published = found.version is not None and found.version.status == "published"
+    endpoint = found.needs.endpoint if found.needs else None
+    return Resource(
+        "agent",
+        agent_id,
+        agent=agent_id,
+        ungranted=found.needs.ungranted if found.needs else (),
+        unpublished=None if which == "latest" or published else str(which),
+        unconfirmed=endpoint.name if endpoint is not None and not endpoint.confirmed else None,
+    )
 
 
 def _decode_inputs(body: RunIn) -> list[tuple[str, bytes]]:
@@ -150,35 +202,28 @@ def router() -> APIRouter:
     r = APIRouter(prefix="/v1", tags=["runs"])
 
     @r.post("/agents/{agent_id}/runs", status_code=201, response_model=RunOut)
-    @rule("run.create", _agent)
+    @rule("run.create", _new_run)
     async def create_run(agent_id: AgentId, body: RunIn, request: Request) -> dict[str, Any]:
-        """Start a run of a published version (`latest` or a number); the draft only for users
-        with `edit`. Inputs go to /workspace/in, checked against the policy's `data.inbound`."""
+        """Start a run of a published version (`latest` or a number); the draft, or any
+        unpublished number, only for users with `edit`. Inputs go to /workspace/in, checked
+        against the policy's `data.inbound`."""
         cp, actor = cp_of(request), actor_of(request)
         runs = service_of(cp)
-        if body.version == "draft" and not await check(
-            request, "agent_version.edit", Resource("agent", agent_id, agent=agent_id)
-        ):
-            await _refuse_input(request, agent_id, "draft runs need edit on the agent", {})
-            raise ApiError(403, "forbidden", "only users with edit on the agent run its draft")
-        version = await cp.store.run(AgentVersions(cp.store).get, agent_id, body.version)
-        d = version.definition
-        stored = await cp.store.run(cp.catalog.find_policy, d.policy)
-        if stored is None:
+        plan: RunPlan = request.state.run_plan
+        if plan.version is None:
+            raise ApiError(404, "not_found", missing_version(agent_id, body.version))
+        version, d, needs = plan.version, plan.version.definition, plan.needs
+        assert needs is not None  # found with the version
+        if needs.policy is None:
             raise ApiError(400, "invalid_request", f"policy: no policy named {d.policy!r}")
-        policy = stored.policy
-
-        def granted() -> bool:
-            return cp.catalog.is_granted(agent_id, "policy", d.policy) and cp.catalog.is_granted(
-                agent_id, "image", policy.image
-            )
-
-        if not await cp.store.run(granted):
-            raise ApiError(
-                403,
-                "forbidden",
-                f"policy: {d.policy!r} (or its image {policy.image!r}) is not granted to the agent",
-            )
+        problems = endpoint_problems(
+            d.model, needs.endpoint.models if needs.endpoint is not None else None
+        )
+        if problems or needs.endpoint is None:
+            raise ApiError(400, "invalid_definition", str(DefinitionError(problems)))
+        policy = needs.policy.policy
+        create = sandbox_from(needs)  # every service of the policy exists
+        upstreams = {s.name: s.upstream for s in needs.services}
         services: dict[str, str] = {}
         for name in d.services:
             if name not in policy.services:
@@ -187,7 +232,7 @@ def router() -> APIRouter:
                     "invalid_request",
                     f"tools: service:{name} is not among the services of policy {d.policy!r}",
                 )
-            services[name] = (await cp.store.run(cp.catalog.get_service, name)).upstream
+            services[name] = upstreams[name]
         inputs = _decode_inputs(body)
         inbound = policy.data.inbound
         total = 0
@@ -205,7 +250,6 @@ def router() -> APIRouter:
                 message = f"inputs: data.inbound.max_bytes is {inbound.max_bytes} bytes"
                 await _refuse_input(request, agent_id, message, {"name": name, "total": total})
                 raise ApiError(413, "too_large", message)
-        create = await _create_request(cp, SandboxIn(agent=agent_id, policy=d.policy), actor)
         run = await cp.store.run(
             lambda: runs.runs.create(agent_id, version.version, actor.username or "", body.task)
         )
@@ -220,7 +264,18 @@ def router() -> APIRouter:
             "run.queued",
             {"task": body.task, "version": version.version, "by": actor.audit_name},
         )
-        runs.start(RunRequest(run, d, policy, create, tuple(inputs), services, actor.audit_name))
+        runs.start(
+            RunRequest(
+                run,
+                d,
+                policy,
+                create,
+                tuple(inputs),
+                services,
+                actor.audit_name,
+                needs.endpoint,
+            )
+        )
         return run.to_dict()
 
     @r.get("/runs", response_model=list[RunOut])

@@ -7,6 +7,7 @@ import binascii
 import hashlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import anyio
@@ -20,7 +21,7 @@ from aamp.api.errors import ApiError
 from aamp.api.guard import actor_of, check, cp_of, json_body, request_id, rule
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import ServiceSet
-from aamp.identity.catalog import parse_policy_document
+from aamp.identity.catalog import AgentNeeds, Service, parse_policy_document
 from aamp.identity.errors import NotFound
 from aamp.identity.model import Actor, Resource
 from aamp.policy import Policy, PolicyError
@@ -91,25 +92,53 @@ def _resource_of(cp: ControlPlane, sandbox_id: str) -> Resource:
     )
 
 
+@dataclass(frozen=True)
+class SandboxPlan:
+    """What the resolver found for a new sandbox: `allowed` decides on it, and the route then
+    builds exactly that (never a second, possibly different, lookup). `named` is the named
+    policy as the agent would use it; None when the policy is inline or not given."""
+
+    named: AgentNeeds | None
+
+
+def _admin_only(body: dict[str, Any]) -> str | None:
+    """Why only an admin may make this sandbox as asked, or None."""
+    agent, policy = body.get("agent"), body.get("policy")
+    if body.get("policy_document") is not None:
+        return (
+            "policy_document: only admins give a policy inline; name a policy granted to the "
+            "agent instead"
+        )
+    if not isinstance(agent, str) or not 1 <= len(agent) <= 32:
+        return (
+            "agent: a sandbox is made for an agent you can run; name the agent and a policy "
+            "granted to it (only admins make sandboxes without them)"
+        )
+    if not isinstance(policy, str) or not 1 <= len(policy) <= 64:
+        return (
+            f"policy: name a policy granted to agent:{agent} (only admins make sandboxes "
+            "without a policy)"
+        )
+    return None
+
+
 async def _new_sandbox(request: Request, cp: ControlPlane, _: Actor) -> Resource:
-    """The agent the sandbox is for, and whether its policy and image are granted to it."""
+    """The agent the sandbox is for, whether only an admin may make it as asked, and what of
+    the named policy (its image and services) is not granted to that agent."""
     body = await json_body(request)
     agent, policy = body.get("agent"), body.get("policy")
-    if not isinstance(agent, str) or len(agent) > 32:
-        return Resource("sandbox", "new")
-    granted: bool | None = None
-    if isinstance(policy, str) and len(policy) <= 64:
-
-        def lookup() -> bool:
-            stored = cp.catalog.find_policy(policy)
-            return (
-                stored is not None
-                and cp.catalog.is_granted(agent, "policy", policy)
-                and cp.catalog.is_granted(agent, "image", stored.policy.image)
-            )
-
-        granted = await cp.store.run(lookup)
-    return Resource("sandbox", "new", agent=agent, granted_to_agent=granted)
+    agent = agent if isinstance(agent, str) and 1 <= len(agent) <= 32 else None
+    named = None
+    if body.get("policy_document") is None and isinstance(policy, str) and len(policy) <= 64:
+        named = await cp.store.run(cp.catalog.agent_needs, agent, policy)
+    request.state.sandbox_plan = SandboxPlan(named)
+    return Resource(
+        "sandbox",
+        "new",
+        agent=agent,
+        admin_only=_admin_only(body),
+        ungranted=named.ungranted if named else (),
+    )
 
 
 async def _audit(
@@ -132,7 +161,9 @@ async def _audit(
     )
 
 
-def _from_policy(policy: Policy, driver: str | None, services: ServiceSet) -> CreateRequest:
+def _from_policy(
+    policy: Policy, driver: str | None, services: tuple[Service, ...]
+) -> CreateRequest:
     return CreateRequest(
         image=policy.image,
         driver=driver,
@@ -140,59 +171,50 @@ def _from_policy(policy: Policy, driver: str | None, services: ServiceSet) -> Cr
         idle=float(policy.lifetime.idle_seconds),
         resources=policy.resources.to_driver(),
         egress=EgressRules.from_policy(policy.egress),
-        services=services,
+        services=ServiceSet([s.for_egress() for s in services]),
     )
 
 
-async def _create_request(cp: ControlPlane, body: SandboxIn, actor: Actor) -> CreateRequest:
-    is_admin = actor.role is not None and actor.role.value == "admin"
+def sandbox_from(needs: AgentNeeds, driver: str | None = None) -> CreateRequest:
+    """The sandbox a named policy makes (its grants were decided by `allowed`); a policy or
+    service that does not exist is a 404/400 naming it."""
+    if needs.policy is None:
+        raise NotFound(f"no policy named {needs.policy_name!r}")
+    if needs.unknown_services:
+        raise ApiError(
+            400, "invalid_request", f"services: no service named {needs.unknown_services[0]!r}"
+        )
+    return _from_policy(needs.policy.policy, driver, needs.services)
+
+
+async def _create_request(cp: ControlPlane, body: SandboxIn, plan: SandboxPlan) -> CreateRequest:
+    """Build what the guard allowed: an inline policy, a named one, or (admins) neither."""
     if body.policy_document is not None:
-        if not is_admin:
-            raise ApiError(
-                403, "forbidden", "policy_document: only admins may give a policy inline"
-            )
         try:
             policy = parse_policy_document(body.policy_document, "yaml")
         except PolicyError as exc:
             raise ApiError(422, "invalid_policy", str(exc)) from None
-        return _from_policy(policy, body.driver, await _services(cp, None, policy.services))
-    if body.policy is None:
-        if actor.role is None or actor.role.value != "admin":
-            raise ApiError(400, "invalid_request", "policy: name a policy granted to the agent")
-        try:
-            resources = Resources(**body.resources.model_dump()) if body.resources else Resources()
-        except ValueError as exc:
-            raise ApiError(400, "invalid_request", str(exc)) from None
-        return CreateRequest(
-            image=body.image,
-            driver=body.driver,
-            ttl=body.ttl_seconds,
-            idle=body.idle_seconds,
-            resources=resources,
-        )
-    stored = await cp.store.run(cp.catalog.get_policy, body.policy)
-    policy = stored.policy
-    return _from_policy(policy, body.driver, await _services(cp, body.agent, policy.services))
-
-
-async def _services(cp: ControlPlane, agent: str | None, names: tuple[str, ...]) -> ServiceSet:
-    """The policy's services, each of which must exist and — when the sandbox is for an
-    agent — be granted to that agent by an admin: a policy naming one that is not is refused,
-    never silently narrowed. (Without an agent only an admin gets here: the guard and
-    `_create_request` refuse everyone else.)"""
-    services = []
-    for name in names:
-        granted = agent is None or await cp.store.run(cp.catalog.is_granted, agent, "service", name)
-        if not granted:
-            raise ApiError(
-                403, "forbidden", f"services: {name!r} is not granted to agent {agent!r}"
-            )
-        try:
-            stored = await cp.store.run(cp.catalog.get_service, name)
-        except NotFound:
-            raise ApiError(400, "invalid_request", f"services: no service named {name!r}") from None
-        services.append(stored.for_egress())
-    return ServiceSet(services)
+        services = []
+        for name in policy.services:
+            try:
+                services.append(await cp.store.run(cp.catalog.get_service, name))
+            except NotFound:
+                message = f"services: no service named {name!r}"
+                raise ApiError(400, "invalid_request", message) from None
+        return _from_policy(policy, body.driver, tuple(services))
+    if plan.named is not None:
+        return sandbox_from(plan.named, body.driver)
+    try:
+        resources = Resources(**body.resources.model_dump()) if body.resources else Resources()
+    except ValueError as exc:
+        raise ApiError(400, "invalid_request", str(exc)) from None
+    return CreateRequest(
+        image=body.image,
+        driver=body.driver,
+        ttl=body.ttl_seconds,
+        idle=body.idle_seconds,
+        resources=resources,
+    )
 
 
 def router() -> APIRouter:
@@ -217,7 +239,7 @@ def router() -> APIRouter:
     @rule("sandbox.create", _new_sandbox)
     async def create_sandbox(body: SandboxIn, request: Request) -> dict[str, object]:
         cp, actor = cp_of(request), actor_of(request)
-        create = await _create_request(cp, body, actor)
+        create = await _create_request(cp, body, request.state.sandbox_plan)
         sandbox = await cp.manager.create(create, actor=actor.audit_name)
         cp.sandbox_owners[sandbox.id] = SandboxOwner(actor.username or "", body.agent, body.policy)
         return {

@@ -3,7 +3,7 @@
 - `model` — Role, Level, Actor, Resource, Decision (small frozen values);
 - `authz.allowed(actor, action, resource)` — the one function that decides every request;
 - `Directory` — users, tokens, sessions, agents and grants in the store;
-- `Catalog` — policies, services and what each agent is granted;
+- `Catalog` — policies, services, model endpoints and what each agent is granted;
 - `LoginThrottle`, `bootstrap` — failed-login lockout; the first admin and the CLI token.
 """
 

@@ -2,29 +2,37 @@
 
 Every API route names an action and how to find its resource; the API's single guard
 dependency calls this function and records the `Decision` (allowed or not, the reason, and
-the grant that allowed it) in the audit log. Nothing else decides access. An action missing
-from `RULES` is denied, so a new route without a rule is refused, not let through.
+the grant that allowed it) in the audit log. Nothing else decides access: every fact a refusal
+depends on (an inline policy, what is granted to the agent, whether a version is published)
+arrives in the `Resource`, so the recorded decision is the final one and no route refuses on
+its own afterwards. An action missing from `RULES` is denied, so a new route without a rule
+is refused, not let through.
 
 The rules, in words:
 
 - public actions (health, logging in) are open to anyone; every other action needs a signed-in
-  user, and an admin may do all of them — except change their own role or status, or grant
-  themselves access (nobody can);
+  user (reading the OpenAPI document too), and an admin may do all of them — except change
+  their own role or status, or grant themselves access (nobody can);
 - users read themselves and change their own password; tokens are their owner's (or an admin's);
 - builders read policies, services and secret metadata (never values), and create agents (they
   own what they create, which counts as `edit`);
 - on an agent: `view` reads it and the resources it is granted; `run` makes sandboxes for it;
   `edit` shares it with grants. Operators never get more than `run`, whatever a grant says;
-- a non-admin makes a sandbox only for an agent they can `run`, from a policy (and its image)
-  an admin granted to that agent; they see and use only sandboxes they created, and only while
-  they can still run its agent;
+- a non-admin makes a sandbox only for an agent they can `run`, from a named policy; only
+  admins give a policy inline or make a sandbox without one. They see and use only sandboxes
+  they created, and only while they can still run its agent;
+- an agent uses only what an admin granted it: a sandbox made for an agent (by anyone, admins
+  included) and every run of it need the policy, its image and each of its services granted
+  to that agent, and a run also its model endpoint — confirmed by an admin;
 - agent versions: `view` reads the published ones; `edit` also reads and saves the draft,
-  publishes it, and test-runs it; `run` starts runs of published versions;
+  publishes it, and test-runs it (the draft, or any unpublished number); `run` starts runs of
+  published versions, by number or `latest`;
 - a run is seen, followed, cancelled and its artifacts downloaded by its owner (while they can
   still `run` its agent), by users with `edit` on its agent, and by admins — so operators never
   see each other's runs; approval requests are answered with `edit` on the run's agent;
-- the audit log, users, roles, policies, services, secrets and agent resources are changed by
-  admins only; only admins read the audit log.
+- the audit log, users, roles, policies, services, model endpoints, secrets and agent
+  resources are changed by admins only (builders read model endpoints like services); only
+  admins read the audit log.
 """
 
 from __future__ import annotations
@@ -122,14 +130,71 @@ def _grant_create(actor: Actor, resource: Resource) -> Decision:
     return _level(actor, resource.agent, Level.EDIT)
 
 
+def _only_granted(resource: Resource, decision: Decision) -> Decision:
+    """`decision`, unless the request would make the agent use something not granted to it —
+    which no role overrides: an agent uses only what an admin granted it."""
+    missing = resource.ungranted
+    if not missing:
+        return decision
+    agent = resource.agent
+    if len(missing) == 1:
+        return _deny(
+            f"{missing[0]} is not granted to agent:{agent}; an admin grants it with "
+            f"`aamp grant attach {agent} {missing[0].replace(':', ' ', 1)}`"
+        )
+    return _deny(
+        f"{', '.join(missing)} are not granted to agent:{agent}; an admin grants each with "
+        f"`aamp grant attach {agent} KIND NAME`"
+    )
+
+
+def _published_only(actor: Actor, resource: Resource, decision: Decision, verb: str) -> Decision:
+    """Below `edit`, only published versions are used (by number or `latest`)."""
+    if resource.unpublished is None:
+        return decision
+    editor = _level(actor, resource.agent, Level.EDIT)
+    if editor.allowed:
+        return editor
+    asked = "the draft" if resource.unpublished == "draft" else f"version {resource.unpublished}"
+    return _deny(
+        f"{asked} of agent:{resource.agent} is not a published version; below edit only "
+        f"published versions {verb}, by number or latest ({editor.reason})"
+    )
+
+
 def _sandbox_create(actor: Actor, resource: Resource) -> Decision:
     if actor.role is Role.ADMIN:
-        return _allow("role admin may do this")
-    if resource.agent is None:
-        return _deny("a sandbox is made for an agent you can run: name the agent and policy")
-    if not resource.granted_to_agent:
-        return _deny(f"the policy (or its image) is not granted to agent:{resource.agent}")
-    return _level(actor, resource.agent, Level.RUN)
+        decision = _allow("role admin may do this")
+    elif resource.admin_only is not None:
+        return _deny(resource.admin_only)
+    else:
+        decision = _level(actor, resource.agent, Level.RUN)
+        if not decision.allowed:
+            return decision
+    return _only_granted(resource, decision)
+
+
+def _run_create(actor: Actor, resource: Resource) -> Decision:
+    decision = _level(actor, resource.agent, Level.RUN)
+    if not decision.allowed:
+        return decision
+    decision = _only_granted(resource, _published_only(actor, resource, decision, "run"))
+    if decision.allowed and resource.unconfirmed is not None:
+        name = resource.unconfirmed
+        return _deny(
+            f"model endpoint {name} is not confirmed: migration 0005 made it from the agent's "
+            f"former inline base_url and api_key_secret; an admin checks its URL and secret "
+            f"(`aamp model-endpoint show {name}`) and confirms it with "
+            f"`aamp model-endpoint confirm {name}`"
+        )
+    return decision
+
+
+def _version_read(actor: Actor, resource: Resource) -> Decision:
+    decision = _level(actor, resource.agent, Level.VIEW)
+    if not decision.allowed:
+        return decision
+    return _published_only(actor, resource, decision, "are read")
 
 
 def _sandbox_use(actor: Actor, resource: Resource) -> Decision:
@@ -163,6 +228,7 @@ RULES: dict[str, Rule] = {
     # any signed-in user (lists are filtered item by item with the item's own action)
     "session.delete": _signed_in,
     "me.read": _signed_in,
+    "api.schema": _signed_in,
     "token.list": _signed_in,
     "token.create": _signed_in,
     "agent.list": _signed_in,
@@ -187,10 +253,10 @@ RULES: dict[str, Rule] = {
     "agent_resource.revoke": _admin_only,
     # agent versions, runs, approvals
     "agent_version.list": _on_agent(Level.VIEW),
-    "agent_version.read": _on_agent(Level.VIEW),
+    "agent_version.read": _version_read,
     "agent_version.edit": _on_agent(Level.EDIT),
     "agent_version.publish": _on_agent(Level.EDIT),
-    "run.create": _on_agent(Level.RUN),
+    "run.create": _run_create,
     "run.list": _signed_in,
     "run.view": _run_access,
     "run.cancel": _run_access,
@@ -206,6 +272,11 @@ RULES: dict[str, Rule] = {
     "service.read": _roles(*_STAFF),
     "service.write": _admin_only,
     "service.delete": _admin_only,
+    "model_endpoint.list": _roles(*_STAFF),
+    "model_endpoint.read": _roles(*_STAFF),
+    "model_endpoint.write": _admin_only,
+    "model_endpoint.delete": _admin_only,
+    "model_endpoint.confirm": _admin_only,
     "secret.list": _roles(*_STAFF),
     "secret.read": _roles(*_STAFF),
     "secret.write": _admin_only,

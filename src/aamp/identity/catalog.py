@@ -1,9 +1,12 @@
-"""`Catalog`: what an admin defines and grants to agents — policies, services, images.
+"""`Catalog`: what an admin defines and grants to agents — policies, services, images, model
+endpoints (`model_endpoints.py`: the value and its validation).
 
 Policies are kept as the document the admin wrote (YAML or JSON), validated with
 `aamp.policy` on the way in so a stored policy always parses. Services name an upstream
 origin, an auth kind and the vault secret names holding its credentials (never values).
-`agent_resources` records which of them each agent may use; sandbox creation checks it.
+`agent_resources` records which of them each agent may use; `agent_needs` reads a policy
+(and a run's model endpoint) with what of it an agent is not granted, the facts `allowed`
+decides a sandbox or run on.
 """
 
 from __future__ import annotations
@@ -20,14 +23,27 @@ from sqlalchemy.exc import IntegrityError
 from aamp.egress.services import Auth, Basic, Bearer, Header
 from aamp.egress.services import Service as EgressService
 from aamp.identity.errors import Conflict, InvalidInput, NotFound
+from aamp.identity.model_endpoints import (
+    ModelEndpoint,
+    check_base_url,
+    check_endpoint_name,
+    check_models,
+    check_secret_name,
+)
 from aamp.policy import Policy, PolicyError, parse_policy, policy_from_dict
 from aamp.policy.model import IMAGE_RE, NAME_RE, SERVICE_RE
 from aamp.store import Store
-from aamp.store.tables import AgentResourceRow, AgentRow, PolicyRow, ServiceRow
+from aamp.store.tables import (
+    AgentResourceRow,
+    AgentRow,
+    ModelEndpointRow,
+    PolicyRow,
+    ServiceRow,
+)
 from aamp.store.timestamps import now
 from aamp.vault.vault import NAME_RE as SECRET_NAME_RE
 
-RESOURCE_KINDS = ("policy", "service", "image")
+RESOURCE_KINDS = ("policy", "service", "image", "model-endpoint")
 AUTH_KINDS = ("bearer", "basic", "header")
 # How many secrets each auth kind takes: bearer a token, basic a username and a password,
 # header the header's value.
@@ -96,6 +112,22 @@ class Service:
             "updated_at": self.updated_at,
             "updated_by": self.updated_by,
         }
+
+
+@dataclass(frozen=True)
+class AgentNeeds:
+    """What a sandbox or run for one agent would use, read in one snapshot: the named policy
+    (`policy` None if there is none by that name), its services that exist (in the policy's
+    order) and the names of those that do not, a run's model endpoint (None if not asked for
+    or not found), and — for an agent — what of all that is not granted to it (`policy:NAME`,
+    `image:NAME`, `service:NAME`, `model-endpoint:NAME`: the facts `allowed` decides on)."""
+
+    policy_name: str
+    policy: StoredPolicy | None
+    services: tuple[Service, ...]
+    unknown_services: tuple[str, ...]
+    endpoint: ModelEndpoint | None
+    ungranted: tuple[str, ...]
 
 
 def parse_policy_document(text: str, fmt: str) -> Policy:
@@ -278,12 +310,114 @@ class Catalog:
             )
 
     def secret_usage(self) -> dict[str, list[str]]:
-        """secret name -> the services that use it (the "where used" of the secrets list)."""
+        """secret name -> the services and model endpoints that use it (the "where used" of
+        the secrets list)."""
         used: dict[str, list[str]] = {}
         for service in self.list_services():
             for secret in service.secrets:
                 used.setdefault(secret, []).append(f"service:{service.name}")
+        for endpoint in self.list_model_endpoints():
+            if endpoint.api_key_secret:
+                used.setdefault(endpoint.api_key_secret, []).append(
+                    f"model-endpoint:{endpoint.name}"
+                )
         return used
+
+    # -- model endpoints ----------------------------------------------------------------
+
+    def put_model_endpoint(
+        self,
+        name: str,
+        *,
+        base_url: str,
+        api_key_secret: str | None,
+        models: list[str] | tuple[str, ...],
+        by: str,
+    ) -> ModelEndpoint:
+        """Create or replace an endpoint. An admin stating its URL confirms it."""
+        check_endpoint_name(name)
+        url = check_base_url(base_url)
+        secret = check_secret_name(api_key_secret)
+        served = check_models(models)
+        stamp = now()
+        with self.store.write_session() as s:
+            row = s.scalars(
+                select(ModelEndpointRow).where(ModelEndpointRow.name == name).with_for_update()
+            ).first()
+            if row is None:
+                row = ModelEndpointRow(name=name, created_at=stamp, created_by=by)
+                s.add(row)
+            row.base_url, row.api_key_secret = url.url, secret
+            row.models = json.dumps(list(served))
+            row.confirmed, row.confirmed_at, row.confirmed_by = True, stamp, by
+            row.updated_at, row.updated_by = stamp, by
+            s.flush()
+            return self._endpoint(row)
+
+    def confirm_model_endpoint(self, name: str, *, by: str) -> ModelEndpoint:
+        """Confirm an endpoint as it stands (one migration 0005 made from an agent's inline
+        URL); its URL must be one that `put` would accept."""
+        with self.store.write_session() as s:
+            row = s.scalars(
+                select(ModelEndpointRow).where(ModelEndpointRow.name == name).with_for_update()
+            ).first()
+            if row is None:
+                raise NotFound(f"no model endpoint named {name!r}")
+            try:
+                check_base_url(row.base_url)
+            except InvalidInput as exc:
+                raise InvalidInput(
+                    f"{exc}; register it again with `aamp model-endpoint put {name} "
+                    "--base-url URL` instead"
+                ) from None
+            stamp = now()
+            row.confirmed, row.confirmed_at, row.confirmed_by = True, stamp, by
+            row.updated_at, row.updated_by = stamp, by
+            s.flush()
+            return self._endpoint(row)
+
+    @staticmethod
+    def _endpoint(row: ModelEndpointRow) -> ModelEndpoint:
+        return ModelEndpoint(
+            row.name,
+            row.base_url,
+            row.api_key_secret,
+            tuple(json.loads(row.models)),
+            bool(row.confirmed),
+            row.created_at,
+            row.created_by,
+            row.updated_at,
+            row.updated_by,
+            row.confirmed_at,
+            row.confirmed_by,
+        )
+
+    def list_model_endpoints(self) -> list[ModelEndpoint]:
+        with self.store.session() as s:
+            rows = s.scalars(select(ModelEndpointRow).order_by(ModelEndpointRow.name))
+            return [self._endpoint(r) for r in rows]
+
+    def find_model_endpoint(self, name: str) -> ModelEndpoint | None:
+        with self.store.session() as s:
+            row = s.get(ModelEndpointRow, name)
+            return self._endpoint(row) if row is not None else None
+
+    def get_model_endpoint(self, name: str) -> ModelEndpoint:
+        found = self.find_model_endpoint(name)
+        if found is None:
+            raise NotFound(f"no model endpoint named {name!r}")
+        return found
+
+    def delete_model_endpoint(self, name: str) -> None:
+        with self.store.write_session() as s:
+            if s.get(ModelEndpointRow, name) is None:
+                raise NotFound(f"no model endpoint named {name!r}")
+            s.execute(delete(ModelEndpointRow).where(ModelEndpointRow.name == name))
+            s.execute(
+                delete(AgentResourceRow).where(
+                    AgentResourceRow.kind == "model-endpoint", AgentResourceRow.name == name
+                )
+            )
 
     # -- what agents are granted --------------------------------------------------------
 
@@ -299,6 +433,8 @@ class Catalog:
                 raise NotFound(f"no policy named {name!r}")
             if kind == "service" and s.get(ServiceRow, name) is None:
                 raise NotFound(f"no service named {name!r}")
+            if kind == "model-endpoint" and s.get(ModelEndpointRow, name) is None:
+                raise NotFound(f"no model endpoint named {name!r}")
             row = AgentResourceRow(
                 agent_id=agent_id, kind=kind, name=name, created_at=now(), created_by=by
             )
@@ -336,6 +472,50 @@ class Catalog:
             if row is None:
                 raise NotFound(f"{kind} {name!r} is not granted to agent {agent_id!r}")
             s.delete(row)
+
+    def agent_needs(
+        self, agent_id: str | None, policy: str, *, endpoint: str | None = None
+    ) -> AgentNeeds:
+        """Policy `policy` with its services (and model endpoint `endpoint`, for a run), and
+        what of it `agent_id` is not granted, in one snapshot (see `AgentNeeds`); without an
+        agent nothing is checked against grants."""
+        with self.store.session() as s:
+            row = s.get(PolicyRow, policy)
+            stored = self._policy(row) if row is not None else None
+            services: list[Service] = []
+            unknown: list[str] = []
+            for service_name in stored.policy.services if stored else ():
+                service_row = s.get(ServiceRow, service_name)
+                if service_row is None:
+                    unknown.append(service_name)
+                else:
+                    services.append(self._service(service_row))
+            endpoint_row = s.get(ModelEndpointRow, endpoint) if endpoint is not None else None
+            granted = set()
+            if agent_id is not None:
+                rows = s.scalars(
+                    select(AgentResourceRow).where(AgentResourceRow.agent_id == agent_id)
+                )
+                granted = {(r.kind, r.name) for r in rows}
+        needed = [("policy", policy)]
+        if stored is not None:
+            needed.append(("image", stored.policy.image))
+            needed.extend(("service", n) for n in stored.policy.services)
+        if endpoint is not None:
+            needed.append(("model-endpoint", endpoint))
+        ungranted = (
+            tuple(f"{k}:{n}" for k, n in needed if (k, n) not in granted)
+            if agent_id is not None
+            else ()
+        )
+        return AgentNeeds(
+            policy,
+            stored,
+            tuple(services),
+            tuple(unknown),
+            self._endpoint(endpoint_row) if endpoint_row is not None else None,
+            ungranted,
+        )
 
     def is_granted(self, agent_id: str, kind: str, name: str) -> bool:
         with self.store.session() as s:

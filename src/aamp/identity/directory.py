@@ -354,12 +354,13 @@ class Directory:
         user = lookup.UserFacts(
             int(user_fields[0]), user_fields[1], user_fields[2], bool(user_fields[3])
         )
+        claimed = Actor.refused(user.username, via="token", token_id=token_id)
         if revoked_at is not None:
-            raise AuthenticationFailed("the bearer token was revoked")
+            raise AuthenticationFailed("the bearer token was revoked", claimed=claimed)
         if expires_at is not None and expires_at <= _stamp(moment):
-            raise AuthenticationFailed("the bearer token has expired")
+            raise AuthenticationFailed("the bearer token has expired", claimed=claimed)
         if user.disabled:
-            raise AuthenticationFailed("this account is disabled")
+            raise AuthenticationFailed("this account is disabled", claimed=claimed)
         actor = self._new_actor(
             user, lookup.access_of(user, [r[8:] for r in rows]), via="token", token_id=token_id
         )
@@ -402,10 +403,11 @@ class Directory:
         user = lookup.UserFacts(
             int(user_fields[0]), user_fields[1], user_fields[2], bool(user_fields[3])
         )
+        claimed = Actor.refused(user.username, via="session")
         if expires_at <= now():
-            raise AuthenticationFailed("the session has expired; sign in again")
+            raise AuthenticationFailed("the session has expired; sign in again", claimed=claimed)
         if user.disabled:
-            raise AuthenticationFailed("this account is disabled")
+            raise AuthenticationFailed("this account is disabled", claimed=claimed)
         actor = yield from self._actor_plan(user, via="session")
         return actor, csrf_hash
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from aamp.identity.model import ANONYMOUS, Actor
+
 
 class IdentityError(Exception):
     code = "invalid_request"
@@ -24,8 +26,16 @@ class InvalidInput(IdentityError, ValueError):
 
 
 class AuthenticationFailed(IdentityError):
+    """A credential that cannot be used. `claimed` is whom it names when that is known (a
+    revoked or expired token, a disabled user, an expired session): an actor with no role,
+    so it is never signed in, kept only so the refusal is recorded with the user and token."""
+
     code = "unauthenticated"
     status = 401
+
+    def __init__(self, message: str, *, claimed: Actor = ANONYMOUS) -> None:
+        super().__init__(message)
+        self.claimed = claimed
 
 
 class Throttled(IdentityError):

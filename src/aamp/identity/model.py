@@ -72,6 +72,12 @@ class Actor:
     def anonymous(cls) -> Actor:
         return cls(None, None)
 
+    @classmethod
+    def refused(cls, username: str, *, via: str, token_id: str | None = None) -> Actor:
+        """Whom a credential that cannot be used names: no role, so never signed in; only
+        the audit record of the refusal carries it."""
+        return cls(username, None, via=via, token_id=token_id)
+
 
 ANONYMOUS = Actor(None, None)
 
@@ -81,10 +87,16 @@ class Resource:
     """What an action is about, with the facts `allowed` needs and nothing else.
 
     - `owner`: the username that owns it (a token, a sandbox), when that matters;
-    - `agent`: the agent it belongs to (a sandbox, a grant), or that it is (kind "agent");
+    - `agent`: the agent it belongs to (a sandbox, a grant, a run), or that it is;
     - `subject_user` / `subject_role`: who a grant being made or a user being changed is;
-    - `granted_to_agent`: for a sandbox made from a policy, whether the agent is granted
-      that policy and its image (None when no policy is named).
+    - `admin_only`: why only an admin may make this request as asked (a policy given inline,
+      a sandbox made without a policy), or None;
+    - `ungranted`: what the request would make the agent use that an admin has not granted
+      it (`policy:NAME`, `image:NAME`, `service:NAME`), in the order they were found;
+    - `unpublished`: the agent version asked for, when it is not a published one (`draft`,
+      or a number that is a draft or no version at all), or None;
+    - `unconfirmed`: the model endpoint a run would use, when an admin has not confirmed it
+      yet (migration 0005 made it from the agent's former inline URL), or None.
     """
 
     kind: str
@@ -93,7 +105,10 @@ class Resource:
     agent: str | None = None
     subject_user: str | None = None
     subject_role: str | None = None
-    granted_to_agent: bool | None = None
+    admin_only: str | None = None
+    ungranted: tuple[str, ...] = ()
+    unpublished: str | None = None
+    unconfirmed: str | None = None
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.id}" if self.id else self.kind

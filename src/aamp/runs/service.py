@@ -29,13 +29,15 @@ from typing import Any
 from aamp.agents import guest_scripts
 from aamp.agents.definition import AgentDefinition
 from aamp.agents.loop import run_loop, summarise
-from aamp.agents.model import ModelClient, ModelError
+from aamp.agents.model import EndpointAccess, ModelClient, ModelError
 from aamp.agents.sandbox_tools import SandboxTools, _guest_json
 from aamp.agents.tools import ToolSet
 from aamp.audit.record import AuditSink
 from aamp.config import Settings
 from aamp.egress.approvals import Answer, Approver
+from aamp.egress.registered import AddressVerdict, CheckedTransport
 from aamp.identity.errors import Conflict, NotFound
+from aamp.identity.model_endpoints import ModelEndpoint
 from aamp.policy import Policy
 from aamp.runs import artifacts as art
 from aamp.runs.bus import EventBus
@@ -46,7 +48,7 @@ from aamp.sandbox.channel import ChannelError
 from aamp.sandbox.manager import CreateRequest, SandboxError, SandboxManager, UnknownSandbox
 from aamp.store import Store
 from aamp.store.timestamps import now
-from aamp.vault import Vault
+from aamp.vault import SecretNotFound, Vault
 
 log = logging.getLogger("aamp.runs")
 
@@ -62,6 +64,7 @@ class RunRequest:
     inputs: tuple[tuple[str, bytes], ...]
     services: dict[str, str]  # service tool name -> the upstream URL the guest calls
     actor: str
+    endpoint: ModelEndpoint  # the agent's model endpoint, granted and confirmed
 
 
 class ApprovalRefused(Exception):
@@ -272,8 +275,11 @@ class RunService:
                 {"sandbox": sandbox_id, "image": sandbox.image, "driver": sandbox.driver},
             )
             await self._put_inputs(run_id, sandbox_id, req.inputs)
-            api_key = await self._api_key(run_id, d)
-            model = ModelClient(d.model, api_key, backoff_base=self.model_backoff)
+            model = ModelClient(
+                d.model,
+                self._endpoint_access(run_id, req.endpoint),
+                backoff_base=self.model_backoff,
+            )
             tools = ToolSet.build(d.tools, {n: u for n, u in req.services.items()})
             live = self._live[run_id]
             asking = d.limits.approval_timeout_seconds
@@ -360,15 +366,55 @@ class RunService:
             self._live.pop(run_id, None)
             self._cancel_reasons.pop(run_id, None)
 
-    async def _api_key(self, run_id: str, d: AgentDefinition) -> str | None:
-        if not d.model.api_key_secret or self.vault is None:
-            return None
-        value = await self.vault.reveal(
-            d.model.api_key_secret,
-            purpose=f"model API key for {run_id} ({d.model.base_url})",
-            actor=f"run:{run_id}",
+    def _endpoint_access(self, run_id: str, endpoint: ModelEndpoint) -> EndpointAccess:
+        """The run's way to its model endpoint: every connection resolved once with the
+        installation's resolver, address-checked and audited (`model.connect`); the API key
+        revealed from the vault for each model call (audited there, name and version)."""
+        actor = f"run:{run_id}"
+        owner = f"model endpoint {endpoint.name}"
+
+        async def on_connect(verdicts: list[AddressVerdict], used: AddressVerdict | None) -> None:
+            refused = next((v for v in verdicts if not v.allowed), None)
+            await self.audit.record(
+                actor=actor,
+                action="model.connect",
+                resource=f"model-endpoint:{endpoint.name}",
+                decision="allow" if used is not None else "deny",
+                reason=(used or refused or verdicts[0]).reason,
+                details={
+                    "url": endpoint.base_url,
+                    "address": str(used.address) if used else None,
+                    "addresses": [
+                        {"address": str(v.address), "class": v.kind.value, "allowed": v.allowed}
+                        for v in verdicts
+                    ],
+                },
+            )
+
+        transport = CheckedTransport(
+            owner, endpoint.url, self.manager.resolver, on_connect=on_connect
         )
-        return value.expose()
+        secret = endpoint.api_key_secret
+        if secret is None:
+            return EndpointAccess(endpoint.name, endpoint.base_url, transport)
+        vault = self.vault
+
+        async def api_key() -> str:
+            if vault is None:
+                raise ModelError(f"{owner} needs secret {secret!r}, and there is no vault")
+            try:
+                value = await vault.reveal(
+                    secret,
+                    purpose=f"model API key for {run_id} ({owner}, {endpoint.base_url})",
+                    actor=actor,
+                )
+            except SecretNotFound:
+                raise ModelError(
+                    f"{owner} names secret {secret!r}, which the vault does not hold"
+                ) from None
+            return value.expose()
+
+        return EndpointAccess(endpoint.name, endpoint.base_url, transport, api_key)
 
     async def _put_inputs(
         self, run_id: str, sandbox_id: str, inputs: tuple[tuple[str, bytes], ...]

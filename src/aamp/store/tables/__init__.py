@@ -7,7 +7,7 @@ importing it below, and writing an Alembic revision under `aamp/store/migrations
 from aamp.store.tables.agents import AgentResourceRow, AgentRow
 from aamp.store.tables.audit import AuditCheckpointRow, AuditHeadRow, AuditRecordRow
 from aamp.store.tables.base import Base
-from aamp.store.tables.catalog import PolicyRow, ServiceRow
+from aamp.store.tables.catalog import ModelEndpointRow, PolicyRow, ServiceRow
 from aamp.store.tables.identity import ApiTokenRow, GrantRow, SessionRow, UserRow
 from aamp.store.tables.runs import (
     AgentVersionRow,
@@ -30,6 +30,7 @@ __all__ = [
     "AuditRecordRow",
     "Base",
     "GrantRow",
+    "ModelEndpointRow",
     "PolicyRow",
     "RunApprovalRow",
     "RunArtifactRow",

@@ -1,8 +1,8 @@
 """Agents as grant targets, and the resources an admin grants to each agent.
 
 Only what grants need for now (id, name, owner, created); the agents issue extends the table
-with the versioned definition. `agent_resources` says which policies, services and images an
-agent may use: a sandbox for an agent can only be made from a policy (and image) listed here.
+with the versioned definition. `agent_resources` says which policies, services, images and
+model endpoints an agent may use: a sandbox or run for an agent uses only what is listed here.
 """
 
 from __future__ import annotations
@@ -36,4 +36,6 @@ class AgentResourceRow(Base):
     created_at: Mapped[str] = mapped_column(String(32))
     created_by: Mapped[str] = mapped_column(String(256))
 
-    __table_args__ = (CheckConstraint("kind IN ('policy', 'service', 'image')", name="kind"),)
+    __table_args__ = (
+        CheckConstraint("kind IN ('policy', 'service', 'image', 'model-endpoint')", name="kind"),
+    )

@@ -1,0 +1,100 @@
+"""A model endpoint as an admin registers it: a name, an OpenAI-compatible base URL, the name
+of the vault secret holding its API key (never the key), the model names it serves.
+
+Agents name an endpoint granted to them (`model: {endpoint: NAME, name: MODEL}`) and never
+carry a URL or a secret. An endpoint an admin puts is confirmed; the ones migration 0005 made
+from agents' former inline `base_url`/`api_key_secret` are not, and runs that use them are
+refused until an admin confirms them (`aamp model-endpoint confirm NAME`). Storage is in
+`Catalog`; this module holds the value and its validation.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from aamp.egress.registered import RegisteredUrl, UrlError
+from aamp.identity.errors import InvalidInput
+from aamp.vault.vault import NAME_RE as SECRET_NAME_RE
+
+ENDPOINT_NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?$")
+MODEL_NAME_RE = re.compile(r"^[\w./:@+-]{1,200}$")
+MAX_MODELS = 100
+
+
+@dataclass(frozen=True)
+class ModelEndpoint:
+    name: str
+    base_url: str
+    api_key_secret: str | None
+    models: tuple[str, ...]  # empty: any model name the server answers to
+    confirmed: bool
+    created_at: str
+    created_by: str
+    updated_at: str
+    updated_by: str
+    confirmed_at: str | None = None
+    confirmed_by: str | None = None
+
+    @property
+    def url(self) -> RegisteredUrl:
+        return RegisteredUrl.parse(self.base_url)
+
+    def serves(self, model: str) -> bool:
+        return not self.models or model in self.models
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "base_url": self.base_url,
+            "api_key_secret": self.api_key_secret,
+            "models": list(self.models),
+            "confirmed": self.confirmed,
+            "created_at": self.created_at,
+            "created_by": self.created_by,
+            "updated_at": self.updated_at,
+            "updated_by": self.updated_by,
+            "confirmed_at": self.confirmed_at,
+            "confirmed_by": self.confirmed_by,
+        }
+
+
+def check_endpoint_name(name: object) -> str:
+    if not isinstance(name, str) or not ENDPOINT_NAME_RE.match(name):
+        raise InvalidInput(
+            "model endpoint name must be 1-64 lowercase letters, digits, '_' or '-', starting "
+            "and ending with a letter or digit"
+        )
+    return name
+
+
+def check_base_url(base_url: object) -> RegisteredUrl:
+    try:
+        return RegisteredUrl.parse(base_url)
+    except UrlError as exc:
+        raise InvalidInput(f"base_url: {exc}") from None
+
+
+def check_secret_name(secret: object) -> str | None:
+    if secret is None:
+        return None
+    if not isinstance(secret, str) or not SECRET_NAME_RE.match(secret):
+        raise InvalidInput(
+            "api_key_secret: expected the name of a vault secret (lower-case letters, digits "
+            "and '_', starting with a letter)"
+        )
+    return secret
+
+
+def check_models(models: object) -> tuple[str, ...]:
+    if not isinstance(models, list | tuple) or len(models) > MAX_MODELS:
+        raise InvalidInput(f"models: expected a list of at most {MAX_MODELS} model names")
+    out: list[str] = []
+    for i, model in enumerate(models):
+        if not isinstance(model, str) or not MODEL_NAME_RE.match(model):
+            raise InvalidInput(f"models[{i}]: not a model name: {model!r}")
+        if model in out:
+            raise InvalidInput(f"models[{i}]: {model!r} is listed twice")
+        out.append(model)
+    return tuple(out)
