@@ -1,0 +1,106 @@
+"""The one decision every way out goes through: `Decider.decide(host, port) -> Verdict`.
+
+CONNECT tunnels, plain-HTTP forwarding and service calls (plain or inside an intercepted
+tunnel) all ask here, and connect only to an address the verdict carries. In order:
+
+1. the sandbox's byte budget: once `max_bytes_out` is spent, everything is refused;
+2. the rules (`EgressRules.decide`: deny, then allow, then IP literal, then default);
+3. `default: ask`: a person may approve (`approvals.py`);
+4. resolution, once, on the host (an IP literal is its own address);
+5. every resolved address: `EgressRules.check_address` (loopback/private/link-local/metadata
+   only for an exact rule). The addresses that pass, in resolver order, are the verdict's.
+
+A kept-alive upstream connection is reused for a later request only if its address still
+passes step 5 under the (possibly changed) rules (`decide(..., connected=address)`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aamp.egress.addresses import IPAddress
+from aamp.egress.approvals import EgressApprovals
+from aamp.egress.resolver import ResolveError, Resolver
+from aamp.egress.rules import Decision, EgressRules, Host
+from aamp.egress.services import Service, ServiceSet
+
+MAX_BYTES_RULE = "egress.max_bytes_out"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What `decide` concluded. Allowed: `addresses` are the checked ones to connect to (in
+    order). Refused: `status` is the HTTP answer (403 policy, 502/504 resolution), and
+    `address` the first refused address, if one was. `service` is the granted service whose
+    origin this is, either way."""
+
+    decision: Decision
+    addresses: tuple[IPAddress, ...] = ()
+    status: int = 403
+    address: IPAddress | None = None
+    service: Service | None = None
+
+    @property
+    def allowed(self) -> bool:
+        return self.decision.allowed
+
+
+class Decider:
+    """One sandbox's decision. `rules` and `services` are replaced whole when they change;
+    `spent()` says whether the byte budget is used up (the cap, or None)."""
+
+    def __init__(
+        self,
+        rules: EgressRules,
+        services: ServiceSet,
+        resolver: Resolver,
+        approvals: EgressApprovals,
+        spent: Callable[[], int | None],
+    ):
+        self.rules = rules
+        self.services = services
+        self.resolver = resolver
+        self.approvals = approvals
+        self._spent = spent
+
+    async def decide(self, host: Host, port: int, *, connected: IPAddress | None = None) -> Verdict:
+        """Judge (host, port) and find the addresses it may be connected to. `connected` is
+        the address of a kept-alive upstream connection to this place: if it still passes it
+        is the verdict's one address (no second lookup); if not, the name is resolved anew."""
+        service = self.services.for_destination(host, port)
+        decision = await self._judge(host, port)
+        if not decision.allowed:
+            return Verdict(decision, service=service)
+        if connected is not None and self.recheck(decision, host, port, connected).allowed:
+            return Verdict(decision, (connected,), service=service)
+        if host.ip is not None:
+            found: list[IPAddress] = [host.ip]
+        else:
+            try:
+                found = await self.resolver.resolve(host.name)
+            except ResolveError as exc:
+                status = 504 if exc.timeout else 502
+                return Verdict(Decision(False, "resolve", str(exc)), status=status, service=service)
+        passed: list[IPAddress] = []
+        first_refusal: Verdict | None = None
+        for address in found:
+            verdict = self.recheck(decision, host, port, address)
+            if verdict.allowed:
+                passed.append(address)
+            elif first_refusal is None:
+                first_refusal = Verdict(verdict, address=address, service=service)
+        if not passed:
+            assert first_refusal is not None
+            return first_refusal
+        return Verdict(decision, tuple(passed), service=service)
+
+    async def _judge(self, host: Host, port: int) -> Decision:
+        cap = self._spent()
+        if cap is not None:
+            return Decision(False, MAX_BYTES_RULE, f"this sandbox has sent its {cap} bytes allowed")
+        return await self.approvals.judge(self.rules.decide(host, port), host, port)
+
+    def recheck(self, decision: Decision, host: Host, port: int, address: IPAddress) -> Decision:
+        """Judge one address `host` resolved to, under `decision` (which allowed the name)."""
+        return self.rules.check_address(decision, str(host), address)
