@@ -11,7 +11,6 @@ import pytest
 from egress_client import read_response
 from egress_upstream import RecordingUpstream, UpstreamServer
 
-from aamp.egress.ledger import JsonLinesSink
 from aamp.egress.proxy import EgressProxy, ProxyLimits
 from aamp.egress.resolver import StaticResolver
 from aamp.egress.rules import EgressRules
@@ -19,11 +18,6 @@ from aamp.egress.rules import EgressRules
 SANDBOX = "sb-0000000000fr"
 NAMES = {"a.test": ["127.0.0.10"]}
 HELD = getattr(ProxyLimits(), "held_body_bytes", 64 * 1024)  # (base: no such limit)
-
-
-@pytest.fixture
-def sink(sockdir):
-    return JsonLinesSink(sockdir / "ledger.jsonl")
 
 
 @pytest.fixture

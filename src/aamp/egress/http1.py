@@ -10,7 +10,7 @@ byte of framing reaches the other side unless it parsed here.
 
 A refusal is a `Refusal` (status, the rule that refused, a reason in words); `refusal_response`
 serialises it for the client. A connection that ends before a request's first byte raises
-`NoRequest` instead: there is nothing to answer.
+`NoRequest` instead: there is nothing to answer, but it is still recorded.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ class ResponseHead:
 
 async def read_request_head(reader: asyncio.StreamReader, limits: ProxyLimits) -> RequestHead:
     """The next request head. `NoRequest` if the client closed or stayed idle before sending
-    a byte of it; `Refusal` for a head that is slow, too large or malformed."""
+    a byte of it; `Refusal` for a head that is incomplete, slow, too large or malformed."""
     try:
         async with asyncio.timeout(limits.idle_timeout):
             start = await reader.read(1)
@@ -189,8 +189,13 @@ async def read_request_head(reader: asyncio.StreamReader, limits: ProxyLimits) -
         raise Refusal(
             408, "client: header timeout", "the request head did not arrive in time"
         ) from None
-    except asyncio.IncompleteReadError:
-        raise ConnectionResetError("client closed mid-head") from None
+    except (asyncio.IncompleteReadError, ConnectionError) as exc:
+        got = 1 + len(getattr(exc, "partial", b""))
+        raise Refusal(
+            400,
+            "client: incomplete head",
+            f"the client ended the connection after {got} bytes of a request head",
+        ) from None
     except asyncio.LimitOverrunError:
         buffered = start + await reader.read(limits.max_head_bytes)
         if b"\r\n" not in buffered[: limits.max_request_line + 2]:

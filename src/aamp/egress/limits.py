@@ -22,6 +22,10 @@ class ProxyLimits:
     # reaches the upstream, up to this many bytes; a longer one goes on in checked pieces.
     # Worst case memory for a guest that fills them all: max_connections x this.
     held_body_bytes: int = 64 * 1024
+    # After a refusal the proxy half-closes and reads (and drops) what the client still sends,
+    # so the refusal is read before the connection ends (no reset): at most this long/much.
+    linger_time: float = 5.0
+    linger_bytes: int = 16 * 1024 * 1024
     # SO_SNDBUF of the guest's end (the kernel caps it at net.core.wmem_max and doubles it).
     # The default ~208 KiB makes every large response a stream of short socket writes and
     # wake-ups; 4 MiB roughly halves the proxy's CPU per byte on TLS interception. Worst case

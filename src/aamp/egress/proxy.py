@@ -11,10 +11,14 @@ one `EgressEvent` per attempt to the sink. Every way out asks the one decision f
 address it checked.
 
 The ledger: one event per request or tunnel, allowed or refused, with the rule that decided and
-the bytes each way (`meter.py` counts them as they leave). A refusal is an HTTP response: 403
-for policy (body and `X-Aamp-Egress-Rule` name the rule), 400 for a malformed request, 408 for
-a client too slow to send its head, 414/431 for an over-long request line / header block, 502
-for upstream failures, 504 for upstream timeouts.
+the bytes each way (`meter.py` counts them as they leave). A connection that ends before any
+request — closed at once, idle, or after a partial head (a bare CRLF included) — leaves one
+event too (kind `idle`, or `malformed` for a partial head), so every connection is accounted
+for. A refusal is an HTTP response: 403 for policy (body and `X-Aamp-Egress-Rule` name the
+rule), 400 for a malformed request, 408 for a client too slow to send its head, 414/431 for an
+over-long request line / header block, 502 for upstream failures, 504 for upstream timeouts.
+After a refusal the proxy half-closes and drains what the client still sends (bounded), so the
+client reads the refusal instead of a connection reset.
 
 `max_bytes_out` is a per-sandbox cap on bytes sent upstream across all connections. The
 connection that crosses it is cut, and later attempts are refused with rule
@@ -220,26 +224,33 @@ class EgressProxy:
                     sock.setsockopt(
                         socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.guest_send_buffer
                     )
-            await self._serve_requests(reader, writer, connection)
+            if await self._serve_requests(reader, writer, connection):
+                await self._linger(reader, writer)
         finally:
             writer.close()
             self._connections.discard(task)
 
     async def _serve_requests(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, connection: int
-    ) -> None:
+    ) -> bool:
         """Requests on one client connection until it ends; an intercepted CONNECT switches
-        the same loop to the requests inside the guest's TLS (`tunnel`)."""
+        the same loop to the requests inside the guest's TLS (`tunnel`). True when it ended
+        with a refusal sent to a client that may still be sending (see `_linger`)."""
         upstream: Upstream | None = None
         tunnel: Intercepted | None = None
         attempt = Attempt("http")
+        served = 0  # attempts recorded on this connection
         try:
             while True:
                 attempt = self._new_attempt(tunnel)
                 try:
                     head = await read_request_head(reader, self.limits)
-                except NoRequest:
-                    return
+                except NoRequest as end:
+                    if served == 0:  # an empty connection is recorded once, as such
+                        attempt = Attempt("idle")
+                        attempt.decision = Decision(False, end.rule, end.reason)
+                    return False
+                served += 1
                 if head.method == "CONNECT":
                     if tunnel is not None:
                         raise Refusal(400, "client: malformed", "CONNECT inside a TLS tunnel")
@@ -249,7 +260,7 @@ class EgressProxy:
                         upstream = None
                     tunnel = await self._tunnels.serve(head, reader, writer, attempt)
                     if tunnel is None:
-                        return
+                        return False
                     self._emit(connection, attempt)  # the interception itself; calls follow
                     continue
                 attempt = self._new_attempt(tunnel)
@@ -258,7 +269,7 @@ class EgressProxy:
                 )
                 self._emit(connection, attempt)
                 if not keep_going:
-                    return
+                    return False
         except Refusal as refusal:
             answered = attempt.status != 0  # a response head already went out
             attempt.host = attempt.host or refusal.host
@@ -275,7 +286,9 @@ class EgressProxy:
                 attempt.decision = Decision(False, refusal.rule, refusal.reason)
             if not answered:
                 attempt.status = refusal.status
+                self._emit(connection, attempt)  # recorded before the answer can stall
                 await self._answer(writer, refusal)
+                return True
         except CapReached:
             attempt.status = attempt.status or 200
             attempt.cut = True
@@ -293,6 +306,7 @@ class EgressProxy:
                 self._emit(connection, attempt)
             if upstream is not None:
                 upstream.writer.close()
+        return False
 
     @staticmethod
     def _new_attempt(tunnel: Intercepted | None) -> Attempt:
@@ -306,6 +320,24 @@ class EgressProxy:
         with contextlib.suppress(ConnectionError, RuntimeError):
             writer.write(refusal_response(refusal))
             await writer.drain()
+
+    async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """After a refusal: half-close, then read and drop what the client still sends (the
+        rest of an over-long head, a body) until it closes, within `linger_time` and
+        `linger_bytes`. Closing with unread bytes would reset the connection, and a client
+        (or the guest's forwarder) would then lose the refusal it has not read yet."""
+        limits = self.limits
+        with contextlib.suppress(OSError, RuntimeError):
+            if writer.can_write_eof():
+                writer.write_eof()
+        dropped = 0
+        with contextlib.suppress(TimeoutError, ConnectionError, ssl.SSLError):
+            async with asyncio.timeout(limits.linger_time):
+                while dropped < limits.linger_bytes:
+                    data = await reader.read(limits.chunk_bytes)
+                    if not data:
+                        return
+                    dropped += len(data)
 
     def _emit(self, connection: int, attempt: Attempt) -> None:
         decision = attempt.decision
