@@ -5,13 +5,18 @@ tunnel) all ask here, and connect only to an address the verdict carries. In ord
 
 1. the sandbox's byte budget: once `max_bytes_out` is spent, everything is refused;
 2. the rules (`EgressRules.decide`: deny, then allow, then IP literal, then default);
-3. `default: ask`: a person may approve (`approvals.py`);
-4. resolution, once, on the host (an IP literal is its own address);
-5. every resolved address: `EgressRules.check_address` (loopback/private/link-local/metadata
+3. a granted service: if the rules did not allow (host, port) and no deny rule refused it, but
+   it is exactly the origin of a service granted to this sandbox (granted to its agent and
+   listed in its policy), the grant allows it — only ever through the credential-injecting
+   path, since the proxy intercepts every connection to a service origin. The upstream is
+   named exactly by the admin's service definition, so it counts as an exact rule;
+4. `default: ask`: a person may approve (`approvals.py`);
+5. resolution, once, on the host (an IP literal is its own address);
+6. every resolved address: `EgressRules.check_address` (loopback/private/link-local/metadata
    only for an exact rule). The addresses that pass, in resolver order, are the verdict's.
 
 A kept-alive upstream connection is reused for a later request only if its address still
-passes step 5 under the (possibly changed) rules (`decide(..., connected=address)`).
+passes step 6 under the (possibly changed) rules (`decide(..., connected=address)`).
 """
 
 from __future__ import annotations
@@ -46,6 +51,12 @@ class Verdict:
         return self.decision.allowed
 
 
+def service_decision(service: Service, host: Host, port: int) -> Decision:
+    rule = f"service: {service.name}"
+    reason = f"{host}:{port} is the upstream of service {service.name}, granted to this sandbox"
+    return Decision(True, rule, reason, exact=True)
+
+
 class Decider:
     """One sandbox's decision. `rules` and `services` are replaced whole when they change;
     `spent()` says whether the byte budget is used up (the cap, or None)."""
@@ -69,7 +80,7 @@ class Decider:
         the address of a kept-alive upstream connection to this place: if it still passes it
         is the verdict's one address (no second lookup); if not, the name is resolved anew."""
         service = self.services.for_destination(host, port)
-        decision = await self._judge(host, port)
+        decision = await self._judge(host, port, service)
         if not decision.allowed:
             return Verdict(decision, service=service)
         if connected is not None and self.recheck(decision, host, port, connected).allowed:
@@ -95,11 +106,14 @@ class Decider:
             return first_refusal
         return Verdict(decision, tuple(passed), service=service)
 
-    async def _judge(self, host: Host, port: int) -> Decision:
+    async def _judge(self, host: Host, port: int, service: Service | None) -> Decision:
         cap = self._spent()
         if cap is not None:
             return Decision(False, MAX_BYTES_RULE, f"this sandbox has sent its {cap} bytes allowed")
-        return await self.approvals.judge(self.rules.decide(host, port), host, port)
+        decision = self.rules.decide(host, port)
+        if not decision.allowed and service is not None and not decision.denied:
+            return service_decision(service, host, port)
+        return await self.approvals.judge(decision, host, port)
 
     def recheck(self, decision: Decision, host: Host, port: int, address: IPAddress) -> Decision:
         """Judge one address `host` resolved to, under `decision` (which allowed the name)."""

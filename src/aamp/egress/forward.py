@@ -85,6 +85,14 @@ class Forwarding:
             check_host_header(head, host, port, 80)
         else:
             host, port, authority, path = tunnel_target(head, tunnel)
+            # Said first: the tunnel may have been open only thanks to the grant.
+            granted = self.decider.services.for_destination(host, port)
+            if granted is None or granted.name != tunnel.service:
+                raise Refusal(
+                    403,
+                    NOT_GRANTED_RULE,
+                    f"service {tunnel.service} is no longer granted to this sandbox",
+                )
         framing = request_framing(head)
         expect = head.get("expect")
         if expect is not None and expect.lower() != "100-continue":
@@ -98,12 +106,6 @@ class Forwarding:
                 attempt.address = str(verdict.address)
             raise Refusal(verdict.status, verdict.decision.rule, verdict.decision.reason)
         service = verdict.service
-        if tunnel is not None and (service is None or service.name != tunnel.service):
-            raise Refusal(
-                403,
-                NOT_GRANTED_RULE,
-                f"service {tunnel.service} is no longer granted to this sandbox",
-            )
         credential: Credential | None = None
         if service is not None:
             attempt.service = service.name

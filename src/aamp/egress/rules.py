@@ -236,13 +236,16 @@ class Decision:
     """What `decide` concluded: `rule` names exactly what decided (e.g. `deny[0] *.pastebin.com`,
     `default: block`), `reason` says it in words. `exact` is true when an allow rule names this
     exact host or IP, which is what lets it reach non-public addresses. `ask` is true when the
-    refusal came from `default: ask`: a person may still approve this destination."""
+    refusal came from `default: ask`: a person may still approve this destination. `denied`
+    is true when a deny rule refused it: nothing else (an approval, a granted service) may
+    then let it through."""
 
     allowed: bool
     rule: str
     reason: str
     exact: bool = False
     ask: bool = False
+    denied: bool = False
 
 
 @dataclass(frozen=True)
@@ -292,7 +295,7 @@ class EgressRules:
         for index, pattern in enumerate(self.deny):
             if pattern.matches(target, port, include_apex=True):
                 rule = f"deny[{index}] {pattern.canonical}"
-                return Decision(False, rule, f"{where} is denied by {rule}")
+                return Decision(False, rule, f"{where} is denied by {rule}", denied=True)
         for index, pattern in enumerate(self.allow):
             if pattern.matches(target, port):
                 rule = f"allow[{index}] {pattern.canonical}"
