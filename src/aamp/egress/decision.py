@@ -13,7 +13,9 @@ tunnel) all ask here, and connect only to an address the verdict carries. In ord
 4. `default: ask`: a person may approve (`approvals.py`);
 5. resolution, once, on the host (an IP literal is its own address);
 6. every resolved address: `EgressRules.check_address` (loopback/private/link-local/metadata
-   only for an exact rule). The addresses that pass, in resolver order, are the verdict's.
+   only for an exact rule), then the installation's own listeners (`installation.py`), which
+   no rule — nor a service grant — can open. The addresses that pass, in resolver order, are
+   the verdict's.
 
 A kept-alive upstream connection is reused for a later request only if its address still
 passes step 6 under the (possibly changed) rules (`decide(..., connected=address)`).
@@ -26,11 +28,13 @@ from dataclasses import dataclass
 
 from aamp.egress.addresses import IPAddress
 from aamp.egress.approvals import EgressApprovals
+from aamp.egress.installation import InstallationListeners
 from aamp.egress.resolver import ResolveError, Resolver
 from aamp.egress.rules import Decision, EgressRules, Host
 from aamp.egress.services import Service, ServiceSet
 
 MAX_BYTES_RULE = "egress.max_bytes_out"
+OWN_LISTENER_RULE = "installation: own listener"
 
 
 @dataclass(frozen=True)
@@ -66,12 +70,14 @@ class Decider:
         rules: EgressRules,
         services: ServiceSet,
         resolver: Resolver,
+        listeners: InstallationListeners,
         approvals: EgressApprovals,
         spent: Callable[[], int | None],
     ):
         self.rules = rules
         self.services = services
         self.resolver = resolver
+        self.listeners = listeners
         self.approvals = approvals
         self._spent = spent
 
@@ -117,4 +123,16 @@ class Decider:
 
     def recheck(self, decision: Decision, host: Host, port: int, address: IPAddress) -> Decision:
         """Judge one address `host` resolved to, under `decision` (which allowed the name)."""
-        return self.rules.check_address(decision, str(host), address)
+        verdict = self.rules.check_address(decision, str(host), address)
+        if not verdict.allowed:
+            return verdict
+        listener = self.listeners.serving(address, port)
+        if listener is not None:
+            return Decision(
+                False,
+                OWN_LISTENER_RULE,
+                f"{host} port {port} resolved to {address}, which is this host, where port "
+                f"{port} is {listener.describe()}; the proxy never connects to what the "
+                "installation itself serves, whatever the rules say",
+            )
+        return verdict

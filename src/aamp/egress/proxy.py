@@ -7,8 +7,8 @@ head (`http1.py`), hands it to the job that serves it — `CONNECT` to `tunnel.p
 tunnel, or TLS interception for a granted service's origin), anything else to `forward.py`
 (plain HTTP and service calls, kept alive, every request judged again) — and writes exactly
 one `EgressEvent` per attempt to the sink. Every way out asks the one decision first
-(`decision.py`: rules, `ask`, host-side resolution, address classes) and connects only to an
-address it checked.
+(`decision.py`: rules, granted services, `ask`, host-side resolution, address classes, and the
+installation's own listeners, which no rule opens) and connects only to an address it checked.
 
 The ledger: one event per request or tunnel, allowed or refused, with the rule that decided and
 the bytes each way (`meter.py` counts them as they leave). A connection that ends before any
@@ -45,6 +45,7 @@ from aamp.egress.ca import InstallationCA
 from aamp.egress.decision import MAX_BYTES_RULE, Decider
 from aamp.egress.forward import Forwarding
 from aamp.egress.http1 import NoRequest, Refusal, read_request_head, refusal_response
+from aamp.egress.installation import InstallationListeners
 from aamp.egress.intercept import Intercepted
 from aamp.egress.ledger import EgressEvent, EgressSink
 from aamp.egress.limits import ProxyLimits
@@ -84,6 +85,8 @@ class EgressProxy:
     Credential injection needs `services` (a `ServiceSet`), `secrets` (a `SecretReader`, e.g.
     `VaultSecretReader(vault)`) and `ca` (the `InstallationCA`); `upstream_tls` is how service
     upstreams are verified (default: the system trust store, see `upstream_tls_context`).
+    `listeners` are the installation's own (`InstallationListeners.of(settings)`): never
+    reached, whatever the rules say.
     """
 
     def __init__(
@@ -99,6 +102,7 @@ class EgressProxy:
         secrets: SecretReader | None = None,
         ca: InstallationCA | None = None,
         upstream_tls: ssl.SSLContext | None = None,
+        listeners: InstallationListeners | None = None,
     ):
         if not isinstance(rules, EgressRules):
             raise TypeError("EgressProxy expects an EgressRules")
@@ -115,6 +119,7 @@ class EgressProxy:
             rules,
             ServiceSet(),
             resolver,
+            listeners or InstallationListeners(),
             self.approvals,
             meter.spent,
         )
@@ -194,6 +199,10 @@ class EgressProxy:
         if len(services) and (self._ca is None or self._secrets is None):
             raise ValueError("services need the proxy to have a CA (ca=) and a secret reader")
         self._decider.services = services
+
+    @property
+    def listeners(self) -> InstallationListeners:
+        return self._decider.listeners
 
     def stats(self) -> EgressStats:
         m = self._meter
