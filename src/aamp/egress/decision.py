@@ -17,6 +17,10 @@ tunnel) all ask here, and connect only to an address the verdict carries. In ord
    no rule — nor a service grant — can open. The addresses that pass, in resolver order, are
    the verdict's.
 
+A refusal of a host that names this machine (`localhost`, 127.0.0.1, ...) says that inside a
+sandbox loopback is the sandbox itself: a guest program reaches it directly, never through the
+proxy, and no policy can name it.
+
 A kept-alive upstream connection is reused for a later request only if its address still
 passes step 6 under the (possibly changed) rules (`decide(..., connected=address)`).
 """
@@ -24,13 +28,13 @@ passes step 6 under the (possibly changed) rules (`decide(..., connected=address
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aamp.egress.addresses import IPAddress
 from aamp.egress.approvals import EgressApprovals
 from aamp.egress.installation import InstallationListeners
 from aamp.egress.resolver import ResolveError, Resolver
-from aamp.egress.rules import Decision, EgressRules, Host
+from aamp.egress.rules import LOOPBACK_IS_THE_SANDBOX, Decision, EgressRules, Host, this_machine
 from aamp.egress.services import Service, ServiceSet
 
 MAX_BYTES_RULE = "egress.max_bytes_out"
@@ -85,6 +89,13 @@ class Decider:
         """Judge (host, port) and find the addresses it may be connected to. `connected` is
         the address of a kept-alive upstream connection to this place: if it still passes it
         is the verdict's one address (no second lookup); if not, the name is resolved anew."""
+        verdict = await self._decide(host, port, connected)
+        if not verdict.allowed and (what := this_machine(host.name, host.ip)) is not None:
+            reason = f"{verdict.decision.reason}; {what}: {LOOPBACK_IS_THE_SANDBOX}"
+            verdict = replace(verdict, decision=replace(verdict.decision, reason=reason))
+        return verdict
+
+    async def _decide(self, host: Host, port: int, connected: IPAddress | None) -> Verdict:
         service = self.services.for_destination(host, port)
         decision = await self._judge(host, port, service)
         if not decision.allowed:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Literal
 
 import idna
 
-from aamp.egress.addresses import IPAddress, NotAnAddress, classify, parse_ip_literal
+from aamp.egress.addresses import AddressKind, IPAddress, NotAnAddress, classify, parse_ip_literal
 
 if TYPE_CHECKING:
     from aamp.policy.model import EgressPolicy
@@ -58,6 +58,27 @@ _FORBIDDEN_EXPLAINED = {
     "#": "a host cannot contain '#'",
     "*": "'*' is only allowed as the first label of a rule",
 }
+
+
+# Why a policy cannot name loopback, and why the proxy refuses a request for it.
+LOOPBACK_IS_THE_SANDBOX = (
+    "inside a sandbox, loopback always means the sandbox itself (its programs reach "
+    "localhost and 127.0.0.1 directly, never through the proxy)"
+)
+
+
+def this_machine(name: str, ip: IPAddress | None, *, shown: str | None = None) -> str | None:
+    """How a canonical host (`name`, or `ip` for a literal) names "this machine" — a loopback
+    name (RFC 6761: `localhost` and the names below it), a loopback or unspecified address —
+    in words, or None if it does not. `shown` is how to write the host in those words."""
+    if ip is not None:
+        verdict = classify(ip)
+        if verdict.kind in (AddressKind.LOOPBACK, AddressKind.UNSPECIFIED):
+            return verdict.describe()
+        return None
+    if name == "localhost" or name.endswith(".localhost"):
+        return f"{shown or name} is a loopback name"
+    return None
 
 
 class HostError(ValueError):
