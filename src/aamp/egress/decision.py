@@ -65,25 +65,17 @@ def service_decision(service: Service, host: Host, port: int) -> Decision:
     return Decision(True, rule, reason, exact=True)
 
 
+@dataclass(eq=False)
 class Decider:
     """One sandbox's decision. `rules` and `services` are replaced whole when they change;
     `spent()` says whether the byte budget is used up (the cap, or None)."""
 
-    def __init__(
-        self,
-        rules: EgressRules,
-        services: ServiceSet,
-        resolver: Resolver,
-        listeners: InstallationListeners,
-        approvals: EgressApprovals,
-        spent: Callable[[], int | None],
-    ):
-        self.rules = rules
-        self.services = services
-        self.resolver = resolver
-        self.listeners = listeners
-        self.approvals = approvals
-        self._spent = spent
+    rules: EgressRules
+    services: ServiceSet
+    resolver: Resolver
+    listeners: InstallationListeners
+    approvals: EgressApprovals
+    spent: Callable[[], int | None]
 
     async def decide(self, host: Host, port: int, *, connected: IPAddress | None = None) -> Verdict:
         """Judge (host, port) and find the addresses it may be connected to. `connected` is
@@ -124,7 +116,7 @@ class Decider:
         return Verdict(decision, tuple(passed), service=service)
 
     async def _judge(self, host: Host, port: int, service: Service | None) -> Decision:
-        cap = self._spent()
+        cap = self.spent()
         if cap is not None:
             return Decision(False, MAX_BYTES_RULE, f"this sandbox has sent its {cap} bytes allowed")
         decision = self.rules.decide(host, port)
