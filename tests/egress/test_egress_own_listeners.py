@@ -110,3 +110,24 @@ def test_announcing_removes_what_killed_processes_left(tmp_path):
     with announce(directory, Listener("the local model server", "127.0.0.1", 8080)) as mine:
         assert sorted(directory.iterdir()) == [mine]
     assert list(directory.iterdir()) == []
+
+
+def test_the_local_model_server_is_announced_while_it_serves(tmp_path, monkeypatch):
+    """`aamp model serve` (here through `LocalModelServer`, which runs it) is one of the
+    installation's own listeners from the moment it answers until it stops."""
+    from aamp.agents.local_model import LocalModelServer, missing_parts
+
+    if missing_parts():
+        pytest.skip(f"the local model server is not installed: {', '.join(missing_parts())}")
+    monkeypatch.setenv("AAMP_HOME", str(tmp_path))
+    settings = Settings.from_env()
+    listeners = InstallationListeners.of(settings)
+    server = LocalModelServer(n_ctx=512, n_threads=1).start()
+    try:
+        found = listeners.serving(ipaddress.ip_address("127.0.0.1"), server.port)
+        assert found is not None and found.what.startswith("the local model server")
+    finally:
+        server.stop()
+    assert list(listeners_dir(tmp_path).iterdir()) == []  # removed on the way out
+    os.utime(listeners_dir(tmp_path), ns=(1, 1))
+    assert listeners.serving(ipaddress.ip_address("127.0.0.1"), server.port) is None

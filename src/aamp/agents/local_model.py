@@ -35,6 +35,7 @@ import importlib.util
 import ipaddress
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -476,6 +477,10 @@ class LocalModelServer:
         self.stop()
 
 
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="aamp model", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -501,6 +506,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise LocalModelUnavailable(f"--model {model}: no such file")
         print(f"serving {model} as {args.alias!r} on http://{host}:{args.port}/v1", flush=True)
         # Announced to the installation, so that no sandbox's egress reaches it by any rule.
+        # uvicorn re-raises the signal it stopped on: exit through Python, so the
+        # announcement is removed on the way out.
+        signal.signal(signal.SIGTERM, _exit_on_signal)
         listener = Listener("the local model server (aamp model serve)", host, args.port)
         with announce(listeners_dir(Settings.from_env().home), listener):
             serve_forever(model, host, args.port, args.ctx, args.threads, args.alias)
