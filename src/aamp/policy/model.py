@@ -220,7 +220,7 @@ def _check_rule(text: str) -> str | None:
         return (
             f"{what}: {LOOPBACK_IS_THE_SANDBOX}, so a rule cannot point it at the host; to "
             "reach a server on the host or your network, name it by a DNS name that resolves "
-            "to it, with its port (e.g. llm.internal:8080)"
+            "to it, with its port (e.g. app.internal:8443)"
         )
     return None
 
