@@ -119,7 +119,13 @@ class Bodies:
         ):
             return
         send = self.meter.sender(up=up)
-        async for data in _exactly(source, length, self.limits.chunk_bytes):
+        remaining = length
+        size = self.limits.chunk_bytes
+        while remaining:  # a plain loop: most bodies are small, and this is every request's
+            data = await source.read(min(size, remaining))
+            if not data:
+                raise asyncio.IncompleteReadError(b"", remaining)
+            remaining -= len(data)
             send(sink, data, attempt)
             await sink.drain()
 

@@ -146,13 +146,10 @@ class RequestHead:
 class ResponseHead:
     status_line: str
     version: str
+    status: int
     headers: list[tuple[str, str]]
     raw_names: list[str]
     raw: bytes
-
-    @property
-    def status(self) -> int:
-        return int(self.status_line[9:12])
 
     def get_all(self, name: str) -> list[str]:
         return [v for k, v in self.headers if k == name]
@@ -355,7 +352,8 @@ async def read_response_head(reader: asyncio.StreamReader, limits: ProxyLimits) 
         raw_names.append(name.decode("ascii"))
         headers.append((name.decode("ascii").lower(), value.strip(b" \t").decode("latin-1")))
     status_line = lines[0].decode("latin-1")
-    return ResponseHead(status_line, status_line[:8], headers, raw_names, data)
+    status = int(status_line[9:12])
+    return ResponseHead(status_line, status_line[:8], status, headers, raw_names, data)
 
 
 def response_framing(method: str, response: ResponseHead) -> Framing:

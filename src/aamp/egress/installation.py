@@ -105,6 +105,8 @@ class InstallationListeners:
         return self._fixed + self._current_announced()
 
     def serving(self, address: IPAddress, port: int) -> Listener | None:
+        if not self._fixed and self._announced_dir is None:
+            return None  # a proxy outside any installation (tests, tools)
         for listener in self.all():
             if listener.port == port and is_local(address):
                 return listener

@@ -90,20 +90,25 @@ class Meter:
 
     def send_up(self, sink: asyncio.StreamWriter, data: bytes, attempt: Attempt) -> None:
         """Write guest bytes upstream, enforcing the per-sandbox `max_bytes_out` cap."""
-        room = self.room_up(len(data))
-        if room < len(data):
+        n = len(data)
+        cap = self._cap()
+        if cap is not None and self.bytes_up + n > cap:
+            room = max(0, cap - self.bytes_up)
             if room:
                 sink.write(data[:room])
                 self.count(attempt, room, up=True)
             raise CapReached()
         sink.write(data)
-        self.count(attempt, len(data), up=True)
+        attempt.bytes_up += n
+        self.bytes_up += n
 
     def send_down(
         self, sink: asyncio.StreamWriter, data: bytes | memoryview, attempt: Attempt
     ) -> None:
         sink.write(data)
-        self.count(attempt, len(data), up=False)
+        n = len(data)
+        attempt.bytes_down += n
+        self.bytes_down += n
 
     def sender(self, *, up: bool) -> Callable[[asyncio.StreamWriter, bytes, Attempt], None]:
         return self.send_up if up else self.send_down
