@@ -19,6 +19,7 @@ from aamp.api.context import ControlPlane
 from aamp.audit import AuditLog
 from aamp.config import Settings
 from aamp.egress.ca import InstallationCA, ca_dir
+from aamp.egress.installation import InstallationListeners
 from aamp.egress.ledger import AuditEgressSink
 from aamp.egress.resolver import DnsServerResolver, Resolver, SystemResolver
 from aamp.egress.services import VaultSecretReader
@@ -79,6 +80,7 @@ def build_manager(
         resolver=egress_resolver(settings),
         secrets=VaultSecretReader(vault) if vault is not None else None,
         ca=InstallationCA.load_or_create(ca_dir(settings)),
+        listeners=InstallationListeners.of(settings),
     )
     return manager, images
 

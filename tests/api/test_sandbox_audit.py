@@ -101,7 +101,7 @@ async def test_policy_egress_and_services_reach_the_sandbox_and_the_audit_log(re
         assert made.status_code == 201, made.text
         sb = made.json()["id"]
         proxy = cp.manager.get(sb).egress
-        assert [s.name for s in proxy._services] == ["crm"]
+        assert [s.name for s in proxy.services] == ["crm"]
         ran = await admin.post(
             f"/v1/sandboxes/{sb}/exec",
             json={

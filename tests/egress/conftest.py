@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from egress_netns import netns_available, run_in_netns
 
+from aamp.egress.ledger import JsonLinesSink
+
 
 @pytest.fixture
 def sockdir() -> Iterator[Path]:
@@ -15,6 +17,12 @@ def sockdir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="aamp-eg-", dir="/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def sink(sockdir: Path) -> JsonLinesSink:
+    """A real ledger file for the proxy under test (test modules may define their own)."""
+    return JsonLinesSink(sockdir / "ledger.jsonl")
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ import dns.message
 import dns.rcode
 import dns.rdatatype
 import dns.rrset
-from egress_client import read_response
+from egress_client import exchange, read_response
 from egress_upstream import UpstreamServer
 
 from aamp.egress.ledger import JsonLinesSink
@@ -279,24 +279,6 @@ class FlippingDns:
         pass
 
 
-async def _exchange(sock: Path, data: bytes) -> dict:
-    reader, writer = await asyncio.open_unix_connection(str(sock))
-    try:
-        writer.write(data)
-        await writer.drain()
-        async with asyncio.timeout(10):
-            is_connect = data.startswith(b"CONNECT ")
-            response = await read_response(reader, head_only=is_connect)
-            if is_connect and response.status != 200:
-                length = int(response.headers.get("content-length", "0"))
-                response.body = await reader.readexactly(length)
-        return {"status": response.status, "rule": response.rule, "body": response.body.decode()}
-    except (ConnectionError, asyncio.IncompleteReadError) as exc:
-        return {"status": 0, "rule": None, "body": f"connection failed: {exc!r}"}
-    finally:
-        writer.close()
-
-
 async def _slowloris(sock: Path) -> dict:
     reader, writer = await asyncio.open_unix_connection(str(sock))
     try:
@@ -366,7 +348,7 @@ async def run(args: dict) -> dict:
         results[name] = outcome
 
     for name, phase, data, _status, _rule in ATTACKS:
-        await attempt(name, phase, lambda data=data: _exchange(proxy.socket_path, data))
+        await attempt(name, phase, lambda data=data: exchange(proxy.socket_path, data))
     await attempt("slowloris", "block", lambda: _slowloris(proxy.socket_path))
     await attempt("keepalive-recheck", "block", lambda: _keepalive_recheck(proxy.socket_path))
 
@@ -379,14 +361,14 @@ async def run(args: dict) -> dict:
         "port-pinned-rule": ("block", _connect("files.test:8080")),
     }
     for name, (phase, data) in controls.items():
-        await attempt(name, phase, lambda data=data: _exchange(proxy.socket_path, data))
+        await attempt(name, phase, lambda data=data: exchange(proxy.socket_path, data))
 
     # Live rule change: naming the exact IP (even a private one) allows it, for new connections.
     exact = EgressRules.from_lists("block", allow=["1.1.1.1", "10.0.0.5:80"])
     proxy.update_rules(exact)
     before = hits()
-    results["rule-change-exact-ip"] = await _exchange(proxy.socket_path, _get("http://1.1.1.1/"))
-    results["rule-change-exact-private-ip"] = await _exchange(
+    results["rule-change-exact-ip"] = await exchange(proxy.socket_path, _get("http://1.1.1.1/"))
+    results["rule-change-exact-private-ip"] = await exchange(
         proxy.socket_path, _get("http://10.0.0.5/")
     )
     results["rule-change-hits"] = {h: n - before[h] for h, n in hits().items()}
@@ -408,9 +390,9 @@ async def run(args: dict) -> dict:
     )
     async with dns_proxy:
         before = hits()
-        first = await _exchange(dns_proxy.socket_path, _get("http://flip.wild.test/"))
-        second = await _exchange(dns_proxy.socket_path, _get("http://flip.wild.test/"))
-        third = await _exchange(dns_proxy.socket_path, _get("http://nope.wild.test/"))
+        first = await exchange(dns_proxy.socket_path, _get("http://flip.wild.test/"))
+        second = await exchange(dns_proxy.socket_path, _get("http://flip.wild.test/"))
+        third = await exchange(dns_proxy.socket_path, _get("http://nope.wild.test/"))
         dns_hits = {h: n - before[h] for h, n in hits().items()}
     transport.close()
     results["dns"] = {

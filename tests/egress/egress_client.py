@@ -82,3 +82,23 @@ async def connect(
         length = int(response.headers.get("content-length", "0"))
         response.body = await reader.readexactly(length)
     return response, reader, writer
+
+
+async def exchange(sock: Path, data: bytes) -> dict:
+    """Send `data` on a fresh connection; the answer as {status, rule, body} (status 0 if the
+    connection failed), CONNECT answers read head-only."""
+    reader, writer = await asyncio.open_unix_connection(str(sock))
+    try:
+        writer.write(data)
+        await writer.drain()
+        async with asyncio.timeout(10):
+            is_connect = data.startswith(b"CONNECT ")
+            response = await read_response(reader, head_only=is_connect)
+            if is_connect and response.status != 200:
+                length = int(response.headers.get("content-length", "0"))
+                response.body = await reader.readexactly(length)
+        return {"status": response.status, "rule": response.rule, "body": response.body.decode()}
+    except (ConnectionError, asyncio.IncompleteReadError) as exc:
+        return {"status": 0, "rule": None, "body": f"connection failed: {exc!r}"}
+    finally:
+        writer.close()

@@ -344,3 +344,48 @@ async def ws_read_frame(reader: asyncio.StreamReader) -> str:
     if key:
         data = bytes(b ^ key[i % 4] for i, b in enumerate(data))
     return data.decode()
+
+
+class RecordingUpstream:
+    """A TCP server that keeps every byte each connection sent it, to prove what reached an
+    upstream (or that nothing did). It answers `200 ok` when what a connection sent so far
+    ends with `answer_after` (if given), and otherwise only listens. `received[i]` is the
+    i-th connection's bytes; `ended[i]` whether that connection was closed by the proxy."""
+
+    def __init__(self, host: str, port: int = 0, *, answer_after: bytes | None = None):
+        self.host = host
+        self.port = port
+        self.answer_after = answer_after
+        self.received: list[bytearray] = []
+        self.ended: list[bool] = []
+        self._server: asyncio.base_events.Server | None = None
+
+    async def __aenter__(self) -> RecordingUpstream:
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    @property
+    def everything(self) -> bytes:
+        return b"".join(self.received)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        index = len(self.received)
+        self.received.append(bytearray())
+        self.ended.append(False)
+        try:
+            while data := await reader.read(65536):
+                self.received[index] += data
+                if self.answer_after and self.received[index].endswith(self.answer_after):
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    await writer.drain()
+            self.ended[index] = True
+        except (ConnectionError, asyncio.CancelledError):
+            self.ended[index] = True
+        finally:
+            writer.close()

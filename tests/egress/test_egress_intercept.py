@@ -24,6 +24,7 @@ from sqlalchemy import text
 
 from aamp.audit import AuditLog
 from aamp.config import Settings
+from aamp.egress.approvals import Answer
 from aamp.egress.ca import InstallationCA
 from aamp.egress.intercept import upstream_tls_context
 from aamp.egress.ledger import JsonLinesSink
@@ -492,3 +493,61 @@ async def test_no_form_of_any_secret_reaches_the_guest(
     for name in forms:  # the body is all there, each form scrubbed in place
         assert f"\n{name}=[".encode() in response.body
     assert response.body.startswith(b"lorem ipsum "[: min(pad, 12)])
+
+
+async def test_a_granted_service_is_reachable_without_an_egress_rule_for_its_host(
+    sockdir, sink, vault, ca, upstream_tls, service_upstream
+):
+    """Granted and listed is enough: the service's origin needs no `egress.allow` entry, and
+    the grant opens that origin only, through the credential-injecting path. The same host
+    on another port is an ordinary destination, governed by the rules (here: refused); a
+    `default: ask` policy does not ask for the service."""
+    port = service_upstream.port
+    asked = []
+
+    async def approver(host, port):
+        asked.append((host, port))
+        return Answer("denied", by="user:alice")
+
+    async with EgressProxy(
+        SANDBOX,
+        sockdir / "g.sock",
+        EgressRules.from_lists("ask"),  # svc.test is in no rule
+        StaticResolver(NAMES),
+        sink,
+        services=services_for(port),
+        secrets=VaultSecretReader(vault),
+        ca=ca,
+        upstream_tls=upstream_tls_context(upstream_tls[1]),
+    ) as proxy:
+        proxy.approvals.approver = approver
+        reader, writer = await tunnel(proxy, ca, "svc.test", port)
+        try:
+            inside = await request(reader, writer, "/whoami", f"svc.test:{port}")
+        finally:
+            writer.close()
+        plain = await get(proxy.socket_path, f"http://svc.test:{port}/whoami")
+        other, _r, w = await connect(proxy.socket_path, "svc.test:443")
+        w.close()
+        other_plain = await get(proxy.socket_path, "http://svc.test:8080/")
+        events = await wait_events(proxy, sink, 5)
+    assert inside.status == 200 and plain.status == 200
+    assert [v for s in service_upstream.seen for k, v in s if k == "authorization"] == [
+        f"Bearer {TOKEN}"
+    ] * 2
+    denied = "default: ask, denied by user:alice"
+    assert (other.status, other.rule) == (403, denied)
+    assert (other_plain.status, other_plain.rule) == (403, denied)
+    assert asked == [("svc.test", 443), ("svc.test", 8080)]  # never the service's origin
+    assert [(e.kind, e.decision, e.rule, e.service) for e in events] == [
+        ("connect", "allowed", "service: crm-api", "crm-api"),
+        ("service", "allowed", "service: crm-api", "crm-api"),
+        ("http", "allowed", "service: crm-api", "crm-api"),
+        ("connect", "refused", denied, None),
+        ("http", "refused", denied, None),
+    ]
+    assert (
+        events[1].reason
+        == f"svc.test:{port} is the upstream of service crm-api, granted to this sandbox"
+    )
+    assert_clean(inside.body + plain.body)

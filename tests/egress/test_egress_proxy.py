@@ -328,3 +328,22 @@ async def test_200_concurrent_connections_lose_no_event_and_leak_no_fd(
     assert sum(1 for e in recorded if e.decision == "refused") == 100
     for proxy in proxies:
         await proxy.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "rule"),
+    [
+        ("http://localhost/", "default: block"),
+        ("http://app.localhost:8080/", "default: block"),
+        ("http://127.0.0.1:9/", "ip-literal"),
+        ("http://[::1]/", "ip-literal"),
+    ],
+)
+async def test_a_refused_loopback_request_says_loopback_is_the_sandbox(proxy, sink, url, rule):
+    """A guest program that sends localhost through the proxy anyway (its NO_PROXY sends it
+    to the guest's own loopback) is told why no rule could ever let it through."""
+    response = await get(proxy.socket_path, url)
+    assert (response.status, response.rule) == (403, rule)
+    assert b"loopback always means the sandbox itself" in response.body
+    [event] = await events(proxy, sink)
+    assert event.rule == rule and "the sandbox itself" in event.reason

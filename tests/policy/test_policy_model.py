@@ -142,3 +142,35 @@ def test_outbound_approval_is_never_always_or_above_a_size(written, over, asks_a
 
 def test_egress_default_may_be_ask() -> None:
     assert parse_policy("name: p\negress: {default: ask}\n").egress.default == "ask"
+
+
+@pytest.mark.parametrize(
+    ("rule", "what"),
+    [
+        ("localhost", "localhost is a loopback name"),
+        ("LocalHost.:8080", "localhost:8080 is a loopback name"),
+        ("*.localhost", "*.localhost is a loopback name"),
+        ("app.localhost:3000", "app.localhost:3000 is a loopback name"),
+        ("127.0.0.1", "127.0.0.1 is a loopback address"),
+        ("127.5.6.7:80", "127.5.6.7 is a loopback address"),
+        ("[::1]", "::1 is a loopback address"),
+        ("[::ffff:127.0.0.1]:8700", "carries 127.0.0.1"),
+        ("0.0.0.0", "0.0.0.0 is an unspecified address"),
+        ("[::]:8700", ":: is an unspecified address"),
+    ],
+)
+@pytest.mark.parametrize("where", ["allow", "deny"])
+def test_a_rule_naming_loopback_is_refused_saying_what_to_write_instead(rule, what, where):
+    """Loopback always means the sandbox itself (the guest's NO_PROXY sends localhost and
+    127.0.0.1 to its own loopback), so no rule can point it at the host."""
+    with pytest.raises(PolicyError) as info:
+        parse_policy(f"name: p\negress: {{{where}: ['a.test', '{rule}']}}\n")
+    [(path, message)] = info.value.problems
+    assert path == f"egress.{where}[1]"
+    assert what in message
+    assert "the sandbox itself" in message and "DNS name that resolves to it" in message
+
+
+def test_a_dns_name_for_a_host_on_the_network_is_the_way_instead():
+    policy = parse_policy("name: p\negress: {allow: ['llm.internal:8080', 'localhost.example']}\n")
+    assert policy.egress.allow == ("llm.internal:8080", "localhost.example")

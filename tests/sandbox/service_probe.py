@@ -88,14 +88,38 @@ class Echo(http.server.BaseHTTPRequestHandler):
         pass
 
 
+def serve_echo(address: str, port: int, tls: ssl.SSLContext | None = None) -> None:
+    """An `Echo` server on (address, port), over TLS if `tls` is given, in a thread."""
+    server = http.server.ThreadingHTTPServer((address, port), Echo)
+    if tls is not None:
+        server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+
 def start_upstreams(cert: Path, key: Path) -> None:
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     tls.load_cert_chain(cert, key)
     for address in HOSTS.values():
-        server = http.server.ThreadingHTTPServer((address, 443), Echo)
-        server.socket = tls.wrap_socket(server.socket, server_side=True)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        serve_echo(address, 443, tls)
+
+
+def service_manager(
+    settings: Settings, vault: Vault, ca_dir: Path, test_ca: Path, hosts: dict[str, str], **extra
+) -> SandboxManager:
+    """A gVisor sandbox manager whose proxies resolve `hosts` statically, read service
+    credentials from `vault`, intercept with the CA in `ca_dir` and trust `test_ca` upstream."""
+    return SandboxManager(
+        settings,
+        ImageStore(settings),
+        {"gvisor": GVisorDriver(settings.runtime_dir)},
+        "gvisor",
+        resolver=StaticResolver({h: [a] for h, a in hosts.items()}),
+        secrets=VaultSecretReader(vault),
+        ca=InstallationCA.load_or_create(ca_dir),
+        upstream_tls=upstream_tls_context(test_ca),
+        **extra,
+    )
 
 
 async def probe(settings: Settings, ca_dir: Path, test_ca: Path, value: str) -> dict[str, object]:
@@ -104,16 +128,7 @@ async def probe(settings: Settings, ca_dir: Path, test_ca: Path, value: str) -> 
     async with AuditLog.open(settings, store) as audit:
         vault = Vault.open(settings, store, audit)
         await vault.put("crm_token", value, actor="user:admin")
-        manager = SandboxManager(
-            settings,
-            ImageStore(settings),
-            {"gvisor": GVisorDriver(settings.runtime_dir)},
-            "gvisor",
-            resolver=StaticResolver({h: [a] for h, a in HOSTS.items()}),
-            secrets=VaultSecretReader(vault),
-            ca=InstallationCA.load_or_create(ca_dir),
-            upstream_tls=upstream_tls_context(test_ca),
-        )
+        manager = service_manager(settings, vault, ca_dir, test_ca, HOSTS)
         await manager.start()
         try:
             crm = Service("crm", "https://a.test", Bearer("crm_token"))

@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 
 PROBE = Path(__file__).with_name("egress_probe.py")
+REACH_PROBE = Path(__file__).with_name("reach_probe.py")
 
 
-def run_probe(settings, image: str) -> dict:
+def run_probe(settings, *args: str, probe: Path = PROBE) -> dict:
+    """Run a probe script under `unshare -n` with this installation's settings; its JSON."""
     if shutil.which("unshare") is None:
         pytest.skip("unshare (util-linux) is not installed")
     env = {
@@ -29,7 +31,7 @@ def run_probe(settings, image: str) -> dict:
         "AAMP_IMAGE_DIR": str(settings.image_dir),
     }
     done = subprocess.run(
-        ["unshare", "-n", sys.executable, str(PROBE), json.dumps(env), image],
+        ["unshare", "-n", sys.executable, str(probe), json.dumps(env), *args],
         capture_output=True,
         text=True,
         timeout=600,
@@ -79,3 +81,40 @@ def test_chromium_egress_follows_the_policy(settings):
     check_common(report)
     lines = report["chromium"].splitlines()
     assert lines[:2] == ["hello from a.test", "403"], report["chromium"]
+
+
+def test_a_guest_reaches_neither_the_installation_nor_its_own_localhost_through_the_proxy(
+    settings, shared_ca_dir, base_image
+):
+    """A portless rule for a name of this host opens its other ports but never the port the
+    installation's API listens on (taken from the settings by the manager); `localhost` in
+    the guest is the guest itself; a granted service works without its host in egress.allow,
+    and that host on another port stays governed by the rules."""
+    report = run_probe(settings, str(shared_ca_dir), probe=REACH_PROBE)
+    rows = dict(line.split(": ", 1) for line in report["guest"].strip().splitlines())
+    out = {name: row.rsplit(" exit=", 1) for name, row in rows.items()}
+    status, headers = out["api"][0].split(":", 1)
+    assert status == "403", rows
+    assert json.loads(headers)["x-aamp-egress-rule"] == ["installation: own listener"]
+    assert out["api-connect"][1] == "56" and "response 403" in out["api-connect"][0], rows
+    assert json.loads(out["other"][0]) == {"you_sent": None, "leak": None}
+    assert out["localhost"][1] == "7", rows  # nothing listens on the guest's own loopback
+    assert json.loads(out["service"][0])["you_sent"].startswith("Bearer ")  # scrubbed
+    status, headers = out["service-host-other-port"][0].split(":", 1)
+    assert (status, json.loads(headers)["x-aamp-egress-rule"]) == ("403", ["default: block"])
+    # The API saw nothing; the others exactly what was allowed.
+    assert report["seen"] == ["a.test", "cp.test:8712"]
+    refused = sorted(
+        (e["host"], e["port"], e["rule"]) for e in report["ledger"] if e["decision"] == "refused"
+    )
+    assert refused == [
+        ("a.test", 80, "default: block"),
+        ("cp.test", 8711, "installation: own listener"),
+        ("cp.test", 8711, "installation: own listener"),
+    ]
+    allowed = sorted((e["host"], e["rule"]) for e in report["ledger"] if e["decision"] == "allowed")
+    assert allowed == [
+        ("a.test", "service: crm"),  # the interception
+        ("a.test", "service: crm"),  # the call inside it
+        ("cp.test", "allow[0] cp.test"),
+    ]

