@@ -426,6 +426,11 @@ def router() -> APIRouter:
                 if held is not None:
                     yield held
                 held = chunk
+                # Once the client is gone, uvicorn drops what is sent without waiting, and a
+                # guest read that finds its buffer full does not wait either: without this the
+                # loop could read the whole file before the disconnect is noticed, and record
+                # an abandoned download as complete.
+                await anyio.sleep(0)
             complete = True
             await finish()  # the record is durable before the last chunk leaves
             if held is not None:
