@@ -9,42 +9,20 @@ from __future__ import annotations
 
 import base64
 import json
-import os
-import secrets
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from install_layout import shared_image_dir  # tests/install_layout.py
+from netns_probe_run import run_probe  # tests/netns_probe_run.py
 from run_helpers import parse_sse
 
 PROBE = Path(__file__).with_name("e2e_probe.py")
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _probe(tmp_path: Path, mode: str) -> dict:
-    if shutil.which("unshare") is None:
-        pytest.skip("unshare (util-linux) is not installed")
-    runtime = f"/run/aamp-t{secrets.token_hex(4)}"
-    env = {
-        "AAMP_HOME": str(tmp_path / "home"),
-        "AAMP_RUNTIME_DIR": runtime,
-        "AAMP_IMAGE_DIR": str(shared_image_dir()),
-        "AAMP_ADMIN_PASSWORD": "admin-password-for-tests",
-    }
-    try:
-        done = subprocess.run(
-            ["unshare", "-n", sys.executable, str(PROBE), json.dumps(env), mode],
-            capture_output=True,
-            timeout=500,
-            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
-        )
-    finally:
-        shutil.rmtree(runtime, ignore_errors=True)
-    assert done.returncode == 0, done.stderr.decode()[-4000:]
-    return json.loads(done.stdout.decode().strip().splitlines()[-1])
+    home = tmp_path / "home"
+    return run_probe(
+        PROBE, home, [mode], timeout=500, AAMP_ADMIN_PASSWORD="admin-password-for-tests"
+    )
 
 
 def test_end_to_end_run_with_input_python_egress_and_artifact(tmp_path: Path, base_image) -> None:
@@ -81,10 +59,17 @@ def test_end_to_end_browser_fills_a_form_and_sees_a_blocked_host(
     assert "Thanks: amount=42" in messages[2]
     assert "screenshot taken" in messages[3]
     assert "http status: 403" in messages[4] or "error" in messages[4]
+    assert "refused by the egress policy: http://blocked.test/" in messages[4]
+    assert "downloaded /workspace/downloads/export.csv (18 bytes, text/csv)" in messages[5]
     assert report["upstream_posts"] == ["amount=42"]
     events = parse_sse(report["events_text"])
     shots = [e["data"] for e in events if e["event"] == "screenshot"]
     assert len(shots) == 1 and base64.b64decode(shots[0]["png_b64"]).startswith(b"\x89PNG")
+    # The agent's model takes images: the screenshot was shown to it, once, from then on.
+    assert [len(shown) for shown in report["images_shown"]] == [0, 0, 0, 0, 1, 1, 1]
+    assert report["images_shown"][4][0].startswith("data:image/png;base64,")
+    # The download became an artifact, as the policy's data.outbound allows csv.
+    assert report["artifact_files"] == {"downloads/export.csv": "claim,amount\n1,42\n"}
     assert report["sandboxes_after"] == [] and report["runtime_after"] == []
 
 

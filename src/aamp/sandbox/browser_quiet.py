@@ -13,6 +13,10 @@ started in the guest, whoever starts it (the browser tool, or the agent's own sh
   Debian's Google API keys from the environment and adds the switches for what has no policy.
 
 Both are part of the image recipe, so of its content hash: changing them builds a new image.
+One thing neither can do: chromium fetches a spell-check dictionary on the first keystroke in
+a text field even with spell checking off by policy; only a profile preference stops it, so
+the browser tool's driver starts chromium on a fresh profile that has none
+(`aamp.guest.browser_session.PROFILE_PREFERENCES`).
 """
 
 from __future__ import annotations
