@@ -159,7 +159,9 @@ class BrowserSession(Actions):
         proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
         if proxy:
             argv.append(f"--proxy-server={proxy}")
-        argv.append("about:blank")
+        # No first tab: Playwright attaches much faster to a browser with no page (measured in
+        # gVisor: 0.4 s against 1.3 s), and then opens one itself.
+        argv.append("--no-startup-window")
         with open(log_path, "ab") as log:
             self.chromium = subprocess.Popen(
                 argv,
@@ -178,9 +180,6 @@ class BrowserSession(Actions):
         )
         browser.on("disconnected", lambda _b: self._lost("chromium exited"))
         self.context = browser.contexts[0]
-        self.context.on("page", self._on_new_page)
-        for page in self.context.pages:
-            self._add_tab(page)
         # Playwright announces a new tab only once it has set it up (a second or more in
         # gVisor); chromium's own target event comes at once, so an action that opened a tab
         # can wait for it and report it in its own answer.
@@ -188,9 +187,12 @@ class BrowserSession(Actions):
         targets.on("Target.targetCreated", self._on_target_created)
         targets.on("Target.targetDestroyed", self._on_target_destroyed)
         await targets.send("Target.setDiscoverTargets", {"discover": True})
+        if not self.context.pages:
+            await self.context.new_page()
+        for page in self.context.pages:
+            self._add_tab(page)
         self.announced_targets = len(self.tabs)
-        if not self.tabs:
-            self._add_tab(await self.context.new_page())
+        self.context.on("page", self._on_new_page)  # from now on, pages the pages open
         self.current = next(iter(self.tabs.values()))
 
     async def _devtools_endpoint(self, log_path: str) -> str:
