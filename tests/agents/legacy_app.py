@@ -6,7 +6,8 @@ What it has, the way old intranet apps have it: a login form with a session cook
 table with a search box that submits on Enter; a detail form with every field type (text,
 number, date, e-mail, drop-down, multi-select, text area, checkboxes, radio buttons, a file
 field, a hidden field) posted as multipart; a Delete button guarded by `confirm()`; a customer
-field that suggests as you type (key by key); a menu that appears on hover; a report that opens
+field that suggests as you type (key by key); a menu that appears on hover; a note asked for
+with `prompt()`; a report that opens
 in a new tab and pulls a tracker image and a script from hosts outside any policy; a CSV export
 (Content-Disposition: attachment); a frameset; a page with an iframe holding a form; a board
 rendered by JavaScript after a delay; a long list that loads more rows when scrolled to its end.
@@ -113,7 +114,9 @@ INVOICES_PAGE = """<h1>Invoices</h1><p>Signed in as {user}. Session mark {token}
  · <a href="/board">Status board</a> · <a href="/long">All items</a></p>
 <style>#menu .items {{ display: none; }} #menu:hover .items {{ display: block; }}</style>
 <div id="menu"><span>Bulk actions</span>
-  <div class="items"><a href="/archive?status=paid">Archive paid invoices</a></div></div>"""
+  <div class="items"><a href="/archive?status=paid">Archive paid invoices</a></div></div>
+<p><button id="note" onclick="const n = prompt('Note for this list?', 'none');
+  if (n !== null) fetch('/api/note?text=' + encodeURIComponent(n));">Add note</button></p>"""
 
 BOARD = """<h1>Status board</h1><div id="board">Loading…</div>
 <script>
@@ -412,6 +415,7 @@ _STATIC = {
     ("POST", "/inbox/reply"): _static("Sent", "<p>Reply sent</p>"),
     ("GET", "/board"): _static("Status board", BOARD),
     ("GET", "/api/board"): _static("", json.dumps({"waiting": 3}), "application/json"),
+    ("GET", "/api/note"): _static("", "noted", "text/plain"),
     ("POST", "/api/approve"): _static("", "3 invoices approved", "text/plain"),
     ("GET", "/api/more"): _static(
         "", json.dumps([f"Item {n}" for n in range(61, 71)]), "application/json"

@@ -104,6 +104,11 @@ STEPS: list[dict[str, Any]] = [
     {"action": "open", "url": f"{APP}/board"},
     {"action": "wait_for", "text": "invoices waiting for approval", "timeout": 10},
     {"action": "wait_for", "text": "Loading…", "state": "hidden", "timeout": 10},
+    # 62-63: prompt(): answered with text by this call, then cancelled
+    {"action": "open", "url": f"{APP}/invoices"},
+    {"action": "click", "role": "button", "name": "Add note", "dialog": "accept",
+     "prompt_text": "call back Monday"},
+    {"action": "click", "role": "button", "name": "Add note", "dialog": "dismiss"},
 ]  # fmt: skip
 
 
@@ -160,6 +165,21 @@ def test_typing_sends_each_key(session) -> None:
     typed = [r["query"]["q"][0] for r in session["received"] if r["path"] == "/api/suggest"]
     assert typed == ["A", "Ac", "Acm"]
     assert "Acme Corp" in _step(session, 21)["text"]  # the suggestions it rendered
+
+
+def test_a_prompt_gets_the_text_the_call_gave(session) -> None:
+    notes = [r["query"] for r in session["received"] if r["path"] == "/api/note"]
+    assert notes == [{"text": ["call back Monday"]}]  # the dismissed one sent nothing
+    answered = _step(session, 63)["text"]
+    assert "dialog (prompt) on tab t1: 'Note for this list?'" in answered
+    assert "accepted with 'call back Monday' (this call)" in answered
+
+
+def test_back_loads_the_earlier_page_again(session) -> None:
+    back = _step(session, 23)
+    assert back["ok"] and "tab t1: http://legacy.test/invoice?id=7" in back["text"]
+    views = [r for r in session["received"] if r["path"] == "/invoice" and r["method"] == "GET"]
+    assert len(views) == 2  # no-store: the browser asked the app again
 
 
 def test_confirm_is_dismissed_or_put_to_the_model(session) -> None:
