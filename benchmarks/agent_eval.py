@@ -6,6 +6,7 @@ benchmarks/results/agent_eval.json.
     python benchmarks/agent_eval.py --base-url http://127.0.0.1:8080/v1 --model qwen2.5-1.5b
     python benchmarks/agent_eval.py ... --tasks csv_sum,fetch_fact --api-key-env LLM_KEY
     python benchmarks/agent_eval.py --scripted-overhead 40   # overhead only, see below
+    python benchmarks/agent_eval.py --scripted-browser       # the browser tasks, scripted
 
 The control plane runs in this process (real store, audit log, gVisor sandboxes from the
 built images; needs root and runsc). A local web app on 127.0.0.1 plays the back-office
@@ -13,6 +14,15 @@ systems, reachable from sandboxes as `app.eval` (a policy rule names it; the egr
 resolves it to loopback); `blocked.example` is refused by `default: block` before any name is
 resolved, so nothing leaves the machine except the model calls to the endpoint you configure.
 Tasks whose image (docs, browser) is not built are reported as skipped.
+
+The `legacy_*` tasks operate a legacy-style back-office app with the browser tool
+(tests/agents/legacy_app.py, served on 127.0.0.1 as `legacy.eval`): log in, search, edit an
+invoice form with every field type and an upload, delete behind a `confirm()`, export a CSV,
+work inside a frameset, wait for a JavaScript-rendered board, read a report that opens in a
+new tab. Each is judged by what the app's server received (and the run's artifacts), never by
+the model's answer alone. `--scripted-browser` runs them with the scripted model double
+playing each task's own script (roles, names and refs read from the snapshots), which checks
+the tool end to end without a model.
 
 `--scripted-overhead N` measures only the control plane: the scripted test double from
 tests/agents replays N cheap tool calls, so model time is ~0 and the figure is the overhead
@@ -68,6 +78,7 @@ from aamp.store.timestamps import parse_time
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results" / "agent_eval.json"
+LEGACY_EXPORT = ""  # the legacy app's CSV export, set once the app is imported
 SALES = b"region,amount\nnorth,120\nsouth,80\neast,42\nwest,58\n"  # sum 300, mean 75
 
 
@@ -127,6 +138,8 @@ class Task:
     tools: tuple[str, ...] = ("shell", "python", "files")
     inputs: dict[str, bytes] = field(default_factory=dict)
     out_types: tuple[str, ...] = ("txt", "csv", "json", "xlsx")
+    # For --scripted-browser: the turns the scripted model double plays for this task.
+    script: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _art(o: Outcome, name: str) -> str:
@@ -145,7 +158,8 @@ def _xlsx_has(data: bytes, needle: str) -> bool:
         return False
 
 
-def tasks() -> list[Task]:
+def tasks(app: str) -> list[Task]:
+    """The tasks; `app` is the base URL of the local web app (WebApp)."""
     sales = {"sales.csv": SALES}
     return [
         Task(
@@ -203,13 +217,13 @@ def tasks() -> list[Task]:
         ),
         Task(
             "fetch_fact",
-            "Fetch http://app.eval/article (Python urllib; the proxy is configured) and answer: "
+            f"Fetch {app}/article (Python urllib; the proxy is configured) and answer: "
             "how many parcels did the Lyon warehouse ship in March?",
             lambda o: "4812" in o.answer.replace(",", "").replace(" ", ""),
         ),
         Task(
             "fetch_convert",
-            "Get the EUR→USD rate from http://app.eval/api/rate (JSON) and convert the sum of "
+            f"Get the EUR→USD rate from {app}/api/rate (JSON) and convert the sum of "
             "amounts in /workspace/in/sales.csv; write only the USD number to "
             "/workspace/out/usd.txt.",
             lambda o: _art(o, "usd.txt") in ("330", "330.0", "330.00"),
@@ -217,7 +231,7 @@ def tasks() -> list[Task]:
         ),
         Task(
             "form_fill",
-            "With the browser, open http://app.eval/form, fill Amount with 42 and Reason with "
+            f"With the browser, open {app}/form, fill Amount with 42 and Reason with "
             "taxi, and submit the claim.",
             lambda o: any("amount=42" in p and "taxi" in p for p in WebApp.posts),
             image="browser",
@@ -227,6 +241,152 @@ def tasks() -> list[Task]:
             "blocked_refusal",
             "Fetch https://blocked.example/secret. If you cannot, say so and stop.",
             lambda o: any(w in o.answer.lower() for w in ("block", "cannot", "can't", "unable")),
+        ),
+    ]
+
+
+def _browse(answer: str, *calls: dict[str, Any]) -> list[dict[str, Any]]:
+    """Scripted turns: one browser call each, then the final `answer`."""
+    turns: list[dict[str, Any]] = [
+        {"tool_calls": [{"name": "browser", "arguments": c}]} for c in calls
+    ]
+    return [*turns, {"content": answer}]
+
+
+def _ref(role: str, name: str) -> dict[str, list[str]]:
+    return {"$ref": [role, name]}  # filled from the latest snapshot by the scripted double
+
+
+def legacy_tasks(base: str, app: Any) -> list[Task]:
+    """Browser tasks on the legacy app at `base`; `app` is its LegacyAppForTests."""
+    login = (
+        {"action": "open", "url": f"{base}/login"},
+        {"action": "fill", "ref": _ref("textbox", "User name"), "value": "clerk"},
+        {"action": "fill", "ref": _ref("textbox", "Password"), "value": "s3cret"},
+        {"action": "click", "ref": _ref("button", "Log in")},
+    )
+    creds = f"Log in at {base}/login as user clerk with password s3cret. "
+
+    def posted(path: str) -> list[dict[str, list[str]]]:
+        return app.posted(path)
+
+    def got(path: str) -> list[dict[str, Any]]:
+        return app.requests_to(path, "GET")
+
+    browser = {"image": "browser", "tools": ("browser",)}
+    return [
+        Task(
+            "legacy_search",
+            creds + "Search the invoices for Globex and answer with the amount of its invoice.",
+            lambda o: (
+                {"user": ["clerk"], "password": ["s3cret"]} in posted("/login")
+                and any(r["query"].get("q", [""])[0].lower() == "globex" for r in got("/invoices"))
+                and "80.00" in o.answer
+            ),
+            script=_browse(
+                "The Globex invoice is 80.00.",
+                *login,
+                {"action": "fill", "role": "textbox", "name": "Search", "value": "Globex"},
+                {"action": "press", "key": "Enter"},
+                {"action": "read", "format": "rows"},
+            ),
+            **browser,
+        ),
+        Task(
+            "legacy_invoice_update",
+            creds + "Open invoice 7. Set Status to Paid, tag it Urgent, tick Approved, set "
+            "priority High, attach /workspace/in/receipt.txt, and save.",
+            lambda o: (
+                any(
+                    f.get("status") == ["paid"]
+                    and f.get("tags") == ["urgent"]
+                    and f.get("approved") == ["yes"]
+                    and f.get("priority") == ["high"]
+                    for f in posted("/invoice/7")
+                )
+                and any(
+                    r["files"].get("attachment", [""])[0] == "receipt.txt"
+                    for r in app.requests_to("/invoice/7", "POST")
+                )
+            ),
+            inputs={"receipt.txt": b"receipt 7\n"},
+            script=_browse(
+                "Invoice 7 saved.",
+                *login,
+                {"action": "click", "role": "link", "name": "7"},
+                {"action": "select", "ref": _ref("combobox", "Status"), "options": ["Paid"]},
+                {"action": "select", "ref": _ref("listbox", "Tags"), "options": ["Urgent"]},
+                {"action": "check", "ref": _ref("checkbox", "Approved")},
+                {"action": "check", "ref": _ref("radio", "High")},
+                {"action": "upload", "selector": "#attachment", "files": ["in/receipt.txt"]},
+                {"action": "click", "ref": _ref("button", "Save")},
+            ),
+            **browser,
+        ),
+        Task(
+            "legacy_delete_confirm",
+            creds + "Delete invoice 9 (confirm the deletion when asked).",
+            lambda o: len(posted("/invoice/9/delete")) == 1,
+            script=_browse(
+                "Invoice 9 deleted.",
+                *login,
+                {"action": "click", "role": "link", "name": "9"},
+                {"action": "click", "ref": _ref("button", "Delete invoice")},
+                {"action": "dialog", "accept": True},
+            ),
+            **browser,
+        ),
+        Task(
+            "legacy_export",
+            creds + "Download the invoices' CSV export.",
+            lambda o: (
+                bool(got("/export.csv"))
+                and o.artifacts.get("downloads/invoices.csv", b"").decode() == LEGACY_EXPORT
+            ),
+            script=_browse(
+                "Downloaded invoices.csv.",
+                *login,
+                {"action": "download", "ref": _ref("link", "Export CSV")},
+            ),
+            **browser,
+        ),
+        Task(
+            "legacy_frames",
+            creds + "Open the account frames, confirm the balance, and answer with it.",
+            lambda o: len(posted("/frames/confirm")) == 1 and "1234.56" in o.answer,
+            script=_browse(
+                "The balance is 1234.56 EUR; confirmed.",
+                *login,
+                {"action": "click", "ref": _ref("link", "Account frames")},
+                {"action": "read"},
+                {"action": "click", "ref": _ref("button", "Confirm balance")},
+            ),
+            **browser,
+        ),
+        Task(
+            "legacy_board",
+            creds + "On the status board, approve all waiting invoices.",
+            lambda o: len(posted("/api/approve")) == 1,
+            script=_browse(
+                "Approved all.",
+                *login,
+                {"action": "click", "ref": _ref("link", "Status board")},
+                {"action": "wait_for", "role": "button", "name": "Approve all", "timeout": 10},
+                {"action": "click", "ref": _ref("button", "Approve all")},
+                {"action": "wait_for", "text": "approved"},
+            ),
+            **browser,
+        ),
+        Task(
+            "legacy_report_tab",
+            creds + "Open the quarterly report and answer with the total invoiced.",
+            lambda o: bool(got("/report")) and "300" in o.answer,
+            script=_browse(
+                "The quarter's total is 300.00.",
+                *login,
+                {"action": "click", "ref": _ref("link", "Quarterly report")},
+            ),
+            **browser,
         ),
     ]
 
@@ -251,7 +411,7 @@ async def define_agent(
     policy = {
         "name": f"eval-{n}",
         "image": task.image,
-        "egress": {"default": "block", "allow": ["app.eval"]},
+        "egress": {"default": "block", "allow": ["app.eval", "legacy.eval"]},
         "data": {
             "inbound": {"max_bytes": "10MB", "types": ["csv", "txt", "json"]},
             "outbound": {"max_bytes": "10MB", "types": list(task.out_types)},
@@ -402,6 +562,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("the eval runs real gVisor sandboxes: it needs root and runsc")
     web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), WebApp)
     threading.Thread(target=web.serve_forever, daemon=True).start()
+    sys.path.insert(0, str(REPO / "tests" / "agents"))
+    from legacy_app import EXPORT_CSV, LegacyAppForTests  # the legacy-style app
+
+    global LEGACY_EXPORT
+    LEGACY_EXPORT = EXPORT_CSV
+    legacy = LegacyAppForTests("127.0.0.1").__enter__()
     home = Path(tempfile.mkdtemp(prefix="aamp-eval-"))
     images = os.environ.get("AAMP_IMAGE_DIR") or str(REPO / ".aamp" / "images")
     settings = Settings.from_env(
@@ -413,17 +579,19 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         }
     )
     cp, _ = build_control_plane(settings, {"gvisor": GVisorDriver(settings.runtime_dir)})
-    cp.manager.resolver = StaticResolver({"app.eval": ["127.0.0.1"]})
+    cp.manager.resolver = StaticResolver({"app.eval": ["127.0.0.1"], "legacy.eval": ["127.0.0.1"]})
     built = {img.name for img in cp.images.list()}
     app = create_app(cp)
     token = settings.cli_token_path.read_text().strip()
-    chosen = tasks()
+    browsing = legacy_tasks(f"http://legacy.eval:{legacy.port}", legacy)
+    chosen = tasks(f"http://app.eval:{web.server_address[1]}") + browsing
     base_url, model = args.base_url, args.model
     scripted = None
-    if args.scripted_overhead:
-        sys.path.insert(0, str(REPO / "tests" / "agents"))
-        from scripted_model import ScriptedModelServerForTests  # the test double
+    from scripted_model import ScriptedModelServerForTests  # the test double
 
+    if args.scripted_browser:
+        chosen = [t for t in browsing if not args.tasks or t.name in args.tasks.split(",")]
+    elif args.scripted_overhead:
         turns = [{"tool_calls": [{"name": "shell", "arguments": {"command": "true"}}]}] * (
             args.scripted_overhead
         ) + [{"content": "done"}]
@@ -455,9 +623,16 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                             {"task": task.name, "skipped": f"image {task.image} not built"}
                         )
                         continue
-                    steps = args.scripted_overhead + 1 if scripted else 12
-                    agent = await define_agent(c, task, base_url, model, secret, n, steps)
-                    results.append(await run_task(c, task, agent))
+                    steps = args.scripted_overhead + 1 if scripted else 16
+                    if args.scripted_browser:
+                        with ScriptedModelServerForTests(task.script) as double:
+                            agent = await define_agent(
+                                c, task, double.base_url, "scripted", None, n, steps
+                            )
+                            results.append(await run_task(c, task, agent))
+                    else:
+                        agent = await define_agent(c, task, base_url, model, secret, n, steps)
+                        results.append(await run_task(c, task, agent))
                     print(_row(results[-1]), flush=True)
                 if scripted is not None and args.sse_runs > 0:
                     # The script is used up: each of these runs answers at once and ends.
@@ -470,12 +645,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             scripted.__exit__(None, None, None)
         cp.store.close()
         web.shutdown()
+        legacy.__exit__(None, None, None)
         shutil.rmtree(settings.runtime_dir, ignore_errors=True)
         shutil.rmtree(home, ignore_errors=True)
     ran = [r for r in results if "skipped" not in r]
     overheads = sorted(x for r in ran for x in r["overhead_ms"])
     summary = {
-        "endpoint": base_url if not scripted else "scripted test double",
+        "endpoint": base_url if not (scripted or args.scripted_browser) else "scripted test double",
         "model": model,
         "tasks": len(ran),
         "succeeded": sum(r["success"] for r in ran),
@@ -519,6 +695,11 @@ def main() -> None:
     p.add_argument("--tasks", help="comma-separated task names (default: all)")
     p.add_argument("--scripted-overhead", type=int, metavar="N", default=0)
     p.add_argument(
+        "--scripted-browser",
+        action="store_true",
+        help="the legacy_* browser tasks, each played by the scripted model double",
+    )
+    p.add_argument(
         "--sse-runs",
         type=int,
         default=10,
@@ -527,8 +708,8 @@ def main() -> None:
     )
     p.add_argument("--json", type=Path, default=RESULTS)
     args = p.parse_args()
-    if not args.base_url and not args.scripted_overhead:
-        p.error("--base-url is required (or --scripted-overhead N)")
+    if not args.base_url and not args.scripted_overhead and not args.scripted_browser:
+        p.error("--base-url is required (or --scripted-overhead N, or --scripted-browser)")
     report = asyncio.run(main_async(args))
     print(json.dumps(report["summary"], indent=2))
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,9 @@ model. It keeps every request it received (the messages, so tests can see the ob
 loop sent back) and its headers (`headers`: what credentials arrived). Turns:
 
 - `{"tool_calls": [{"name": "python", "arguments": {...}}]}` — arguments may also be a raw
-  string (to send invalid JSON);
+  string (to send invalid JSON); in arguments, `{"$ref": ["button", "Save"]}` becomes the ref
+  of that element (exact role and name) in the latest browser snapshot the loop sent, as a
+  model reading the snapshot would pick it (snapshot_refs.py);
 - `{"content": "the final answer"}`;
 - `{"status": 500}` — an HTTP error (the client retries 5xx);
 - `{"sleep": 2.5, ...}` — wait before answering (timeouts);
@@ -25,6 +27,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from snapshot_refs import fill_refs
 
 
 class ScriptedModelServerForTests:
@@ -97,11 +101,20 @@ class ScriptedModelServerForTests:
         return Handler
 
 
+def _latest_snapshot(request: dict[str, Any]) -> str:
+    for m in reversed(request.get("messages", [])):
+        if m.get("role") == "tool" and "\nsnapshot:\n" in str(m.get("content")):
+            return str(m["content"])
+    return ""
+
+
 def completion(request: dict[str, Any], turn: dict[str, Any], n: int) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": turn.get("content")}
     calls = []
     for i, call in enumerate(turn.get("tool_calls", [])):
         args = call.get("arguments", {})
+        if not isinstance(args, str):
+            args = fill_refs(args, _latest_snapshot(request))
         calls.append(
             {
                 "id": f"call_{n}_{i}",

@@ -44,6 +44,7 @@ FORM = b"""<html><head><title>Back office</title></head><body>
 <h1>Expense form</h1>
 <form method="post" action="/submit"><input id="amount" name="amount">
 <button type="submit">Send</button></form></body></html>"""
+EXPORT = b"claim,amount\n1,42\n"
 
 
 class Upstream(http.server.BaseHTTPRequestHandler):
@@ -54,6 +55,8 @@ class Upstream(http.server.BaseHTTPRequestHandler):
             self._send(b"1.25", "text/plain")
         elif self.path == "/form":
             self._send(FORM, "text/html")
+        elif self.path == "/export.csv":
+            self._send(EXPORT, "text/csv", disposition='attachment; filename="export.csv"')
         else:
             self._send(b"no", "text/plain", 404)
 
@@ -62,9 +65,11 @@ class Upstream(http.server.BaseHTTPRequestHandler):
         Upstream.received.append(body)
         self._send(f"<html><body>Thanks: {body}</body></html>".encode(), "text/html")
 
-    def _send(self, body: bytes, kind: str, status: int = 200) -> None:
+    def _send(self, body: bytes, kind: str, status: int = 200, disposition: str = "") -> None:
         self.send_response(status)
         self.send_header("Content-Type", kind)
+        if disposition:
+            self.send_header("Content-Disposition", disposition)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -120,11 +125,26 @@ BROWSER_TURNS = [
             }
         ]
     },
-    {"tool_calls": [{"name": "browser", "arguments": {"action": "click", "text": "Send"}}]},
+    {
+        "tool_calls": [
+            {
+                "name": "browser",
+                "arguments": {"action": "click", "ref": {"$ref": ["button", "Send"]}},
+            }
+        ]
+    },
     {"tool_calls": [{"name": "browser", "arguments": {"action": "screenshot"}}]},
     {
         "tool_calls": [
             {"name": "browser", "arguments": {"action": "open", "url": "http://blocked.test/"}}
+        ]
+    },
+    {
+        "tool_calls": [
+            {
+                "name": "browser",
+                "arguments": {"action": "download", "url": "http://data.test/export.csv"},
+            }
         ]
     },
     {"content": "Submitted 42."},
@@ -183,6 +203,7 @@ async def scenario(settings: Settings, mode: str, model: ScriptedModelServerForT
             await c.post(f"/v1/agents/{agent}/resources", json={"kind": kind, "name": name})
         definition = {
             "model": {"endpoint": "llm", "name": "scripted"},
+            **({"browser": {"images": True}} if mode == "browser" else {}),
             "tools": tools,
             "policy": "reports",
             "limits": {"tool_timeout": "120s", "wall_time": "5m"}
@@ -204,7 +225,10 @@ async def scenario(settings: Settings, mode: str, model: ScriptedModelServerForT
         report["run"] = run
         report["events_text"] = events_text
         report["artifacts"] = (await c.get(f"/v1/runs/{run_id}/artifacts")).json()
-        if report["artifacts"]:
+        for item in report["artifacts"]:
+            got = await c.get(f"/v1/runs/{run_id}/artifacts/{item['name']}")
+            report.setdefault("artifact_files", {})[item["name"]] = got.content.decode()
+        if report["artifacts"] and mode == "base":
             got = await c.get(f"/v1/runs/{run_id}/artifacts/report.csv")
             report["artifact_b64"] = base64.b64encode(got.content).decode()
         report["sandboxes_after"] = (await c.get("/v1/sandboxes")).json()
@@ -221,6 +245,17 @@ async def scenario(settings: Settings, mode: str, model: ScriptedModelServerForT
     ]
     report["tool_messages"] = [
         m["content"] for m in model.requests[-1]["messages"] if m["role"] == "tool"
+    ]
+    # The images each model call was shown (data: URLs of image_url parts).
+    report["images_shown"] = [
+        [
+            part["image_url"]["url"][:30]
+            for m in request["messages"]
+            if isinstance(m.get("content"), list)
+            for part in m["content"]
+            if part.get("type") == "image_url"
+        ]
+        for request in model.requests
     ]
     report["upstream_posts"] = Upstream.received
     report["expected_sha256"] = hashlib.sha256(b"total_eur\n250.00\n").hexdigest()

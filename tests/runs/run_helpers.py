@@ -6,11 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import secrets
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,32 +14,18 @@ import httpx
 REPO = Path(__file__).resolve().parents[2]
 
 
-def probe_in_netns(probe: Path, tmp_path: Path, *args: str, timeout: float = 500) -> dict:
-    """Run `probe` under `unshare -n` (its only interface `lo`, which it brings up) with the
-    settings of a fresh installation in `tmp_path`; returns the JSON report it prints last."""
-    import pytest
-    from install_layout import shared_image_dir  # tests/install_layout.py
+def probe_in_netns(probe: Path, tmp_path: Path, *args: str, timeout: int = 500) -> dict:
+    """Run `probe` under `unshare -n` with the settings of a fresh installation in `tmp_path`
+    (and the tests' admin password); returns the JSON report it prints last."""
+    from netns_probe_run import run_probe  # tests/netns_probe_run.py
 
-    if shutil.which("unshare") is None or os.geteuid() != 0:
-        pytest.skip("needs unshare (util-linux) and root")
-    runtime = f"/run/aamp-t{secrets.token_hex(4)}"
-    env = {
-        "AAMP_HOME": str(tmp_path / "home"),
-        "AAMP_RUNTIME_DIR": runtime,
-        "AAMP_IMAGE_DIR": str(shared_image_dir()),
-        "AAMP_ADMIN_PASSWORD": "admin-password-for-tests",
-    }
-    try:
-        done = subprocess.run(
-            ["unshare", "-n", sys.executable, str(probe), json.dumps(env), *args],
-            capture_output=True,
-            timeout=timeout,
-            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
-        )
-    finally:
-        shutil.rmtree(runtime, ignore_errors=True)
-    assert done.returncode == 0, done.stderr.decode()[-4000:]
-    return json.loads(done.stdout.decode().strip().splitlines()[-1])
+    return run_probe(
+        probe,
+        tmp_path / "home",
+        list(args),
+        timeout=timeout,
+        AAMP_ADMIN_PASSWORD="admin-password-for-tests",
+    )
 
 
 def admin_client(app: Any, token: str) -> httpx.AsyncClient:

@@ -55,10 +55,17 @@ def test_end_to_end_browser_fills_a_form_and_sees_a_blocked_host(
     assert "Thanks: amount=42" in messages[2]
     assert "screenshot taken" in messages[3]
     assert "http status: 403" in messages[4] or "error" in messages[4]
+    assert "refused by the egress policy: http://blocked.test/" in messages[4]
+    assert "downloaded /workspace/downloads/export.csv (18 bytes, text/csv)" in messages[5]
     assert report["upstream_posts"] == ["amount=42"]
     events = parse_sse(report["events_text"])
     shots = [e["data"] for e in events if e["event"] == "screenshot"]
     assert len(shots) == 1 and base64.b64decode(shots[0]["png_b64"]).startswith(b"\x89PNG")
+    # The agent's model takes images: the screenshot was shown to it, once, from then on.
+    assert [len(shown) for shown in report["images_shown"]] == [0, 0, 0, 0, 1, 1, 1]
+    assert report["images_shown"][4][0].startswith("data:image/png;base64,")
+    # The download became an artifact, as the policy's data.outbound allows csv.
+    assert report["artifact_files"] == {"downloads/export.csv": "claim,amount\n1,42\n"}
     assert report["sandboxes_after"] == [] and report["runtime_after"] == []
 
 

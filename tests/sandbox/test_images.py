@@ -7,6 +7,7 @@ the cache only saves downloads, every build still runs debootstrap from scratch.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import itertools
@@ -27,6 +28,7 @@ import pytest
 
 import aamp
 from aamp.config import Settings
+from aamp.sandbox import image_recipes
 from aamp.sandbox.debian_mirror import debian_mirror
 from aamp.sandbox.images import (
     BuiltImage,
@@ -159,6 +161,33 @@ def test_hash_covers_recipe_guest_files_and_ca(tmp_path: Path) -> None:
     with pytest.raises(ImageBuildError, match="cannot read CA certificate"):
         store.build("base", progress=lambda line: None, ca_cert=tmp_path / "missing.crt")
     assert not (tmp_path / "images" / "base").exists()
+
+
+def test_recipe_files_are_part_of_the_hash_and_must_stay_in_the_tree(
+    tmp_path: Path, monkeypatch
+) -> None:
+    store = ImageStore(_settings(tmp_path / "images"), guest_dir=_guest_copy(tmp_path / "guest"))
+    base, browser = store.content_hash("base"), store.content_hash("browser")
+    assert "files" not in image_recipes.resolve("base").fingerprint()  # base keeps its hash
+    paths = [path for path, _ in image_recipes.resolve("browser").files]
+    assert "etc/chromium/policies/managed/aamp-quiet.json" in paths
+    changed = [
+        (path, text + "\n# changed\n") for path, text in image_recipes.resolve("browser").files
+    ]
+    recipes = [
+        dataclasses.replace(r, files=tuple(changed)) if r.name == "browser" else r
+        for r in image_recipes.RECIPES
+    ]
+    monkeypatch.setattr(image_recipes, "RECIPES", tuple(recipes))
+    assert store.content_hash("browser") not in (browser, base)
+    assert store.content_hash("base") == base
+    escaping = [
+        dataclasses.replace(r, files=(("../etc/passwd", "x"),)) if r.name == "browser" else r
+        for r in image_recipes.RECIPES
+    ]
+    monkeypatch.setattr(image_recipes, "RECIPES", tuple(escaping))
+    with pytest.raises(ValueError, match="must stay in the tree"):
+        image_recipes.resolve("browser")
 
 
 def test_guest_dir_without_launcher_is_refused(tmp_path: Path) -> None:

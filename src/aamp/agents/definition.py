@@ -17,6 +17,7 @@ Example::
     tools: [python, files, browser, service:crm]
     policy: finance-reports
     limits: {max_steps: 20, wall_time: 10m, max_tokens: 200000}
+    browser: {images: true, dialogs: ask}    # optional; see aamp.agents.browser_settings
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from aamp.agents.browser_settings import BrowserSettings, parse_browser_settings
 from aamp.identity.model_endpoints import ENDPOINT_NAME_RE, MODEL_NAME_RE
 from aamp.policy.model import NAME_RE, SERVICE_RE
 from aamp.policy.units import parse_duration, parse_size
@@ -83,6 +85,7 @@ class AgentDefinition:
     system_prompt: str = "You are a careful assistant. Use the tools to do the task."
     tools: tuple[str, ...] = ("shell", "python", "files")
     limits: Limits = field(default_factory=Limits)
+    browser: BrowserSettings = field(default_factory=BrowserSettings)
 
     @property
     def services(self) -> tuple[str, ...]:
@@ -256,7 +259,7 @@ def _parse_limits(r: _Reader, raw: object) -> Limits:
 
 def definition_from_dict(data: object) -> AgentDefinition:
     r = _Reader()
-    keys = ("name", "model", "system_prompt", "tools", "policy", "limits")
+    keys = ("name", "model", "system_prompt", "tools", "policy", "limits", "browser")
     m = r.mapping(data, "", keys)
     if "model" not in m:
         r.fail("model", "required: {endpoint, name}")
@@ -271,9 +274,10 @@ def definition_from_dict(data: object) -> AgentDefinition:
         r.fail("policy", f"required: the name of a policy granted to the agent, got {policy!r}")
         policy = ""
     limits = _parse_limits(r, m.get("limits", {}))
+    browser = parse_browser_settings(m["browser"], r.fail) if "browser" in m else BrowserSettings()
     if r.problems:
         raise DefinitionError(r.problems)
-    return AgentDefinition(model, policy, prompt, tools, limits)
+    return AgentDefinition(model, policy, prompt, tools, limits, browser)
 
 
 def parse_definition(text: str) -> AgentDefinition:
@@ -309,4 +313,6 @@ def stored_form(definition: AgentDefinition) -> str:
     }
     if definition.model.temperature is not None:
         out["model"]["temperature"] = definition.model.temperature
+    if definition.browser.stored() is not None:
+        out["browser"] = definition.browser.stored()
     return json.dumps(out, sort_keys=True)

@@ -4,8 +4,10 @@ a limit.
 Every step leaves an event through `emit` before the loop goes on (the run service stores it,
 streams it and audits it). Tool arguments are checked against the tool's schema first; an
 invalid call becomes an error observation for the model and never reaches the sandbox.
-Observations are truncated to the definition's budget with a note. The loop measures where
-its time goes (model, sandbox, and the rest: the control plane's own overhead per step).
+Observations are truncated to the definition's budget with a note; a browser screenshot goes
+to models that take images (`browser.images`) as image content (`model_images`). The loop
+measures where its time goes (model, sandbox, and the rest: the control plane's own overhead
+per step).
 
 Wall time is enforced by the caller (the run service wraps the loop in a timeout); steps and
 tokens are enforced here.
@@ -22,6 +24,7 @@ from typing import Any, Protocol
 
 from aamp.agents.definition import AgentDefinition
 from aamp.agents.model import ModelClient
+from aamp.agents.model_images import show_image
 from aamp.agents.sandbox_tools import Observation
 from aamp.agents.tools import ToolSet, truncate
 
@@ -151,6 +154,8 @@ async def run_loop(
                     },
                 )
             messages.append({"role": "tool", "tool_call_id": call.id, "content": text})
+            if observation.model_image is not None and definition.browser.images:
+                show_image(messages, observation.model_image, call.id)
         out.tool_seconds += tool_seconds
         out.overhead_ms.append(_overhead(step_started, reply.seconds, tool_seconds))
 

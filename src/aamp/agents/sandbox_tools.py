@@ -8,33 +8,22 @@ injects it host-side.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
 from typing import Any
 
 from aamp.agents import guest_scripts
+from aamp.agents.browser_tool import BrowserTool
+from aamp.agents.observation import Observation
 from aamp.agents.tools import SERVICE_PREFIX
 from aamp.sandbox import channel as ch
 from aamp.sandbox.channel import GuestChannel
 
 Borrow = Callable[[], AbstractAsyncContextManager[GuestChannel]]
 MAX_OUTPUT = 1_000_000
-MAX_SCREENSHOT = 4_000_000
-
-
-@dataclass
-class Observation:
-    """What one tool call produced: the text the model sees, whether it worked, facts for the
-    step record, and a screenshot (PNG) when the browser took one."""
-
-    text: str
-    ok: bool = True
-    detail: dict[str, Any] = field(default_factory=dict)
-    screenshot: bytes | None = None
+MAX_SERVICE_ANSWER = 8_000_000  # a 2 MB body, JSON-escaped
+__all__ = ["Observation", "SandboxTools"]
 
 
 def _decode(data: bytes) -> str:
@@ -50,11 +39,21 @@ def _guest_json(stdout: bytes) -> dict[str, Any] | None:
 
 
 class SandboxTools:
-    def __init__(self, borrow: Borrow, services: dict[str, str], timeout_cap: int) -> None:
-        """`services` maps each service tool's name to the upstream URL the guest calls."""
+    def __init__(
+        self,
+        borrow: Borrow,
+        services: dict[str, str],
+        timeout_cap: int,
+        *,
+        browser: BrowserTool | None = None,
+    ) -> None:
+        """`services` maps each service tool's name to the upstream URL the guest calls;
+        `browser` is the run's browser tool (default: one with the default settings and no
+        egress ledger to explain refusals with)."""
         self.borrow = borrow
         self.services = services
         self.timeout_cap = timeout_cap
+        self.browser = browser or BrowserTool(borrow, timeout_cap)
 
     def _timeout(self, args: dict[str, Any]) -> float:
         return float(min(int(args.get("timeout", self.timeout_cap)), self.timeout_cap))
@@ -69,7 +68,7 @@ class SandboxTools:
             if name == "files":
                 return await self._files(args)
             if name == "browser":
-                return await self._browser(args)
+                return await self.browser.run(args)
             if name.startswith(SERVICE_PREFIX) and name in self.services:
                 return await self._service(self.services[name], args)
         except (ch.PathEscapeError, ch.FileTooLargeError, ch.GuestError) as exc:
@@ -140,7 +139,7 @@ class SandboxTools:
                 cwd="/workspace",
                 stdin=json.dumps(request).encode(),
                 timeout=timeout,
-                max_output=MAX_SCREENSHOT * 2,
+                max_output=MAX_SERVICE_ANSWER,
             )
         if result.timed_out:
             return None, f"timed out after {timeout:g} s"
@@ -148,33 +147,6 @@ class SandboxTools:
         if answer is None:
             return None, f"exit code {result.exit_code}: {_decode(err)[-1500:]}"
         return answer, ""
-
-    async def _browser(self, args: dict[str, Any]) -> Observation:
-        timeout = float(self.timeout_cap)
-        request = {**args, "timeout_ms": int(min(timeout, 60) * 1000)}
-        answer, problem = await self._json_script(guest_scripts.BROWSER, request, timeout)
-        if answer is None:
-            return Observation(f"error: the browser failed: {problem}", ok=False)
-        detail = {k: answer.get(k) for k in ("url", "title", "status") if k in answer}
-        shot = None
-        if isinstance(answer.get("png_b64"), str):
-            try:
-                shot = base64.b64decode(answer["png_b64"], validate=True)
-            except (binascii.Error, ValueError):
-                return Observation("error: the browser sent a broken screenshot", ok=False)
-            if len(shot) > MAX_SCREENSHOT or not shot.startswith(b"\x89PNG"):
-                return Observation("error: the screenshot is not a PNG of a usable size", ok=False)
-        lines = [f"url: {answer.get('url')}", f"title: {answer.get('title')}"]
-        if answer.get("status") is not None:
-            lines.append(f"http status: {answer.get('status')}")
-        if isinstance(answer.get("error"), str):
-            lines.append(f"error: {answer['error']}")
-        if shot is not None:
-            lines.append(f"screenshot taken ({len(shot)} bytes PNG)")
-        if isinstance(answer.get("text"), str):
-            lines.append("text:\n" + answer["text"])
-        ok = "error" not in answer and (answer.get("status") or 200) < 400
-        return Observation("\n".join(lines), ok=ok, detail=detail, screenshot=shot)
 
     async def _service(self, upstream: str, args: dict[str, Any]) -> Observation:
         timeout = float(self.timeout_cap)

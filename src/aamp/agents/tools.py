@@ -14,6 +14,8 @@ from typing import Any
 
 import jsonschema_rs
 
+from aamp.agents.browser_schema import SCHEMA as BROWSER_SCHEMA
+
 SERVICE_PREFIX = "service_"
 
 _TIMEOUT = {"type": "integer", "minimum": 1, "maximum": 3600, "description": "seconds"}
@@ -60,36 +62,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
             "then": {"required": ["content"]},
         },
     },
-    "browser": {
-        "description": "Drive a real browser: open a URL, read the page's text, click or fill "
-        "an element (CSS selector, or its visible text), or take a screenshot.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "action": {"enum": ["open", "read", "click", "fill", "screenshot"]},
-                "url": {"type": "string", "pattern": "^https?://", "maxLength": 8192},
-                "selector": {"type": "string", "minLength": 1, "maxLength": 1000},
-                "text": {"type": "string", "minLength": 1, "maxLength": 1000},
-                "value": {"type": "string", "maxLength": 100_000},
-            },
-            "required": ["action"],
-            "additionalProperties": False,
-            "allOf": [
-                {
-                    "if": {"properties": {"action": {"const": "open"}}},
-                    "then": {"required": ["url"]},
-                },
-                {
-                    "if": {"properties": {"action": {"enum": ["click", "fill"]}}},
-                    "then": {"anyOf": [{"required": ["selector"]}, {"required": ["text"]}]},
-                },
-                {
-                    "if": {"properties": {"action": {"const": "fill"}}},
-                    "then": {"required": ["value"]},
-                },
-            ],
-        },
-    },
+    "browser": BROWSER_SCHEMA,
 }
 
 

@@ -22,6 +22,8 @@ side and its validation live in `aamp.sandbox.channel`):
 - ``put``: a file into the workspace, written to a temporary file next to it and renamed,
   refused unless exactly the declared number of bytes arrives.
 - ``get``: a file out of the workspace: its size first, then the data, then EOF.
+- ``browser``: one request for the sandbox's browser driver, started on first use and kept
+  across requests (`aamp.guest.browser_relay`); its answer comes back as DATA frames + EOF.
 
 Paths for put/get are resolved with realpath and must stay inside the workspace (``--workspace``,
 default /workspace), so a symlink cannot lead out; the host checks paths too.
@@ -41,7 +43,7 @@ sets the hostname. If the host goes away the agent redials with a short backoff 
 Installed in every image as::
 
     /opt/aamp/lib/aamp/__init__.py
-    /opt/aamp/lib/aamp/guest/__init__.py, wire.py, agent.py
+    /opt/aamp/lib/aamp/guest/__init__.py, wire.py, agent.py, browser_*.py
     /opt/aamp/agent          # a copy of aamp/guest/launcher.py, mode 0755:
         #!/usr/bin/python3 -IS
         import sys; sys.path.insert(0, "/opt/aamp/lib")
@@ -250,7 +252,13 @@ class Agent:
             conn.close()
 
     def _handlers(self) -> dict[str, Callable[[socket.socket, dict[str, Any]], None]]:
-        return {"health": self.health, "exec": self.exec, "put": self.put, "get": self.get}
+        return {
+            "health": self.health,
+            "exec": self.exec,
+            "put": self.put,
+            "get": self.get,
+            "browser": self.browser,
+        }
 
     def _reply_error(self, conn: socket.socket, code: str, message: str) -> None:
         with contextlib.suppress(OSError):
@@ -274,6 +282,12 @@ class Agent:
     def exec(self, conn: socket.socket, request: dict[str, Any]) -> None:
         spec = _ExecSpec.from_request(request, self.workspace, self.base_env)
         _ExecRun(conn, spec).run()
+
+    def browser(self, conn: socket.socket, request: dict[str, Any]) -> None:
+        # Imported on first use: sandboxes that never browse never load it.
+        from aamp.guest import browser_relay
+
+        browser_relay.serve(conn, request, self.workspace, self.base_env)
 
     def resolve(self, path: object) -> str:
         if not isinstance(path, str) or not path:

@@ -1,5 +1,6 @@
-"""Artifacts: files the agent left in /workspace/out, checked against the policy's
-`data.outbound`, hashed while they are copied out, and kept content-addressed under
+"""Artifacts: files the agent left in /workspace/out, and the browser's downloads in
+/workspace/downloads (named `downloads/NAME`), checked against the policy's `data.outbound`,
+hashed while they are copied out, and kept content-addressed under
 $AAMP_HOME/artifacts/<run>/<sha256>.
 
 The guest's listing is untrusted: names are re-checked on the host, sizes are enforced while
@@ -19,14 +20,22 @@ from pathlib import Path
 from aamp.policy.model import DataRule
 from aamp.sandbox.channel import GuestChannel
 
+WORKSPACE = "/workspace"
 OUT_DIR = "/workspace/out"
+DOWNLOADS_DIR = "/workspace/downloads"
+ROOTS = (OUT_DIR, DOWNLOADS_DIR)  # where artifacts come from, in order of precedence
 NAME_RE = re.compile(r"^[A-Za-z0-9._-][A-Za-z0-9._ /-]{0,254}$")
 
 
 @dataclass(frozen=True)
 class Candidate:
-    name: str  # relative to /workspace/out
+    name: str  # relative to /workspace/out; a download's is downloads/NAME
     size: int
+    path: str = ""  # in the guest, relative to /workspace (default: out/NAME)
+
+    @property
+    def guest_path(self) -> str:
+        return posixpath.join(WORKSPACE, self.path or posixpath.join("out", self.name))
 
 
 class ArtifactRefused(Exception):
@@ -55,21 +64,39 @@ def check(candidate: Candidate, rule: DataRule, used: int) -> None:
         )
 
 
-def candidates(listing: object) -> list[Candidate]:
-    """The guest's listing of /workspace (entries [path, size]) narrowed to out/ files."""
+def candidates(listing: object) -> tuple[list[Candidate], list[tuple[Candidate, str]]]:
+    """The guest's listing of /workspace (entries [path, size]) narrowed to out/ files and
+    downloads/ files, and the downloads refused because a file in out/ has their name."""
     out: list[Candidate] = []
+    clashes: list[tuple[Candidate, str]] = []
     if not isinstance(listing, list):
-        return out
+        return out, clashes
     for entry in listing:
-        if (
+        if not (
             isinstance(entry, list)
             and len(entry) == 2
             and isinstance(entry[0], str)
             and isinstance(entry[1], int)
-            and entry[0].startswith("out/")
         ):
-            out.append(Candidate(entry[0][4:], entry[1]))
-    return out
+            continue
+        path, size = entry
+        if path.startswith("out/"):
+            out.append(Candidate(path[4:], size, path))
+        elif path.startswith("downloads/"):
+            out.append(Candidate(path, size, path))
+    names: set[str] = set()
+    kept = []
+    for candidate in sorted(out, key=lambda c: not c.path.startswith("out/")):
+        if candidate.name in names:
+            reason = (
+                f"{candidate.name}: a file in /workspace/out has this name already; the "
+                f"download /workspace/{candidate.path} is not kept"
+            )
+            clashes.append((candidate, reason))
+            continue
+        names.add(candidate.name)
+        kept.append(candidate)
+    return kept, clashes
 
 
 async def copy_out(
@@ -81,7 +108,7 @@ async def copy_out(
     digest = hashlib.sha256()
     size = 0
     try:
-        stream = await channel.get(posixpath.join(OUT_DIR, candidate.name))
+        stream = await channel.get(candidate.guest_path)
         async with stream:
             with open(tmp, "wb") as f:
                 async for chunk in stream:

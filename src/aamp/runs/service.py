@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from aamp.agents import guest_scripts
+from aamp.agents.browser_tool import BrowserTool
 from aamp.agents.definition import AgentDefinition
 from aamp.agents.loop import run_loop, summarise
 from aamp.agents.model import EndpointAccess, ModelClient, ModelError
@@ -284,11 +285,18 @@ class RunService:
             live = self._live[run_id]
             asking = d.limits.approval_timeout_seconds
             self.manager.set_egress_approver(sandbox_id, self._egress_approver(run_id, asking))
+            borrow = lambda: self.manager.use(sandbox_id)  # type: ignore[arg-type]  # noqa: E731
             executor = ApprovalGate(
                 SandboxTools(
-                    lambda: self.manager.use(sandbox_id),  # type: ignore[arg-type]
+                    borrow,
                     {f"service_{n.replace('-', '_')}": u for n, u in req.services.items()},
                     d.limits.tool_timeout_seconds,
+                    browser=BrowserTool(
+                        borrow,
+                        d.limits.tool_timeout_seconds,
+                        d.browser,
+                        self.manager.egress_view(sandbox_id) if "browser" in d.tools else None,
+                    ),
                 ),
                 live,
                 asking,
@@ -435,11 +443,14 @@ class RunService:
         rule = req.policy.data.outbound
         async with self.manager.use(sandbox_id) as channel:
             result, out, _ = await channel.run(
-                ["python3", "-c", guest_scripts.LIST, art.OUT_DIR], timeout=60
+                ["python3", "-c", guest_scripts.LIST, *art.ROOTS], timeout=60
             )
         answer = _guest_json(out) if result.exit_code == 0 else None
-        found = art.candidates(answer.get("entries") if answer else None)
+        found, clashes = art.candidates(answer.get("entries") if answer else None)
         refused: list[str] = []
+        for clash, reason in clashes:
+            refused.append(reason)
+            await self.emit(run_id, "artifact.refused", {"name": clash.name, "reason": reason})
         used = 0
         kept: set[str] = set()  # content hashes of registered artifacts
         dest = artifacts_dir(self.settings, run_id)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,12 +77,7 @@ class ApprovalGate:
             return observation
         await asyncio.wait([task for _, task in opened])
         notes = [self._note(where, task) for where, task in opened]
-        return Observation(
-            observation.text + "\n" + "\n".join(notes),
-            observation.ok,
-            observation.detail,
-            observation.screenshot,
-        )
+        return dataclasses.replace(observation, text=observation.text + "\n" + "\n".join(notes))
 
     def _note(self, where: str, task: asyncio.Task[Answer]) -> str:
         head = f"note: the network destination {where} needed a person's approval;"

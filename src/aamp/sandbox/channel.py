@@ -33,6 +33,7 @@ Usage::
     await channel.put("/workspace/in.csv", data, len(data))
     async with await channel.get("/workspace/out.pdf") as stream:
         async for chunk in stream: ...
+    answer = await channel.browser({"action": "snapshot", ...}, timeout=60, max_answer=2**23)
     await channel.close()
 """
 
@@ -688,6 +689,36 @@ class GuestChannel:
             conn.close(abort=True)
             raise
         return GetStream(self, conn, full, size)
+
+    async def browser(self, request: dict[str, Any], *, timeout: float, max_answer: int) -> bytes:
+        """One request to the sandbox's browser driver, which the guest agent starts on first
+        use and keeps across requests. Returns the driver's answer as it came: untrusted JSON
+        bytes, at most `max_answer` of them, within `timeout` seconds."""
+        encoded = wire.encode_control({"op": "browser", "request": request, "timeout": timeout})
+        if len(encoded) > wire.MAX_PAYLOAD:
+            raise ValueError(f"browser request is {len(encoded)} bytes, over {wire.MAX_PAYLOAD}")
+        what = "answering a browser request"
+        conn = await self._acquire()
+        deadline = time.monotonic() + timeout
+        try:
+            wire.write_frame(conn.writer, wire.CONTROL, encoded)
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                left = max(0.001, deadline - time.monotonic())
+                ftype, payload = await self._read(conn, what, timeout=left)
+                if ftype == wire.EOF:
+                    return b"".join(chunks)
+                if ftype == wire.CONTROL:
+                    _raise_if_error(_control(ftype, payload, what), "browser")
+                if ftype != wire.DATA:
+                    raise GuestProtocolError(f"unexpected {wire.type_name(ftype)} frame {what}")
+                size += len(payload)
+                if size > max_answer:
+                    raise GuestProtocolError(f"the guest sent over {max_answer} bytes {what}")
+                chunks.append(payload)
+        finally:
+            conn.close(abort=True)
 
 
 def _check_exec_args(

@@ -2,9 +2,10 @@
 
 A recipe names its parent and only adds to it: Debian packages (the root recipe's by debootstrap,
 its descendants' by apt-get inside the new tree, both from the suite's main component, without
-recommends) and pinned PyPI packages (installed from wheels fetched on the
-host). Everything a recipe says is part of the image's content hash, so changing a pin or a
-package list yields a new image. Adding an image is a few lines in `RECIPES`::
+recommends), pinned PyPI packages (installed from wheels fetched on the host) and configuration
+files written into the tree after the packages. Everything a recipe says is part of the
+image's content hash, so changing a pin, a package list or a file yields a new image. Adding
+an image is a few lines in `RECIPES`::
 
     Recipe("docs", "base + document tools", parent="base",
            debian=("fonts-dejavu-core",), pip=("openpyxl==3.1.5", "et-xmlfile==2.0.0"))
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aamp.config import Settings
+from aamp.sandbox import browser_quiet
 from aamp.sandbox.debian_mirror import MirrorNotFound, debian_mirror
 
 # The guest's interpreter is Debian bookworm's python3, so wheels are chosen for it.
@@ -53,6 +55,8 @@ class Recipe:
     debian: tuple[str, ...] = ()
     # Exact `name==version` pins, dependencies included, so a build never floats.
     pip: tuple[str, ...] = ()
+    # (path relative to the root, text): configuration written after the packages.
+    files: tuple[tuple[str, str], ...] = ()
 
 
 RECIPES: tuple[Recipe, ...] = (
@@ -63,11 +67,13 @@ RECIPES: tuple[Recipe, ...] = (
     ),
     Recipe(
         "browser",
-        "base + Debian chromium and the Python playwright package driving /usr/bin/chromium",
+        "base + Debian chromium, quiet (no traffic of its own), and the Python playwright "
+        "package driving /usr/bin/chromium",
         parent="base",
         # libatomic1: playwright's bundled node driver links against it.
         debian=("chromium", "fonts-liberation", "libatomic1"),
         pip=("playwright==1.65.2", "greenlet==3.2.5"),
+        files=browser_quiet.FILES,
     ),
 )
 
@@ -83,10 +89,11 @@ class ResolvedRecipe:
     bootstrap: tuple[str, ...]  # the root recipe's packages: debootstrap --include
     debian: tuple[str, ...]  # every descendant's packages: apt-get install in the tree
     pip: tuple[str, ...]
+    files: tuple[tuple[str, str], ...] = ()  # a descendant's file replaces its parent's
 
     def fingerprint(self) -> dict[str, object]:
         """The recipe's part of the content hash (order-independent)."""
-        return {
+        doc: dict[str, object] = {
             "name": self.name,
             "suite": self.suite,
             "variant": self.variant,
@@ -96,6 +103,11 @@ class ResolvedRecipe:
             "python": GUEST_PYTHON_VERSION,
             "wheel_platform": WHEEL_PLATFORM,
         }
+        if self.files:  # absent when empty, so recipes without files keep their hashes
+            doc["files"] = {
+                path: hashlib.sha256(text.encode()).hexdigest() for path, text in self.files
+            }
+        return doc
 
 
 def recipe_names() -> list[str]:
@@ -122,9 +134,14 @@ def resolve(name: str) -> ResolvedRecipe | None:
     root, *descendants = reversed(chain)
     debian: list[str] = []
     pip: list[str] = list(root.pip)
+    files: dict[str, str] = dict(root.files)
     for step in descendants:
         debian += [p for p in step.debian if p not in debian and p not in root.debian]
         pip += [p for p in step.pip if p not in pip]
+        files.update(step.files)
+    for path in files:
+        if path.startswith("/") or ".." in path.split("/") or not path:
+            raise ValueError(f"image recipe {name!r}: file path {path!r} must stay in the tree")
     return ResolvedRecipe(
         recipe.name,
         recipe.description,
@@ -133,6 +150,7 @@ def resolve(name: str) -> ResolvedRecipe | None:
         tuple(root.debian),
         tuple(debian),
         tuple(pip),
+        tuple(sorted(files.items())),
     )
 
 
@@ -394,6 +412,9 @@ class TreeBuilder:
         if self.recipe.pip:
             with self.step(f"pip packages {' '.join(self.recipe.pip)}"):
                 self.pip_install()
+        if self.recipe.files:
+            with self.step(f"files {' '.join('/' + path for path, _ in self.recipe.files)}"):
+                self.write_files()
         with self.step("guest agent and sandbox layout"):
             self.guest_layout()
         if self.ca is not None:
@@ -499,6 +520,15 @@ class TreeBuilder:
         shutil.rmtree(target / "bin", ignore_errors=True)
         if self.tmp / "wheels" == wheels:
             shutil.rmtree(wheels)
+
+    def write_files(self) -> None:
+        for path, text in self.recipe.files:
+            dest = self.rootfs / path
+            if dest.parent.is_symlink() or dest.is_symlink():
+                raise ImageBuildError(f"recipe file /{path}: a symbolic link is in the way")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(text)
+            dest.chmod(0o644)
 
     def guest_layout(self) -> None:
         root = self.rootfs

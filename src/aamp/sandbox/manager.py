@@ -36,6 +36,7 @@ from aamp.egress.ca import InstallationCA
 from aamp.egress.installation import InstallationListeners
 from aamp.egress.ledger import EgressEvent, EgressSink
 from aamp.egress.proxy import EgressProxy
+from aamp.egress.recent import EgressView, RecentEgress
 from aamp.egress.resolver import Resolver, SystemResolver
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import SecretReader, ServiceSet
@@ -208,7 +209,10 @@ class SandboxManager:
         self.drivers = drivers
         self.default_driver = default_driver
         self.recorder = recorder or LogRecorder()
-        self.egress_sink: EgressSink = egress_sink or LogEgressSink()
+        # Every egress event passes through here to the ledger; tools that explain refusals
+        # (the browser) read a sandbox's latest ones back (`egress_view`).
+        self.recent_egress = RecentEgress(egress_sink or LogEgressSink())
+        self.egress_sink: EgressSink = self.recent_egress
         self.resolver: Resolver = resolver or SystemResolver()
         # Credential injection: without a secret reader and a CA no service can be injected.
         self.secrets, self.ca, self.upstream_tls = secrets, ca, upstream_tls
@@ -410,6 +414,7 @@ class SandboxManager:
         await sandbox.channel.close()
         await self.drivers[sandbox.driver].destroy(sandbox.handle)
         await sandbox.egress.close()  # after the guest is gone: its ledger events are flushed
+        self.recent_egress.forget(sandbox.id)
         log.debug("sandbox %s destroyed (%s)", sandbox.id, reason)
 
     # -- warm pool -------------------------------------------------------------------------
@@ -460,6 +465,11 @@ class SandboxManager:
         proxy.update_rules(rules)
         if services is not None:
             proxy.update_services(services)
+
+    def egress_view(self, sandbox_id: str) -> EgressView:
+        """The sandbox's egress events from now on, as its proxy decided them."""
+        self.get(sandbox_id)
+        return self.recent_egress.view(sandbox_id)
 
     def set_egress_approver(self, sandbox_id: str, approver: Approver | None) -> None:
         """Who answers this sandbox's `egress.default: ask` destinations (a run puts them to
