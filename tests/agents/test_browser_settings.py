@@ -10,7 +10,7 @@ import pytest
 from aamp.agents.browser_settings import BrowserSettings
 from aamp.agents.definition import DefinitionError, definition_from_dict, stored_form
 
-BASE = {"model": {"base_url": "http://127.0.0.1:9/v1", "name": "m"}, "policy": "p"}
+BASE = {"model": {"endpoint": "llm", "name": "m"}, "policy": "p"}
 
 
 def test_the_browser_block_round_trips_and_is_left_out_when_default() -> None:
