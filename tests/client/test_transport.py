@@ -166,3 +166,75 @@ def test_only_an_http_address_is_used() -> None:
     with pytest.raises(ClientError) as caught:
         Connection("https://cp.internal:8700", {}, timeout=5)
     assert caught.value.code == "bad_url"
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 10, 10\r\n\r\n", "content-length '10, 10' is not"),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n", "content-length '-1' is not"),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n", "is not spoken"),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n", "not hexadecimal"),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nabc\r\n", "longer than its"),
+        (b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * 9000 + b"\r\n\r\n", "longer than 8192 bytes"),
+        (b"HTTP/1.1 200 OK\r\n" + b"x-many: a\r\n" * 7000 + b"\r\n", "longer than 65536 bytes"),
+        (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "not a header"),
+        (b"HTTP/1.1 2000 OK\r\n\r\n", "not an HTTP/1.1 answer"),
+        (b"HTTP/1.1 200 OK\r\ncontent-le", "ended inside a header"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_an_answer_outside_the_spoken_http_is_refused_by_name(serve, raw, said) -> None:
+    def script(conn: socket.socket, head: bytes) -> bool:
+        conn.sendall(raw)
+        return True
+
+    server = serve(script)
+    with Client(server.url, "t") as client, pytest.raises(ClientError) as caught:
+        client.call("GET", "/v1/x")
+    assert caught.value.code == "transfer_failed"
+    assert said in caught.value.message
+
+
+def test_interim_answers_are_skipped_and_a_close_ends_a_body(serve) -> None:
+    def script(conn: socket.socket, head: bytes) -> bool:
+        conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n\r\n" + b'{"a": 1}')
+        return True  # no length: the body is what comes before the close
+
+    server = serve(script)
+    with Client(server.url, "t") as client:
+        assert client.call("GET", "/v1/x") == {"a": 1}
+        assert client.call("GET", "/v1/y") == {"a": 1}  # on a new connection
+    assert server.connections == 2
+
+
+@pytest.mark.parametrize(
+    "answer_head",
+    [b"HTTP/1.1 200 OK\r\nconnection: close\r\n", b"HTTP/1.0 200 OK\r\n"],
+    ids=["connection-close", "http-1.0"],
+)
+def test_an_answer_that_ends_its_connection_is_not_followed_on_it(serve, answer_head) -> None:
+    server = serve(lambda conn, head: conn.sendall(answer_head + b"content-length: 2\r\n\r\n[]"))
+    with Client(server.url, "t") as client:
+        assert client.call("GET", "/a") == [] and client.call("GET", "/b") == []
+    assert server.connections == 2
+
+
+def test_a_header_cannot_smuggle_a_line(serve) -> None:
+    server = serve(lambda conn, head: conn.sendall(json_answer({})))
+    with pytest.raises(ClientError) as caught:
+        Client(server.url, "aamp_x\r\nx-admin: yes")
+    assert caught.value.code == "bad_header"
+    with Client(server.url, "t") as client, pytest.raises(ClientError):
+        client.call("GET", "/v1/x", headers={"x-note": "a\nb"})
+    assert server.heads == []  # nothing was sent
+
+
+def test_an_upload_is_held_to_its_announced_length(serve) -> None:
+    server = serve(lambda conn, head: None)  # never answers: reads on until the close
+    with Client(server.url, "t") as client:
+        for pieces, said in (([b"abc"], "ended at 3 of the 5"), ([b"abc", b"def"], "grew past")):
+            with pytest.raises(ValueError, match=said):
+                client.call("PUT", "/v1/f", content=iter(pieces), headers={"content-length": "5"})
+    # The server gets no more than was announced, and the connection it came on is closed.
+    assert server.closed_by_client.wait(5)

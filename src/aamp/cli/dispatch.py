@@ -12,7 +12,7 @@ plane, bad input, files that cannot be read) into `aamp: MESSAGE` and exit 1; an
 is a bug and keeps its traceback.
 
 Start-up is most of a command's cost, so two things are left until they are needed: the
-client (with `http.client`) is imported only by an `Api` command, and only the typed
+client (and its socket) is imported only by an `Api` command, and only the typed
 command's arguments are added to the parser (argparse's cost is per parser, and a command's
 words never reach another command's parser). `aamp --help` lists every command from the
 table either way.
