@@ -41,7 +41,7 @@ RUN_OPTIONS = {
 }
 
 
-def arguments(p: argparse.ArgumentParser) -> None:
+def run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("words", nargs="+", metavar="AGENT TASK | ls | show RUN | ...")
     p.add_argument("--input", action="append", default=[], type=Path, metavar="FILE")
     p.add_argument("--version", help="a version number, latest (the default) or draft")

@@ -33,7 +33,7 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def arguments(p: argparse.ArgumentParser) -> None:
+def sandbox_arguments(p: argparse.ArgumentParser) -> None:
     sb = actions(p)
     create = action(sb, "create", "create a sandbox and print its id")
     create.add_argument("--image", default="base")
@@ -61,7 +61,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     rm.add_argument("sandbox_ids", nargs="+")
 
 
-def run(client: Client, args: argparse.Namespace) -> int:
+def sandbox(client: Client, args: argparse.Namespace) -> int:
     if args.action == "create":
         print(client.create_sandbox(**_create_body(args))["id"])
         return 0
