@@ -11,10 +11,9 @@
 
 Start-up is most of what a command costs, so the modules a command loads are kept to the
 standard library, the client and the settings (a test holds every API command to that): the
-client speaks its HTTP/1.1 itself (no HTTP package, not even `http.client`); YAML is loaded
-only by the commands that read a YAML file; the download checks only by a run that saves
-files; and these modules write `TYPE_CHECKING = False` rather than import `typing` (~15 ms)
-only to annotate. Type checkers treat that name as they treat typing's.
+client's HTTP is `http.client`, not an HTTP package; YAML is loaded only by the commands that
+read a YAML file; and these modules write `TYPE_CHECKING = False` rather than import `typing`
+(~15 ms) only to annotate. Type checkers treat that name as they treat typing's.
 """
 
 from aamp.cli.dispatch import main

@@ -14,7 +14,7 @@ plane, bad input, files that cannot be read) into `aamp: MESSAGE` and exit 1; an
 is a bug and keeps its traceback.
 
 Start-up is most of a command's cost, so only what the typed command needs is loaded: its
-module (not the other commands'), the client and its socket for an `Api` command only, and
+module (not the other commands'), the client (with `http.client`) for an `Api` command only, and
 only its arguments are added to the parser (argparse's cost is per parser, and a command's
 words never reach another command's parser). `aamp --help` lists every command from the
 table and loads none of them.

@@ -4,8 +4,7 @@
   bearer token; `Client.from_settings` finds the installation's address and the CLI's token.
 - `ClientError` — every failure: the API's refusal (its `code`, `message`, HTTP `status`), or
   a control plane that cannot be reached, does not answer in time, or breaks off.
-- `transport` — one keep-alive HTTP/1.1 connection over a socket: the strict part of HTTP/1.1
-  the API needs, spoken by hand (importing an HTTP package costs more than a command may).
+- `transport` — one keep-alive HTTP/1.1 connection on the standard library's `http.client`.
 
 It imports nothing of the server side and no third-party package, so a CLI command starts in
 tens of milliseconds (its modules write `TYPE_CHECKING = False` rather than import `typing`,
