@@ -8,7 +8,7 @@ import hashlib
 
 import pytest
 
-from aamp.run_download import DownloadError, plan
+from aamp.cli.download import DownloadError, plan
 
 SHA = hashlib.sha256(b"8").hexdigest()
 

@@ -1,19 +1,15 @@
-"""The `aamp agent ...`, `aamp run ...` and `aamp approval ...` commands, over the API.
+"""`aamp run ...`: start an agent's run and follow its steps, or look at runs, over the API.
 
-    aamp agent create -f agent.yaml        # name + definition; creates the agent and its draft
-    aamp agent edit AGENT -f agent.yaml    # replaces the draft
-    aamp agent publish AGENT               # freezes the draft as the next version
-    aamp agent ls
     aamp run AGENT "task" [--input FILE ...] [--version N|latest|draft] [--download DIR]
     aamp run AGENT "task" ... --no-follow  # prints only the run's id, for scripts
     aamp run ls | show RUN | cancel RUN | artifacts RUN [--download DIR]
-    aamp approval ls [--all] | approve ID [--note TEXT] | deny ID [--note TEXT]
 
-AGENT is an agent's id or name. `aamp run AGENT ...` streams the steps and exits 0 when the run
-succeeds, 1 if it ends any other way; with `--download DIR` it then saves the run's artifacts
-into DIR (see `aamp.run_download`), and a failed download exits 1 as well. Ctrl-C stops
-following (the run goes on; `aamp run cancel` stops it, `aamp run artifacts RUN --download DIR`
-fetches its files later). An option that does not apply to the command given is refused.
+AGENT is an agent's id or name (`aamp.cli.refs`). `aamp run AGENT ...` streams the steps and
+exits 0 when the run succeeds, 1 if it ends any other way; with `--download DIR` it then saves
+the run's artifacts into DIR (see `aamp.cli.download`), and a failed download exits 1 as well.
+Ctrl-C stops following (the run goes on; `aamp run cancel` stops it, `aamp run artifacts RUN
+--download DIR` fetches its files later). An option that does not apply to the command given
+is refused.
 """
 
 from __future__ import annotations
@@ -23,12 +19,15 @@ import base64
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
-import yaml
+from aamp.cli.output import table
+from aamp.cli.refs import agent_id
 
-from aamp.config import Settings
-from aamp.run_download import check_directory, save_artifacts
+TYPE_CHECKING = False  # typing's own costs ~15 ms of start-up: see aamp.cli
+if TYPE_CHECKING:
+    from typing import Any
+
+    from aamp.client import Client
 
 RUN_ACTIONS = ("ls", "show", "cancel", "artifacts")
 FINISHED = ("succeeded", "failed", "cancelled", "timed_out")
@@ -42,149 +41,32 @@ RUN_OPTIONS = {
 }
 
 
-def add_parsers(sub: Any) -> None:
-    agent = sub.add_parser("agent", help="agents").add_subparsers(dest="action", required=True)
-    create = agent.add_parser("create", help="create an agent from a YAML/JSON file (draft)")
-    create.add_argument("-f", "--file", required=True, type=Path)
-    edit = agent.add_parser("edit", help="replace an agent's draft from a file")
-    edit.add_argument("agent")
-    edit.add_argument("-f", "--file", required=True, type=Path)
-    publish = agent.add_parser("publish", help="publish the draft as the next version")
-    publish.add_argument("agent")
-    agent.add_parser("ls", help="list agents and their newest versions")
-
-    run = sub.add_parser(
-        "run",
-        help="run an agent on a task (aamp run AGENT TASK), or: run ls|show|cancel|artifacts",
-    )
-    run.add_argument("words", nargs="+", metavar="AGENT TASK | ls | show RUN | ...")
-    run.add_argument("--input", action="append", default=[], type=Path, metavar="FILE")
-    run.add_argument("--version", help="a version number, latest (the default) or draft")
-    run.add_argument(
+def run_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("words", nargs="+", metavar="AGENT TASK | ls | show RUN | ...")
+    p.add_argument("--input", action="append", default=[], type=Path, metavar="FILE")
+    p.add_argument("--version", help="a version number, latest (the default) or draft")
+    p.add_argument(
         "--download",
         type=Path,
         metavar="DIR",
         help="save the run's artifacts into DIR when it ends (with `run artifacts RUN`: now)",
     )
-    run.add_argument("--no-follow", action="store_true", help="start the run and print only its id")
-
-    approval = sub.add_parser(
-        "approval", help="questions runs put to people (egress ask, outbound data)"
-    ).add_subparsers(dest="action", required=True)
-    listed = approval.add_parser("ls", help="the open questions you may answer")
-    listed.add_argument("--all", action="store_true", help="answered ones too")
-    for verb in ("approve", "deny"):
-        answer = approval.add_parser(verb, help=f"{verb} a question; the run goes on")
-        answer.add_argument("id")
-        answer.add_argument("--note", help="why (kept in the audit log, shown to the run)")
+    p.add_argument("--no-follow", action="store_true", help="start the run and print only its id")
 
 
-def dispatch(args: argparse.Namespace, settings: Settings, table: Any) -> int:
-    from aamp.client import ApiClient
-
-    client = ApiClient(settings, timeout=600.0)
-    try:
-        if args.command == "agent":
-            return _agent(client, args, table)
-        if args.command == "approval":
-            return _approval(client, args, table)
-        return _run(client, args, table)
-    finally:
-        client.close()
-
-
-def _load(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML/JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping with name, model, tools, policy, ...")
-    return data
-
-
-def agent_id(client: Any, name_or_id: str) -> str:
-    for agent in client.call("GET", "/v1/agents"):
-        if name_or_id in (agent["id"], agent["name"]):
-            return str(agent["id"])
-    raise ValueError(f"no agent {name_or_id!r} that you can see")
-
-
-def _agent(client: Any, args: argparse.Namespace, table: Any) -> int:
-    if args.action == "create":
-        data = _load(args.file)
-        name = data.get("name")
-        if not isinstance(name, str):
-            raise ValueError(f"{args.file}: name: required (the agent's name)")
-        made = client.call("POST", "/v1/agents", json={"name": name})
-        try:
-            draft = client.call("PUT", f"/v1/agents/{made['id']}/draft", json=data)
-        except Exception:
-            client.call("DELETE", f"/v1/agents/{made['id']}")  # nothing half-made remains
-            raise
-        print(f"{made['id']}  {name}  draft version {draft['version']}")
-        return 0
-    if args.action == "edit":
-        ident = agent_id(client, args.agent)
-        draft = client.call("PUT", f"/v1/agents/{ident}/draft", json=_load(args.file))
-        print(f"{ident}  draft version {draft['version']} saved")
-        return 0
-    if args.action == "publish":
-        ident = agent_id(client, args.agent)
-        published = client.call("POST", f"/v1/agents/{ident}/publish")
-        print(f"{ident}  version {published['version']} published")
-        return 0
-    rows = [("ID", "NAME", "OWNER", "VERSIONS")]
-    for agent in client.call("GET", "/v1/agents"):
-        versions = client.call("GET", f"/v1/agents/{agent['id']}/versions")
-        listed = ",".join(
-            f"{v['version']}{'*' if v['status'] == 'draft' else ''}" for v in versions
-        )
-        rows.append((agent["id"], agent["name"], agent["owner"], listed or "-"))
-    table(rows)
-    return 0
-
-
-def _approval(client: Any, args: argparse.Namespace, table: Any) -> int:
-    if args.action == "ls":
-        params = {"pending": "false"} if args.all else None
-        rows = [("ID", "RUN", "KIND", "SUBJECT", "STATUS", "BY", "REQUESTED")]
-        for item in client.call("GET", "/v1/approvals", params=params):
-            subject = item["subject"]
-            if item["kind"] == "egress":
-                what = f"{subject.get('host')}:{subject.get('port')}"
-            else:
-                what = f"{subject.get('name')} ({subject.get('size')} bytes)"
-            rows.append(
-                (
-                    item["id"],
-                    item["run_id"],
-                    item["kind"],
-                    what,
-                    item["status"],
-                    item.get("decided_by") or "-",
-                    item["requested_at"],
-                )
-            )
-        table(rows)
-        return 0
-    body = {"decision": args.action, "note": args.note}
-    decided = client.call("POST", f"/v1/approvals/{args.id}", json=body)
-    print(f"approval {decided['id']} {decided['status']} (run {decided['run_id']})")
-    return 0
-
-
-def _run(client: Any, args: argparse.Namespace, table: Any) -> int:
+def run(client: Client, args: argparse.Namespace) -> int:
     words = args.words
     is_action = words[0] in RUN_ACTIONS and not (words[0] == "ls" and len(words) > 1)
     _refuse_options_that_do_not_apply(args, words[0] if is_action else "start")
     if is_action:
-        return _run_action(client, words, args, table)
+        return _run_action(client, words, args)
     if len(words) != 2:
         raise ValueError('usage: aamp run AGENT "task" [--input FILE ...]')
     if args.download is not None:
         if args.no_follow:
             raise ValueError("--download waits for the run to end; it cannot go with --no-follow")
+        from aamp.cli.download import check_directory  # loaded only by a run that saves files
+
         check_directory(args.download)  # before the run starts, not after it ended
     ident = agent_id(client, words[0])
     inputs = [
@@ -225,14 +107,16 @@ def _refuse_options_that_do_not_apply(args: argparse.Namespace, form: str) -> No
             )
 
 
-def _download(client: Any, run_id: str, dest: Path) -> None:
+def _download(client: Client, run_id: str, dest: Path) -> None:
+    from aamp.cli.download import save_artifacts
+
     items = client.call("GET", f"/v1/runs/{run_id}/artifacts")
     save_artifacts(
         client, run_id, items, dest, progress=lambda line: print(line, file=sys.stderr, flush=True)
     )
 
 
-def follow(client: Any, run_id: str) -> str:
+def follow(client: Client, run_id: str) -> str:
     """Print the run's steps as they happen; returns the status it ended with."""
     last = 0
     status = "unknown"
@@ -294,7 +178,7 @@ def _short(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def _run_action(client: Any, words: list[str], args: argparse.Namespace, table: Any) -> int:
+def _run_action(client: Client, words: list[str], args: argparse.Namespace) -> int:
     action = words[0]
     if action == "ls":
         rows = [("ID", "AGENT", "VERSION", "OWNER", "STATUS", "STEPS", "CREATED")]

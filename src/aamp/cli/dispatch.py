@@ -1,0 +1,150 @@
+"""`main`: the command line → the one table of commands → an exit code.
+
+Every command is a row of `COMMANDS`: its help line, its kind, and the module of `aamp.cli`
+that holds it — the function named after the command (`model-endpoint` → `model_endpoint`)
+runs it, and `NAME_arguments`, where the command takes any, adds its arguments. The kinds:
+- `Api` — talks to the control plane: `NAME(client, args)`, given a signed-in
+  `aamp.client.Client` (closed when it returns);
+- `Local` — acts on this host (`aamp.cli.local`): `NAME(args, settings)`;
+- `OwnWords` — parses its own command line: `NAME(words)`, every word after its name, before
+  any setting is read.
+
+`main` turns the errors a user can act on (the API's refusals and an unreachable control
+plane, bad input, files that cannot be read) into `aamp: MESSAGE` and exit 1; anything else
+is a bug and keeps its traceback.
+
+Start-up is most of a command's cost, so only what the typed command needs is loaded: its
+module (not the other commands'), the client (with `http.client`) for an `Api` command only, and
+only its arguments are added to the parser (argparse's cost is per parser, and a command's
+words never reach another command's parser). `aamp --help` lists every command from the
+table and loads none of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Iterable
+
+from aamp.cli.command import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, CommandError
+from aamp.config import ConfigError, Settings
+
+Arguments = Callable[[argparse.ArgumentParser], None]
+# How long an API command waits for each answer: the agent, run and approval commands longer.
+API_TIMEOUT = 120.0
+AGENT_API_TIMEOUT = 600.0
+
+# The three kinds of command are plain classes: a frozen dataclass costs a millisecond or more
+# to define, and that is paid at every start.
+
+
+class Api:
+    """Talks to the control plane: `NAME(client, args)`, with a client signed in for it."""
+
+    def __init__(self, help: str, module: str, timeout: float = API_TIMEOUT):
+        self.help, self.module, self.timeout = help, module, timeout
+
+
+class Local:
+    """Acts on this host: `NAME(args, settings)`."""
+
+    def __init__(self, help: str, module: str = "local"):
+        self.help, self.module = help, module
+
+
+class OwnWords:
+    """Parses its own command line: `NAME(words)`, every word after the command's name."""
+
+    def __init__(self, help: str, module: str = "local"):
+        self.help, self.module = help, module
+
+
+Command = Api | Local | OwnWords
+
+COMMANDS: dict[str, Command] = {
+    "up": Local("run the control plane (API on AAMP_HOST:AAMP_PORT)"),
+    "doctor": Local("say which isolation drivers work on this host and why not"),
+    "model": OwnWords("the optional local model: model serve [--port N] | model path"),
+    "image": Local("guest images"),
+    "sandbox": Api("sandboxes", "sandbox"),
+    "user": Api("users", "identity"),
+    "token": Api("API tokens", "identity"),
+    "grant": Api("per-agent grants", "identity"),
+    "policy": Api("policies", "catalog"),
+    "service": Api("services", "catalog"),
+    "model-endpoint": Api("model endpoints (OpenAI-compatible servers agents may use)", "catalog"),
+    "secret": Api("secrets (values are write-only)", "identity"),
+    "audit": Local("the audit log (local)"),
+    "agent": Api("agents", "agents", AGENT_API_TIMEOUT),
+    "run": Api(
+        "run an agent on a task (aamp run AGENT TASK), or: run ls|show|cancel|artifacts",
+        "runs",
+        AGENT_API_TIMEOUT,
+    ),
+    "approval": Api(
+        "questions runs put to people (egress ask, outbound data)", "agents", AGENT_API_TIMEOUT
+    ),
+}
+
+
+def functions(name: str) -> tuple[Callable[..., int], Arguments | None]:
+    """The command's function and the one adding its arguments (None: it takes none)."""
+    module = importlib.import_module(f"aamp.cli.{COMMANDS[name].module}")
+    attribute = name.replace("-", "_")
+    return getattr(module, attribute), getattr(module, f"{attribute}_arguments", None)
+
+
+def build_parser(arguments_of: Iterable[str] = COMMANDS) -> argparse.ArgumentParser:
+    """The parser of every command, with the arguments of those named (by default all)."""
+    p = argparse.ArgumentParser(prog="aamp", description="aamp control plane")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, command in COMMANDS.items():
+        if isinstance(command, OwnWords):  # listed for --help; its words are its own
+            sub.add_parser(name, help=command.help, add_help=False)
+            continue
+        parser = sub.add_parser(name, help=command.help)
+        arguments = functions(name)[1] if name in arguments_of else None
+        if arguments is not None:
+            arguments(parser)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    if words and isinstance(COMMANDS.get(words[0]), OwnWords):
+        return functions(words[0])[0](words[1:])
+    after_dashes: list[str] = []
+    if "--" in words:
+        cut = words.index("--")
+        words, after_dashes = words[:cut], words[cut + 1 :]
+    # The command's name is the first word that is not an option (`aamp` itself has only -h).
+    typed = next((w for w in words if not w.startswith("-")), None)
+    args = build_parser(arguments_of=[typed] if typed else []).parse_args(words)
+    args.after_dashes = after_dashes  # the command `aamp sandbox exec` runs; others ignore it
+    try:
+        settings = Settings.from_env()
+    except ConfigError as exc:
+        print(f"aamp: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return _run(args.command, args, settings)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except (CommandError, ValueError, OSError) as exc:
+        print(f"aamp: {getattr(exc, 'message', exc)}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _run(name: str, args: argparse.Namespace, settings: Settings) -> int:
+    command, run = COMMANDS[name], functions(name)[0]
+    if isinstance(command, Local):
+        return run(args, settings)
+    assert isinstance(command, Api)  # OwnWords commands returned before any parsing
+    from aamp.client import Client, ClientError
+
+    try:
+        with Client.from_settings(settings, timeout=command.timeout) as client:
+            return run(client, args)
+    except ClientError as exc:
+        raise CommandError(exc.message) from None

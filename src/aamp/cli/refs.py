@@ -1,0 +1,25 @@
+"""What a user types for an agent (its id or its name) → the agent's id; the one rule.
+
+`ag-…` is an agent's id and only ever an id; anything else is a name. Either is matched
+exactly against the agents the caller can see, and one that matches none is refused before
+any other request. So an agent whose name looks like an id never stands in for the agent that
+has that id (an agent named `ag-…` is reached by its id), and a wrong id is said as such,
+whatever the route it was meant for would have answered.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # typing's own costs ~15 ms of start-up: see aamp.cli
+if TYPE_CHECKING:
+    from aamp.client import Client
+
+AGENT_ID_PREFIX = "ag-"
+
+
+def agent_id(client: Client, ref: str) -> str:
+    by_id = ref.startswith(AGENT_ID_PREFIX)
+    for agent in client.call("GET", "/v1/agents"):
+        if agent["id" if by_id else "name"] == ref:
+            return str(agent["id"])
+    what = "with id" if by_id else "named"
+    raise ValueError(f"no agent {what} {ref!r} that you can see")
