@@ -28,8 +28,8 @@ import dns.exception
 import dns.rdatatype
 import dns.resolver
 
-from aamp.egress.addresses import IPAddress
 from aamp.egress.rules import HostError, normalize_host
+from aamp.policy.addresses import IPAddress
 
 
 class ResolveError(Exception):

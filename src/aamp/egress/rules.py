@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Literal
 
 import idna
 
-from aamp.egress.addresses import AddressKind, IPAddress, NotAnAddress, classify, parse_ip_literal
+from aamp.policy.addresses import AddressKind, IPAddress, NotAnAddress, classify, parse_ip_literal
 
 if TYPE_CHECKING:
     from aamp.policy.model import EgressPolicy
