@@ -36,8 +36,8 @@ import httpcore
 import httpx
 
 from aamp.egress.resolver import ResolveError, Resolver
-from aamp.egress.rules import Host, HostError, normalize_host
 from aamp.policy.addresses import AddressKind, IPAddress, classify
+from aamp.policy.hosts import Host, HostError, normalize_host
 
 # What a registered host *name* may resolve to; anything else only by its IP literal.
 NAME_REACHES = frozenset(

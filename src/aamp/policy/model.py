@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import yaml
 
-from aamp.egress.rules import (
+from aamp.policy.hosts import (
     DEFAULTS,
     LOOPBACK_IS_THE_SANDBOX,
     HostError,
