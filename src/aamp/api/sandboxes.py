@@ -24,9 +24,8 @@ from aamp.egress.services import ServiceSet
 from aamp.identity.catalog import AgentNeeds, Service, parse_policy_document
 from aamp.identity.errors import NotFound
 from aamp.identity.model import Actor, Resource
-from aamp.policy import Policy, PolicyError
+from aamp.policy import MiB, Policy, PolicyError, Resources
 from aamp.sandbox import channel as ch
-from aamp.sandbox.driver import MiB, Resources
 from aamp.sandbox.manager import (
     DEFAULT_IDLE_SECONDS,
     DEFAULT_TTL_SECONDS,
@@ -169,7 +168,7 @@ def _from_policy(
         driver=driver,
         ttl=float(policy.lifetime.ttl_seconds),
         idle=float(policy.lifetime.idle_seconds),
-        resources=policy.resources.to_driver(),
+        resources=policy.resources,
         egress=EgressRules.from_policy(policy.egress),
         services=ServiceSet([s.for_egress() for s in services]),
     )

@@ -7,20 +7,22 @@ from aamp.policy.model import (
     Lifetime,
     Policy,
     PolicyError,
-    PolicyResources,
     parse_policy,
     policy_from_dict,
 )
-from aamp.policy.units import parse_duration, parse_size
+from aamp.policy.resources import Resources
+from aamp.policy.units import GiB, MiB, parse_duration, parse_size
 
 __all__ = [
     "DataPolicy",
     "DataRule",
     "EgressPolicy",
+    "GiB",
     "Lifetime",
+    "MiB",
     "Policy",
     "PolicyError",
-    "PolicyResources",
+    "Resources",
     "parse_duration",
     "parse_policy",
     "parse_size",

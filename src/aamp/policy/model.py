@@ -13,7 +13,7 @@ Usage::
 
     policy = parse_policy(Path("finance.yaml").read_text())
     rules = EgressRules.from_policy(policy.egress)
-    spec = SandboxSpec(image=policy.image, resources=policy.resources.to_driver())
+    spec = SandboxSpec(image=policy.image, resources=policy.resources)
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from aamp.policy.hosts import (
     HostPattern,
     this_machine,
 )
+from aamp.policy.resources import Resources
 from aamp.policy.units import parse_duration, parse_size
-from aamp.sandbox.driver import Resources
 
 NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$")
 SERVICE_RE = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?$")
@@ -96,23 +96,6 @@ class Lifetime:
 
 
 @dataclass(frozen=True)
-class PolicyResources:
-    cpus: float = Resources.cpus
-    memory_bytes: int = Resources.memory_bytes
-    pids: int = Resources.pids
-    disk_bytes: int = Resources.disk_bytes
-
-    def to_driver(self) -> Resources:
-        """The isolation driver's `Resources` for this policy (validated at parse time)."""
-        return Resources(
-            cpus=self.cpus,
-            memory_bytes=self.memory_bytes,
-            pids=self.pids,
-            disk_bytes=self.disk_bytes,
-        )
-
-
-@dataclass(frozen=True)
 class Policy:
     name: str
     egress: EgressPolicy = field(default_factory=EgressPolicy)
@@ -121,7 +104,7 @@ class Policy:
     packages: tuple[str, ...] = ()
     data: DataPolicy = field(default_factory=DataPolicy)
     lifetime: Lifetime = field(default_factory=Lifetime)
-    resources: PolicyResources = field(default_factory=PolicyResources)
+    resources: Resources = field(default_factory=Resources)
 
     @classmethod
     def from_yaml(cls, text: str) -> Policy:
@@ -323,25 +306,24 @@ def _whole(value: object) -> int:
     return value
 
 
-def _parse_resources(r: _Reader, raw: object) -> PolicyResources:
+def _parse_resources(r: _Reader, raw: object) -> Resources:
     m = r.mapping(raw, "resources", ("cpus", "memory", "pids", "disk"))
-    d = PolicyResources()
+    d = Resources()
     cpus = r.convert(m.get("cpus", d.cpus), "resources.cpus", _number, d.cpus)
     memory = r.convert(m.get("memory", d.memory_bytes), "resources.memory", parse_size, None)
     pids = r.convert(m.get("pids", d.pids), "resources.pids", _whole, d.pids)
     disk = r.convert(m.get("disk", d.disk_bytes), "resources.disk", parse_size, None)
-    result = PolicyResources(cpus, memory or d.memory_bytes, pids, disk or d.disk_bytes)
     if memory is None or disk is None:
-        return result
+        return d
     try:
-        result.to_driver()  # the driver's own bounds are the single source of truth
+        return Resources(cpus, memory, pids, disk)  # its bounds are the drivers' too
     except ValueError as exc:
         message = str(exc)
         field_name = next(
             (f for f in ("cpus", "memory", "pids", "disk") if f"resources.{f}" in message), ""
         )
         r.fail(f"resources.{field_name}" if field_name else "resources", message.split(" ", 1)[1])
-    return result
+        return d
 
 
 def policy_from_dict(data: object) -> Policy:

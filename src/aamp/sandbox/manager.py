@@ -39,15 +39,9 @@ from aamp.egress.proxy import EgressProxy
 from aamp.egress.resolver import Resolver, SystemResolver
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import SecretReader, ServiceSet
+from aamp.policy import Resources
 from aamp.sandbox.channel import GuestChannel
-from aamp.sandbox.driver import (
-    SANDBOX_ID_RE,
-    Driver,
-    DriverError,
-    Resources,
-    SandboxHandle,
-    SandboxSpec,
-)
+from aamp.sandbox.driver import SANDBOX_ID_RE, Driver, DriverError, SandboxHandle, SandboxSpec
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.runtime_dir import RuntimeDir, RuntimeDirBusy
 
