@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from aamp.identity.model_endpoints import ENDPOINT_NAME_RE, MODEL_NAME_RE
+from aamp.catalog.model_endpoints import ENDPOINT_NAME_RE, MODEL_NAME_RE
 from aamp.policy.model import NAME_RE, SERVICE_RE
 from aamp.policy.units import parse_duration, parse_size
 

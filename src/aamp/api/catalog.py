@@ -17,9 +17,9 @@ from pydantic import BaseModel, Field
 from aamp.api.context import ControlPlane
 from aamp.api.errors import ApiError
 from aamp.api.guard import cp_of, record_change, rule
+from aamp.catalog.catalog import MAX_POLICY_BYTES
+from aamp.catalog.model_endpoints import MAX_MODELS, ModelEndpoint, check_base_url
 from aamp.egress.registered import ConnectionRefused, resolve_and_check
-from aamp.identity.catalog import MAX_POLICY_BYTES
-from aamp.identity.model_endpoints import MAX_MODELS, ModelEndpoint, check_base_url
 
 Name = Annotated[str, Path(min_length=1, max_length=64)]
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from aamp.audit import AuditLog
+from aamp.catalog import Catalog
 from aamp.config import Settings
-from aamp.identity import Catalog, Directory, LoginThrottle
+from aamp.identity import Directory, LoginThrottle
 from aamp.runs.service import RunService
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.manager import SandboxManager

@@ -19,9 +19,9 @@ from starlette.types import Receive, Scope, Send
 from aamp.api.context import ControlPlane, SandboxOwner
 from aamp.api.errors import ApiError
 from aamp.api.guard import actor_of, check, cp_of, json_body, request_id, rule
+from aamp.catalog.catalog import AgentNeeds, Service, parse_policy_document
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import ServiceSet
-from aamp.identity.catalog import AgentNeeds, Service, parse_policy_document
 from aamp.identity.errors import NotFound
 from aamp.identity.model import Actor, Resource
 from aamp.policy import MiB, Policy, PolicyError, Resources

@@ -3,12 +3,10 @@
 - `model` — Role, Level, Actor, Resource, Decision (small frozen values);
 - `authz.allowed(actor, action, resource)` — the one function that decides every request;
 - `Directory` — users, tokens, sessions, agents and grants in the store;
-- `Catalog` — policies, services, model endpoints and what each agent is granted;
 - `LoginThrottle`, `bootstrap` — failed-login lockout; the first admin and the CLI token.
 """
 
 from aamp.identity.authz import RULES, allowed
-from aamp.identity.catalog import Catalog
 from aamp.identity.directory import Directory
 from aamp.identity.errors import (
     AuthenticationFailed,
@@ -25,7 +23,6 @@ __all__ = [
     "RULES",
     "Actor",
     "AuthenticationFailed",
-    "Catalog",
     "Conflict",
     "Decision",
     "Directory",

@@ -33,11 +33,11 @@ from aamp.agents.model import EndpointAccess, ModelClient, ModelError
 from aamp.agents.sandbox_tools import SandboxTools, _guest_json
 from aamp.agents.tools import ToolSet
 from aamp.audit.record import AuditSink
+from aamp.catalog.model_endpoints import ModelEndpoint
 from aamp.config import Settings
 from aamp.egress.approvals import Answer, Approver
 from aamp.egress.registered import AddressVerdict, CheckedTransport
 from aamp.identity.errors import Conflict, NotFound
-from aamp.identity.model_endpoints import ModelEndpoint
 from aamp.policy import Policy
 from aamp.runs import artifacts as art
 from aamp.runs.bus import EventBus

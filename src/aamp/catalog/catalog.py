@@ -20,16 +20,16 @@ from urllib.parse import urlsplit
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 
-from aamp.egress.services import Auth, Basic, Bearer, Header
-from aamp.egress.services import Service as EgressService
-from aamp.identity.errors import Conflict, InvalidInput, NotFound
-from aamp.identity.model_endpoints import (
+from aamp.catalog.model_endpoints import (
     ModelEndpoint,
     check_base_url,
     check_endpoint_name,
     check_models,
     check_secret_name,
 )
+from aamp.egress.services import Auth, Basic, Bearer, Header
+from aamp.egress.services import Service as EgressService
+from aamp.identity.errors import Conflict, InvalidInput, NotFound
 from aamp.policy import Policy, PolicyError, parse_policy, policy_from_dict
 from aamp.policy.model import IMAGE_RE, NAME_RE, SERVICE_RE
 from aamp.store import Store
