@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from aamp.identity import Conflict, Directory, InvalidInput, LoginThrottle, Throttled
+from aamp.errors import Conflict, InvalidInput
+from aamp.identity import Directory, LoginThrottle, Throttled
 from aamp.identity.bootstrap import ensure_cli_token, ensure_first_admin
 from aamp.identity.errors import AuthenticationFailed
 from aamp.store import Store

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import func, select
 
 from aamp.agents.definition import AgentDefinition, definition_from_dict, stored_form
-from aamp.identity.errors import Conflict, NotFound
+from aamp.errors import Conflict, NotFound
 from aamp.store import Store
 from aamp.store.tables import AgentRow, AgentVersionRow
 from aamp.store.timestamps import now

@@ -28,7 +28,7 @@ from aamp.api.errors import ApiError
 from aamp.api.guard import actor_of, check, cp_of, json_body, record_change, request_id, rule
 from aamp.api.sandboxes import sandbox_from
 from aamp.catalog.catalog import AgentNeeds
-from aamp.identity.errors import NotFound
+from aamp.errors import NotFound
 from aamp.identity.model import Actor, Resource
 from aamp.runs.service import RunRequest, RunService
 from aamp.runs.store import RunStore

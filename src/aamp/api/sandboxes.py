@@ -22,7 +22,7 @@ from aamp.api.guard import actor_of, check, cp_of, json_body, request_id, rule
 from aamp.catalog.catalog import AgentNeeds, Service, parse_policy_document
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import ServiceSet
-from aamp.identity.errors import NotFound
+from aamp.errors import NotFound
 from aamp.identity.model import Actor, Resource
 from aamp.policy import MiB, Policy, PolicyError, Resources
 from aamp.sandbox import channel as ch

@@ -29,7 +29,7 @@ from aamp.catalog.model_endpoints import (
 )
 from aamp.egress.services import Auth, Basic, Bearer, Header
 from aamp.egress.services import Service as EgressService
-from aamp.identity.errors import Conflict, InvalidInput, NotFound
+from aamp.errors import Conflict, InvalidInput, NotFound
 from aamp.policy import Policy, PolicyError, parse_policy, policy_from_dict
 from aamp.policy.model import IMAGE_RE, NAME_RE, SERVICE_RE
 from aamp.store import Store

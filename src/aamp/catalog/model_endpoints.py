@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aamp.egress.registered import RegisteredUrl, UrlError
-from aamp.identity.errors import InvalidInput
+from aamp.errors import InvalidInput
 from aamp.vault.vault import NAME_RE as SECRET_NAME_RE
 
 ENDPOINT_NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?$")

@@ -8,14 +8,7 @@
 
 from aamp.identity.authz import RULES, allowed
 from aamp.identity.directory import Directory
-from aamp.identity.errors import (
-    AuthenticationFailed,
-    Conflict,
-    IdentityError,
-    InvalidInput,
-    NotFound,
-    Throttled,
-)
+from aamp.identity.errors import AuthenticationFailed, Throttled
 from aamp.identity.model import Actor, Decision, Level, Resource, Role
 from aamp.identity.throttle import LoginThrottle
 
@@ -23,14 +16,10 @@ __all__ = [
     "RULES",
     "Actor",
     "AuthenticationFailed",
-    "Conflict",
     "Decision",
     "Directory",
-    "IdentityError",
-    "InvalidInput",
     "Level",
     "LoginThrottle",
-    "NotFound",
     "Resource",
     "Role",
     "Throttled",

@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from aamp.errors import NotFound
 from aamp.identity import credentials as cred
 from aamp.identity.directory import Directory
-from aamp.identity.errors import AuthenticationFailed, NotFound
+from aamp.identity.errors import AuthenticationFailed
 
 ADMIN_PASSWORD_ENV = "AAMP_ADMIN_PASSWORD"
 TOKEN_ENV = "AAMP_TOKEN"

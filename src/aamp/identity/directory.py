@@ -1,7 +1,7 @@
 """`Directory`: users, API tokens, UI sessions, agents and grants in the store.
 
 Blocking methods on purpose (callers in the event loop use `await store.run(...)`, like the
-rest of the store). Every method validates its input first and raises an `IdentityError`
+rest of the store). Every method validates its input first and raises an `AampError`
 naming the problem, and changes nothing when it refuses. Authentication methods return an
 `Actor` already carrying the agent levels its grants give, so that `authz.allowed` is a pure
 function of its three arguments.
@@ -19,9 +19,10 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from aamp.errors import Conflict, InvalidInput, NotFound
 from aamp.identity import credentials as cred
 from aamp.identity import lookup
-from aamp.identity.errors import AuthenticationFailed, Conflict, InvalidInput, NotFound
+from aamp.identity.errors import AuthenticationFailed
 from aamp.identity.model import Actor, AgentAccess, Level, Role
 from aamp.store import Store
 from aamp.store.store import ReadPlan, read_plan

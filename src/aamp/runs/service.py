@@ -37,7 +37,7 @@ from aamp.catalog.model_endpoints import ModelEndpoint
 from aamp.config import Settings
 from aamp.egress.approvals import Answer, Approver
 from aamp.egress.registered import AddressVerdict, CheckedTransport
-from aamp.identity.errors import Conflict, NotFound
+from aamp.errors import Conflict, NotFound
 from aamp.policy import Policy
 from aamp.runs import artifacts as art
 from aamp.runs.bus import EventBus

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 
-from aamp.identity.errors import Conflict, NotFound
+from aamp.errors import Conflict, NotFound
 from aamp.store import Store, quick_read
 from aamp.store.tables import (
     AuditRecordRow,

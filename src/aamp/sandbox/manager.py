@@ -39,6 +39,7 @@ from aamp.egress.proxy import EgressProxy
 from aamp.egress.resolver import Resolver, SystemResolver
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import SecretReader, ServiceSet
+from aamp.errors import AampError
 from aamp.policy import Resources
 from aamp.sandbox.channel import GuestChannel
 from aamp.sandbox.driver import SANDBOX_ID_RE, Driver, DriverError, SandboxHandle, SandboxSpec
@@ -53,31 +54,24 @@ DEFAULT_IDLE_SECONDS = 5 * 60
 GUEST_READY_TIMEOUT = 30.0
 
 
-class SandboxError(Exception):
+class SandboxError(AampError, code="sandbox_error"):
     """A request about sandboxes cannot be served; `code` is stable, the message is for people."""
 
-    code = "sandbox_error"
-    status = 400
+
+class UnknownSandbox(SandboxError, code="unknown_sandbox", status=404):
+    """No live sandbox has this id (never made, or destroyed since)."""
 
 
-class UnknownSandbox(SandboxError):
-    code = "unknown_sandbox"
-    status = 404
+class InvalidRequest(SandboxError, code="invalid_request"):
+    """A create request this host cannot serve (an unknown image or driver, a bad lifetime)."""
 
 
-class InvalidRequest(SandboxError):
-    code = "invalid_request"
-    status = 400
+class SandboxStopped(SandboxError, code="sandbox_stopped", status=410):
+    """The sandbox stopped by itself (a limit, a crash); the message says why."""
 
 
-class SandboxStopped(SandboxError):
-    code = "sandbox_stopped"
-    status = 410
-
-
-class SandboxUnavailable(SandboxError):
-    code = "sandbox_unavailable"
-    status = 503
+class SandboxUnavailable(SandboxError, code="sandbox_unavailable", status=503):
+    """A sandbox could not be started (the driver failed, or the guest did not come up)."""
 
 
 class LogRecorder:
