@@ -14,6 +14,7 @@ import logging
 
 import uvicorn
 
+from aamp.agents.registry import AgentRegistry
 from aamp.api.app import create_app
 from aamp.api.context import ControlPlane
 from aamp.audit import AuditLog
@@ -107,6 +108,7 @@ def build_control_plane(
         audit=audit,
         vault=vault,
         directory=directory,
+        agents=AgentRegistry(store),
         catalog=Catalog(store),
         manager=manager,
         images=images,

@@ -94,7 +94,7 @@ async def test_disabled_user_is_locked_out(plane) -> None:
 async def test_nobody_escalates_themselves(plane) -> None:
     cp = plane.cp
     token = await plane.user("ed", "builder")
-    agent = await cp.store.run(lambda: cp.directory.create_agent("shared", owner="admin"))
+    agent = await cp.store.run(lambda: cp.agents.create("shared", owner="admin"))
     await cp.store.run(lambda: cp.directory.grant(agent.id, level="view", by="t", user="ed"))
     async with plane.client(token) as c:
         assert (await c.patch("/v1/users/ed", json={"role": "admin"})).status_code == 403
@@ -126,7 +126,7 @@ async def test_operators_see_only_their_own_sandboxes(plane) -> None:
     cp = plane.cp
     t1 = await plane.user("op1", "operator")
     await plane.user("op2", "operator")
-    agent = await cp.store.run(lambda: cp.directory.create_agent("ops", owner="admin"))
+    agent = await cp.store.run(lambda: cp.agents.create("ops", owner="admin"))
     await cp.store.run(lambda: cp.directory.grant(agent.id, level="run", by="t", role="operator"))
     cp.sandbox_owners["sb-00000000000a"] = SandboxOwner("op2", agent.id, "p")
     async with plane.client(t1) as c:

@@ -112,7 +112,7 @@ def router() -> APIRouter:
     async def list_agents(request: Request) -> list[dict[str, object]]:
         """The agents you can view (all of them for an admin)."""
         cp = cp_of(request)
-        agents = await cp.store.run(cp.directory.list_agents)
+        agents = await cp.store.run(cp.agents.list)
         return [
             a.to_dict()
             for a in agents
@@ -124,9 +124,7 @@ def router() -> APIRouter:
     async def create_agent(body: AgentIn, request: Request) -> dict[str, object]:
         """Create an agent; its creator owns it (which counts as `edit` on it)."""
         cp, actor = cp_of(request), actor_of(request)
-        agent = await cp.store.run(
-            lambda: cp.directory.create_agent(body.name, owner=actor.username or "")
-        )
+        agent = await cp.store.run(lambda: cp.agents.create(body.name, owner=actor.username or ""))
         await record_change(request, "agent.created", f"agent:{agent.id}", {"name": agent.name})
         return agent.to_dict()
 
@@ -134,20 +132,20 @@ def router() -> APIRouter:
     @rule("agent.view", _agent)
     async def get_agent(agent_id: AgentId, request: Request) -> dict[str, object]:
         cp = cp_of(request)
-        return (await cp.store.run(cp.directory.get_agent, agent_id)).to_dict()
+        return (await cp.store.run(cp.agents.get, agent_id)).to_dict()
 
     @r.delete("/agents/{agent_id}", status_code=204)
     @rule("agent.delete", _agent)
     async def delete_agent(agent_id: AgentId, request: Request) -> None:
         cp = cp_of(request)
-        await cp.store.run(cp.directory.delete_agent, agent_id)
+        await cp.store.run(cp.agents.delete, agent_id)
         await record_change(request, "agent.deleted", f"agent:{agent_id}", {})
 
     @r.get("/agents/{agent_id}/grants", response_model=list[GrantOut])
     @rule("grant.list", _agent)
     async def list_grants(agent_id: AgentId, request: Request) -> list[dict[str, object]]:
         cp = cp_of(request)
-        await cp.store.run(cp.directory.get_agent, agent_id)
+        await cp.store.run(cp.agents.get, agent_id)
         return [g.to_dict() for g in await cp.store.run(cp.directory.list_grants, agent_id)]
 
     @r.post("/agents/{agent_id}/grants", status_code=201, response_model=GrantOut)
@@ -177,7 +175,7 @@ def router() -> APIRouter:
     async def list_resources(agent_id: AgentId, request: Request) -> list[dict[str, object]]:
         """The policies, services, images and model endpoints this agent is granted."""
         cp = cp_of(request)
-        await cp.store.run(cp.directory.get_agent, agent_id)
+        await cp.store.run(cp.agents.get, agent_id)
         return await cp.store.run(cp.catalog.list_resources, agent_id)
 
     @r.post("/agents/{agent_id}/resources", status_code=201, response_model=AgentResourceOut)
@@ -211,7 +209,7 @@ def router() -> APIRouter:
     async def list_versions(agent_id: AgentId, request: Request) -> list[dict[str, object]]:
         """Published versions; the draft too for users with `edit` on the agent."""
         cp = cp_of(request)
-        await cp.store.run(cp.directory.get_agent, agent_id)
+        await cp.store.run(cp.agents.get, agent_id)
         drafts = await check(
             request, "agent_version.edit", Resource("agent", agent_id, agent=agent_id)
         )

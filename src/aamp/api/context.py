@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from aamp.agents.registry import AgentRegistry
 from aamp.audit import AuditLog
 from aamp.catalog import Catalog
 from aamp.config import Settings
@@ -36,6 +37,7 @@ class ControlPlane:
     audit: AuditLog
     vault: Vault
     directory: Directory
+    agents: AgentRegistry
     catalog: Catalog
     manager: SandboxManager
     images: ImageStore

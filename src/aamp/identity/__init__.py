@@ -2,7 +2,7 @@
 
 - `model` — Role, Level, Actor, Resource, Decision (small frozen values);
 - `authz.allowed(actor, action, resource)` — the one function that decides every request;
-- `Directory` — users, tokens, sessions, agents and grants in the store;
+- `Directory` — users, tokens, sessions and grants on agents in the store;
 - `LoginThrottle`, `bootstrap` — failed-login lockout; the first admin and the CLI token.
 """
 

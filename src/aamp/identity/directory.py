@@ -1,4 +1,4 @@
-"""`Directory`: users, API tokens, UI sessions, agents and grants in the store.
+"""`Directory`: users, API tokens, UI sessions and grants on agents, in the store.
 
 Blocking methods on purpose (callers in the event loop use `await store.run(...)`, like the
 rest of the store). Every method validates its input first and raises an `AampError`
@@ -30,7 +30,6 @@ from aamp.store.tables import AgentRow, ApiTokenRow, GrantRow, SessionRow, UserR
 from aamp.store.timestamps import format_time, now
 
 USERNAME_RE = re.compile(r"^[a-z][a-z0-9._-]{0,63}$")
-AGENT_NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$")
 TOKEN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$")
 MAX_TOKEN_DAYS = 3650
 SESSION_HOURS = 12
@@ -108,22 +107,6 @@ class TokenInfo:
 
 
 @dataclass(frozen=True)
-class AgentInfo:
-    id: str
-    name: str
-    owner: str
-    created_at: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "name": self.name,
-            "owner": self.owner,
-            "created_at": self.created_at,
-        }
-
-
-@dataclass(frozen=True)
 class GrantInfo:
     id: int
     agent_id: str
@@ -161,10 +144,6 @@ def _token(row: ApiTokenRow, username: str) -> TokenInfo:
         row.revoked_at,
         row.last_used_at,
     )
-
-
-def _agent(row: AgentRow) -> AgentInfo:
-    return AgentInfo(row.id, row.name, row.owner, row.created_at)
 
 
 class Directory:
@@ -452,50 +431,7 @@ class Directory:
             agents=agents,
         )
 
-    # -- agents and grants --------------------------------------------------------------
-
-    def create_agent(self, name: str, *, owner: str) -> AgentInfo:
-        if not isinstance(name, str) or not AGENT_NAME_RE.match(name):
-            raise InvalidInput(
-                "agent name must be 1-64 lowercase letters, digits, '.', '_' or '-', "
-                "starting and ending with a letter or digit"
-            )
-        try:
-            with self.store.write_session() as s:
-                row = AgentRow(
-                    id=cred.new_random_id("ag-", 6), name=name, owner=owner, created_at=now()
-                )
-                s.add(row)
-                s.flush()
-                return _agent(row)
-        except IntegrityError:
-            raise Conflict(f"an agent named {name!r} already exists") from None
-
-    def list_agents(self) -> list[AgentInfo]:
-        with self.store.session() as s:
-            return [_agent(r) for r in s.scalars(select(AgentRow).order_by(AgentRow.name))]
-
-    def _find_agent_plan(self, agent_id: str) -> ReadPlan[AgentInfo | None]:
-        if not isinstance(agent_id, str):
-            return None
-        rows = yield lookup.AGENT_SQL, {"agent_id": agent_id}
-        return AgentInfo(*rows[0]) if rows else None
-
-    find_agent = read_plan(_find_agent_plan)
-
-    @read_plan
-    def get_agent(self, agent_id: str) -> ReadPlan[AgentInfo]:
-        agent = yield from self._find_agent_plan(agent_id)
-        if agent is None:
-            raise NotFound(f"no agent {agent_id!r}")
-        return agent
-
-    def delete_agent(self, agent_id: str) -> None:
-        with self.store.write_session() as s:
-            if s.get(AgentRow, agent_id) is None:
-                raise NotFound(f"no agent {agent_id!r}")
-            s.execute(delete(GrantRow).where(GrantRow.agent_id == agent_id))
-            s.execute(delete(AgentRow).where(AgentRow.id == agent_id))
+    # -- grants on agents ---------------------------------------------------------------
 
     def grant(
         self,
