@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from aamp.config import Settings
-from aamp.identity.bootstrap import read_token
+from aamp.identity import read_token
 
 
 class ClientError(Exception):

@@ -1,9 +1,25 @@
 """Small Python programs the tools run inside the guest (standard library + playwright only).
 
 Each reads one JSON request on stdin and prints one JSON answer on stdout; the host parses
-that answer as untrusted data. They are sent with each call (`python3 -c`), so the guest
-image needs nothing of aamp beyond its guest agent.
+that answer as untrusted data (`answer`). They are sent with each call (`python3 -c`), so the
+guest image needs nothing of aamp beyond its guest agent.
 """
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def answer(stdout: bytes) -> dict[str, Any] | None:
+    """A script's answer: the JSON object on the last line of its output, or None (anything
+    else — no output, not JSON, not an object — is no answer)."""
+    try:
+        value = json.loads(stdout.strip().splitlines()[-1]) if stdout.strip() else None
+    except (ValueError, IndexError):
+        return None
+    return value if isinstance(value, dict) else None
+
 
 # The browser lives across tool calls: the first call starts chromium (in its own session so
 # that it outlives the exec) with a DevTools port on the guest's loopback and the egress proxy

@@ -3,6 +3,45 @@ credential injection for services (installation CA, TLS interception, scrubbing)
 host's own checked connections to URLs an admin registered (model endpoints: `registered`).
 
 How a rule and a host are written, and what class of place an address is, belong to the
-policy (`aamp.policy.hosts`, `aamp.policy.addresses`). Import from the modules themselves
-(`aamp.egress.proxy`, `aamp.egress.rules`, ...): this package imports nothing.
+policy (`aamp.policy.hosts`, `aamp.policy.addresses`). Names load on first use
+(`aamp.surface`): the CLI reading the CA certificate loads no proxy.
 """
+
+from aamp.surface import surface
+
+__all__, __getattr__ = surface(
+    __name__,
+    {
+        "approvals": ("Answer", "Approver"),
+        "ca": ("InstallationCA", "ca_cert_path", "ca_dir"),
+        "installation": ("InstallationListeners", "Listener", "announce", "listeners_dir"),
+        "ledger": ("AuditEgressSink", "EgressEvent", "EgressSink", "JsonLinesSink"),
+        "proxy": ("EgressProxy", "EgressStats"),
+        "registered": (
+            "AddressVerdict",
+            "CheckedTransport",
+            "ConnectionRefused",
+            "RegisteredUrl",
+            "UrlError",
+            "resolve_and_check",
+        ),
+        "resolver": (
+            "DnsServerResolver",
+            "ResolveError",
+            "Resolver",
+            "StaticResolver",
+            "SystemResolver",
+        ),
+        "rules": ("EgressRules",),
+        "services": (
+            "Auth",
+            "Basic",
+            "Bearer",
+            "Header",
+            "SecretReader",
+            "Service",
+            "ServiceSet",
+            "VaultSecretReader",
+        ),
+    },
+)

@@ -5,3 +5,6 @@ by the guest's own `/usr/bin/python3` (Debian bookworm: Python 3.11) with `-I -S
 the standard library only and never imports anything from `aamp` outside `aamp.guest`: the
 host side (`aamp.sandbox.channel`) imports `aamp.guest.wire`, never the other way round.
 """
+
+# The host's side of the contract is the channel's framing, which both sides speak.
+__all__ = ["wire"]

@@ -30,7 +30,7 @@ from aamp.agents import guest_scripts
 from aamp.agents.definition import AgentDefinition
 from aamp.agents.loop import run_loop, summarise
 from aamp.agents.model import EndpointAccess, ModelClient, ModelError
-from aamp.agents.sandbox_tools import SandboxTools, _guest_json
+from aamp.agents.sandbox_tools import SandboxTools
 from aamp.agents.tools import ToolSet
 from aamp.audit.record import AuditSink
 from aamp.catalog.model_endpoints import ModelEndpoint
@@ -437,7 +437,7 @@ class RunService:
             result, out, _ = await channel.run(
                 ["python3", "-c", guest_scripts.LIST, art.OUT_DIR], timeout=60
             )
-        answer = _guest_json(out) if result.exit_code == 0 else None
+        answer = guest_scripts.answer(out) if result.exit_code == 0 else None
         found = art.candidates(answer.get("entries") if answer else None)
         refused: list[str] = []
         used = 0
