@@ -25,11 +25,11 @@ import secrets
 import shutil
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Unpack
 
-from aamp.audit.record import AuditSink
+from aamp.audit import AuditSink, EventFields
 from aamp.config import Settings
 from aamp.egress.approvals import Approver
 from aamp.egress.ca import InstallationCA
@@ -78,18 +78,9 @@ class LogRecorder:
     """Writes lifecycle events to the process log; for use without an audit log (tests, tools).
     Has the signature of `aamp.audit.AuditSink.record`, which the control plane passes in."""
 
-    async def record(
-        self,
-        *,
-        actor: str,
-        action: str,
-        resource: str,
-        decision: str,
-        reason: str | None = None,
-        request_id: str | None = None,
-        details: Mapping[str, Any] | None = None,
-    ) -> None:
-        log.info("%s %s %s %s %s %s", actor, action, resource, decision, reason, details)
+    async def record(self, **event: Unpack[EventFields]) -> None:
+        fields = ("actor", "action", "resource", "decision", "reason", "details")
+        log.info("%s %s %s %s %s %s", *(event.get(name) for name in fields))
 
 
 class LogEgressSink:
