@@ -83,8 +83,6 @@ class RunService:
         audit: AuditSink,
         manager: SandboxManager,
         vault: Vault | None,
-        *,
-        model_backoff: float = 0.5,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -94,7 +92,6 @@ class RunService:
         self.vault = vault
         self.bus = EventBus()
         self.steps = StepLog(store, self.runs, audit, self.bus)
-        self.model_backoff = model_backoff
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancel_reasons: dict[str, tuple[str, str]] = {}
         self._approvals: dict[str, asyncio.Future[Answer]] = {}
@@ -275,11 +272,7 @@ class RunService:
                 {"sandbox": sandbox_id, "image": sandbox.image, "driver": sandbox.driver},
             )
             await self._put_inputs(run_id, sandbox_id, req.inputs)
-            model = ModelClient(
-                d.model,
-                self._endpoint_access(run_id, req.endpoint),
-                backoff_base=self.model_backoff,
-            )
+            model = ModelClient(d.model, self._endpoint_access(run_id, req.endpoint))
             tools = ToolSet.build(d.tools, {n: u for n, u in req.services.items()})
             live = self._live[run_id]
             asking = d.limits.approval_timeout_seconds
