@@ -22,6 +22,7 @@ from aamp.agents.model import EndpointAccess, ModelClient, ModelError
 from aamp.agents.tools import ToolSet, truncate
 from aamp.egress.registered import AddressVerdict, CheckedTransport, RegisteredUrl
 from aamp.egress.resolver import StaticResolver, SystemResolver
+from aamp.policy import PolicyError, parse_policy
 
 GOOD = """
 name: fin
@@ -58,6 +59,34 @@ def test_bad_definitions_name_the_field(text: str, field: str) -> None:
     with pytest.raises(DefinitionError) as caught:
         parse_definition(text)
     assert field in str(caught.value)
+
+
+def test_a_key_given_twice_is_refused() -> None:
+    """A second `limits:` (or any repeated key) would silently replace the first; it is
+    refused, as in policies."""
+    text = (
+        "model: {endpoint: llm, name: m}\npolicy: p\nlimits: {max_steps: 5}\n"
+        "limits: {max_steps: 500}\n"
+    )
+    with pytest.raises(DefinitionError, match="duplicate key 'limits'"):
+        parse_definition(text)
+    with pytest.raises(DefinitionError, match="duplicate key 'name'"):
+        parse_definition("model: {endpoint: llm, name: m, name: n}\npolicy: p")
+
+
+def test_definitions_and_policies_are_read_alike() -> None:
+    """One way of reading what people write: the same words for the same mistakes."""
+    with pytest.raises(DefinitionError) as definition:
+        parse_definition("model: {endpoint: llm, name: m}\npolicy: p\nlimit: {}")
+    with pytest.raises(PolicyError) as policy:
+        parse_policy("name: p\nlimit: {}")
+    [(field, said)] = definition.value.problems
+    assert field == "limit" and said.startswith("unknown key; expected one of: model, policy")
+    [(field, said)] = policy.value.problems
+    assert field == "limit" and said.startswith("unknown key; expected one of: name, egress")
+    with pytest.raises(DefinitionError) as definition:
+        parse_definition("model: {endpoint: llm, name: m}\npolicy: p\nlimits: [1]")
+    assert definition.value.problems == [("limits", "expected a mapping, got a list")]
 
 
 def test_an_agent_never_carries_a_url_or_a_secret() -> None:

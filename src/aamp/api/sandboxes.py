@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from starlette.types import Receive, Scope, Send
 
 from aamp.api.context import ControlPlane, SandboxOwner
@@ -24,7 +24,7 @@ from aamp.egress.rules import EgressRules
 from aamp.egress.services import ServiceSet
 from aamp.errors import NotFound
 from aamp.identity.model import Actor, Resource
-from aamp.policy import MiB, Policy, PolicyError, Resources
+from aamp.policy import MiB, Policy, PolicyError, Resources, problems
 from aamp.sandbox import channel as ch
 from aamp.sandbox.manager import (
     DEFAULT_IDLE_SECONDS,
@@ -205,8 +205,9 @@ async def _create_request(cp: ControlPlane, body: SandboxIn, plan: SandboxPlan) 
         return sandbox_from(plan.named, body.driver)
     try:
         resources = Resources(**body.resources.model_dump()) if body.resources else Resources()
-    except ValueError as exc:
-        raise ApiError(400, "invalid_request", str(exc)) from None
+    except ValidationError as exc:
+        found = "; ".join(f"resources.{where}: {why}" for where, why in problems(exc, Resources))
+        raise ApiError(400, "invalid_request", found) from None
     return CreateRequest(
         image=body.image,
         driver=body.driver,
