@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -101,17 +101,7 @@ class Service:
         return EgressService(self.name, self.upstream, auth)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "upstream": self.upstream,
-            "auth": self.auth,
-            "header_name": self.header_name,
-            "secrets": list(self.secrets),
-            "created_at": self.created_at,
-            "created_by": self.created_by,
-            "updated_at": self.updated_at,
-            "updated_by": self.updated_by,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)

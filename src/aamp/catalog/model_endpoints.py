@@ -11,7 +11,7 @@ refused until an admin confirms them (`aamp model-endpoint confirm NAME`). Stora
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from aamp.egress.registered import RegisteredUrl, UrlError
@@ -34,8 +34,8 @@ class ModelEndpoint:
     created_by: str
     updated_at: str
     updated_by: str
-    confirmed_at: str | None = None
-    confirmed_by: str | None = None
+    confirmed_at: str | None
+    confirmed_by: str | None
 
     @property
     def url(self) -> RegisteredUrl:
@@ -45,19 +45,7 @@ class ModelEndpoint:
         return not self.models or model in self.models
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "base_url": self.base_url,
-            "api_key_secret": self.api_key_secret,
-            "models": list(self.models),
-            "confirmed": self.confirmed,
-            "created_at": self.created_at,
-            "created_by": self.created_by,
-            "updated_at": self.updated_at,
-            "updated_by": self.updated_by,
-            "confirmed_at": self.confirmed_at,
-            "confirmed_by": self.confirmed_by,
-        }
+        return asdict(self)
 
 
 def check_endpoint_name(name: object) -> str:

@@ -10,7 +10,7 @@ function of its three arguments.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
@@ -95,15 +95,7 @@ class TokenInfo:
     last_used_at: str | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "username": self.username,
-            "name": self.name,
-            "created_at": self.created_at,
-            "expires_at": self.expires_at,
-            "revoked_at": self.revoked_at,
-            "last_used_at": self.last_used_at,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -117,15 +109,7 @@ class GrantInfo:
     created_by: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "agent_id": self.agent_id,
-            "user": self.user,
-            "role": self.role,
-            "level": self.level.value,
-            "created_at": self.created_at,
-            "created_by": self.created_by,
-        }
+        return asdict(self)
 
 
 def _user(row: UserRow) -> UserInfo:

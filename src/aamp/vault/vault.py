@@ -14,7 +14,7 @@ in AAMP_MASTER_KEY, the caller must put the returned new key there itself.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,14 +66,7 @@ class SecretMetadata:
     updated_by: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "version": self.version,
-            "created_at": self.created_at,
-            "created_by": self.created_by,
-            "updated_at": self.updated_at,
-            "updated_by": self.updated_by,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
