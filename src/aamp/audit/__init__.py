@@ -20,6 +20,7 @@ from aamp.audit.record import (
     AuditSink,
     Decision,
     EventFields,
+    ShownRecord,
 )
 from aamp.audit.signing import SIGNING_KEY_FILENAME, CheckpointSigner
 from aamp.audit.verify import verify
@@ -40,6 +41,7 @@ __all__ = [
     "EventFields",
     "ExportFormatError",
     "Problem",
+    "ShownRecord",
     "VerifyReport",
     "WitnessFile",
     "WitnessReader",

@@ -11,7 +11,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, NotRequired, Protocol, TypedDict, Unpack
+from typing import Any, NotRequired, Protocol, TypedDict, Unpack, get_type_hints
+
+import typing_extensions
 
 from aamp.audit.canonical import canonical_json, record_hash
 
@@ -115,9 +117,19 @@ class AuditRecord:
             self.hash,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        """The record as a JSON-ready dict (the export and API form)."""
+    def to_dict(self) -> ShownRecord:
+        """The record as a JSON-ready dict (the export and API form, `ShownRecord`)."""
         return {**dict(zip(RECORD_COLUMNS, self.row(), strict=True)), "details": self.details}
+
+
+# A record as people and other tools read it (the API's answer, an export's line): the stored
+# columns in order, with `details` the object its canonical JSON encodes. Derived from
+# `AuditRecord`, so the two cannot drift apart.
+_HINTS = get_type_hints(AuditRecord)
+ShownRecord = typing_extensions.TypedDict(  # type: ignore[misc]  # pydantic reads it (3.11)
+    "ShownRecord",
+    {c: dict[str, Any] if c == "details" else _HINTS[c] for c in RECORD_COLUMNS},
+)
 
 
 class EventFields(TypedDict):
