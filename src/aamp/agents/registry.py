@@ -18,7 +18,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 
 from aamp.errors import Conflict, InvalidInput, NotFound
-from aamp.store import Store
+from aamp.store import Store, value_of
 from aamp.store.store import ReadPlan, read_plan
 from aamp.store.tables import AgentRow, GrantRow
 from aamp.store.timestamps import now
@@ -39,7 +39,7 @@ class AgentInfo:
 
 
 def _agent(row: AgentRow) -> AgentInfo:
-    return AgentInfo(row.id, row.name, row.owner, row.created_at)
+    return value_of(AgentInfo, row)
 
 
 class AgentRegistry:

@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 
 from aamp.agents.definition import AgentDefinition, definition_from_dict, stored_form
 from aamp.errors import Conflict, NotFound
-from aamp.store import Store
+from aamp.store import Store, value_of
 from aamp.store.tables import AgentRow, AgentVersionRow
 from aamp.store.timestamps import now
 
@@ -48,17 +48,7 @@ class AgentVersion:
 
 
 def _version(row: AgentVersionRow) -> AgentVersion:
-    return AgentVersion(
-        row.agent_id,
-        row.version,
-        row.status,
-        definition_from_dict(json.loads(row.definition)),
-        row.created_at,
-        row.created_by,
-        row.updated_at,
-        row.published_at,
-        row.published_by,
-    )
+    return value_of(AgentVersion, row, definition=definition_from_dict(json.loads(row.definition)))
 
 
 class AgentVersions:

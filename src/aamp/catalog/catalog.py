@@ -32,7 +32,7 @@ from aamp.egress.services import Service as EgressService
 from aamp.errors import Conflict, InvalidInput, NotFound
 from aamp.policy import Policy, PolicyError, parse_policy, policy_from_dict
 from aamp.policy.model import IMAGE_RE, NAME_RE, SERVICE_RE
-from aamp.store import Store
+from aamp.store import Store, value_of
 from aamp.store.tables import (
     AgentResourceRow,
     AgentRow,
@@ -182,17 +182,7 @@ class Catalog:
 
     @staticmethod
     def _policy(row: PolicyRow) -> StoredPolicy:
-        policy = parse_policy_document(row.source, row.format)
-        return StoredPolicy(
-            row.name,
-            row.source,
-            row.format,
-            policy,
-            row.created_at,
-            row.created_by,
-            row.updated_at,
-            row.updated_by,
-        )
+        return value_of(StoredPolicy, row, policy=parse_policy_document(row.source, row.format))
 
     def list_policies(self) -> list[StoredPolicy]:
         with self.store.session() as s:
@@ -264,16 +254,8 @@ class Catalog:
 
     @staticmethod
     def _service(row: ServiceRow) -> Service:
-        return Service(
-            row.name,
-            row.upstream,
-            row.auth_kind,
-            row.header_name,
-            tuple(json.loads(row.secret_names)),
-            row.created_at,
-            row.created_by,
-            row.updated_at,
-            row.updated_by,
+        return value_of(
+            Service, row, auth=row.auth_kind, secrets=tuple(json.loads(row.secret_names))
         )
 
     def list_services(self) -> list[Service]:
@@ -368,18 +350,8 @@ class Catalog:
 
     @staticmethod
     def _endpoint(row: ModelEndpointRow) -> ModelEndpoint:
-        return ModelEndpoint(
-            row.name,
-            row.base_url,
-            row.api_key_secret,
-            tuple(json.loads(row.models)),
-            bool(row.confirmed),
-            row.created_at,
-            row.created_by,
-            row.updated_at,
-            row.updated_by,
-            row.confirmed_at,
-            row.confirmed_by,
+        return value_of(
+            ModelEndpoint, row, models=tuple(json.loads(row.models)), confirmed=bool(row.confirmed)
         )
 
     def list_model_endpoints(self) -> list[ModelEndpoint]:

@@ -24,7 +24,7 @@ from aamp.identity import credentials as cred
 from aamp.identity import lookup
 from aamp.identity.errors import AuthenticationFailed
 from aamp.identity.model import Actor, AgentAccess, Level, Role
-from aamp.store import Store
+from aamp.store import Store, value_of
 from aamp.store.store import ReadPlan, read_plan
 from aamp.store.tables import AgentRow, ApiTokenRow, GrantRow, SessionRow, UserRow
 from aamp.store.timestamps import format_time, now
@@ -113,21 +113,11 @@ class GrantInfo:
 
 
 def _user(row: UserRow) -> UserInfo:
-    return UserInfo(
-        row.id, row.username, Role(row.role), bool(row.disabled), row.created_at, row.created_by
-    )
+    return value_of(UserInfo, row, role=Role(row.role), disabled=bool(row.disabled))
 
 
 def _token(row: ApiTokenRow, username: str) -> TokenInfo:
-    return TokenInfo(
-        row.id,
-        username,
-        row.name,
-        row.created_at,
-        row.expires_at,
-        row.revoked_at,
-        row.last_used_at,
-    )
+    return value_of(TokenInfo, row, username=username)
 
 
 class Directory:

@@ -18,7 +18,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 
 from aamp.errors import Conflict, NotFound
-from aamp.store import Store, quick_read
+from aamp.store import Store, quick_read, value_of
 from aamp.store.tables import (
     AuditRecordRow,
     RunApprovalRow,
@@ -70,23 +70,7 @@ class RunEvent:
 
 
 def _info(row: RunRow) -> RunInfo:
-    return RunInfo(
-        row.id,
-        row.agent_id,
-        row.version,
-        row.owner,
-        row.task,
-        row.status,
-        row.reason,
-        row.answer,
-        row.sandbox_id,
-        row.steps,
-        row.prompt_tokens,
-        row.completion_tokens,
-        row.created_at,
-        row.started_at,
-        row.ended_at,
-    )
+    return value_of(RunInfo, row)
 
 
 def _approval(row: RunApprovalRow) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from sqlalchemy import delete, select
 
 from aamp.audit.record import AuditSink
 from aamp.config import Settings
-from aamp.store import Store
+from aamp.store import Store, value_of
 from aamp.store.keyfiles import read_key_file, replace_key_file
 from aamp.store.tables import SecretRow
 from aamp.store.timestamps import now
@@ -95,9 +95,7 @@ def validate_name(name: object) -> str:
 
 
 def _meta(row: SecretRow) -> SecretMetadata:
-    return SecretMetadata(
-        row.name, row.version, row.created_at, row.created_by, row.updated_at, row.updated_by
-    )
+    return value_of(SecretMetadata, row)
 
 
 class Vault:
