@@ -4,11 +4,13 @@ Each carries a stable `code` and the HTTP `status` the API answers with (`aamp.a
 turns any `AampError` into `{code, message}`), and a message for people that names what is
 wrong. A package that needs its own kind derives it from `AampError`, naming its code and
 status in the class line (`class Throttled(AampError, code="too_many_attempts",
-status=429)`). This module imports nothing, so any part may use it.
+status=429)`). `matching` checks a text against its rule. This module imports nothing of
+aamp, so any part may use it.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -28,6 +30,14 @@ class AampError(Exception):
 
 class InvalidInput(AampError, ValueError):
     """The input is not valid; the message names the field and the rule."""
+
+
+def matching(value: object, pattern: re.Pattern[str], message: str) -> str:
+    """`value` if it is text that `pattern` matches; else `InvalidInput(message)`. The one way
+    a name, an id or a header is checked against its rule."""
+    if not isinstance(value, str) or not pattern.match(value):
+        raise InvalidInput(message)
+    return value
 
 
 class NotFound(AampError, code="not_found", status=404):

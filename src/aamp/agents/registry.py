@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 
-from aamp.errors import Conflict, InvalidInput, NotFound
+from aamp.errors import Conflict, NotFound, matching
 from aamp.store import Store, value_of
 from aamp.store.store import ReadPlan, read_plan
 from aamp.store.tables import AgentRow, GrantRow
@@ -54,11 +54,12 @@ class AgentRegistry:
         self.store = store
 
     def create(self, name: str, *, owner: str) -> AgentInfo:
-        if not isinstance(name, str) or not AGENT_NAME_RE.match(name):
-            raise InvalidInput(
-                "agent name must be 1-64 lowercase letters, digits, '.', '_' or '-', "
-                "starting and ending with a letter or digit"
-            )
+        matching(
+            name,
+            AGENT_NAME_RE,
+            "agent name must be 1-64 lowercase letters, digits, '.', '_' or '-', "
+            "starting and ending with a letter or digit",
+        )
         try:
             with self.store.write_session() as s:
                 row = AgentRow(

@@ -29,7 +29,7 @@ from aamp.catalog.model_endpoints import (
 )
 from aamp.egress.services import Auth, Basic, Bearer, Header
 from aamp.egress.services import Service as EgressService
-from aamp.errors import Conflict, InvalidInput, NotFound
+from aamp.errors import Conflict, InvalidInput, NotFound, matching
 from aamp.policy import Policy, PolicyError, parse_policy, policy_from_dict
 from aamp.policy.model import IMAGE_RE, NAME_RE, SERVICE_RE
 from aamp.store import Store, value_of
@@ -222,8 +222,9 @@ class Catalog:
         header_name: str | None,
         by: str,
     ) -> Service:
-        if not isinstance(name, str) or not SERVICE_RE.match(name):
-            raise InvalidInput("service name must be 1-64 lowercase letters, digits, '_' or '-'")
+        matching(
+            name, SERVICE_RE, "service name must be 1-64 lowercase letters, digits, '_' or '-'"
+        )
         origin = check_upstream(upstream)
         if auth not in AUTH_KINDS:
             raise InvalidInput(f"auth must be one of {', '.join(AUTH_KINDS)}; got {auth!r}")
@@ -231,11 +232,13 @@ class Catalog:
         if len(secrets) != want:
             raise InvalidInput(f"secrets: auth {auth} takes exactly {want} secret name(s)")
         for i, secret in enumerate(secrets):
-            if not isinstance(secret, str) or not SECRET_NAME_RE.match(secret):
-                raise InvalidInput(f"secrets[{i}]: not a valid secret name")
+            matching(secret, SECRET_NAME_RE, f"secrets[{i}]: not a valid secret name")
         if auth == "header":
-            if not isinstance(header_name, str) or not HEADER_NAME_RE.match(header_name):
-                raise InvalidInput("header_name: auth header needs a valid HTTP header name")
+            matching(
+                header_name,
+                HEADER_NAME_RE,
+                "header_name: auth header needs a valid HTTP header name",
+            )
         elif header_name is not None:
             raise InvalidInput(f"header_name: only auth header takes a header name, not {auth}")
         stamp = now()
@@ -386,8 +389,8 @@ class Catalog:
     def grant_resource(self, agent_id: str, kind: str, name: str, *, by: str) -> dict[str, Any]:
         if kind not in RESOURCE_KINDS:
             raise InvalidInput(f"kind must be one of {', '.join(RESOURCE_KINDS)}; got {kind!r}")
-        if kind == "image" and (not isinstance(name, str) or not IMAGE_RE.match(name)):
-            raise InvalidInput("name: not a valid image name")
+        if kind == "image":
+            matching(name, IMAGE_RE, "name: not a valid image name")
         with self.store.write_session() as s:
             if s.get(AgentRow, agent_id) is None:
                 raise NotFound(f"no agent {agent_id!r}")

@@ -19,7 +19,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from aamp.errors import Conflict, InvalidInput, NotFound
+from aamp.errors import Conflict, InvalidInput, NotFound, matching
 from aamp.identity import credentials as cred
 from aamp.identity import lookup
 from aamp.identity.errors import AuthenticationFailed
@@ -53,12 +53,12 @@ def _parse_level(value: object) -> Level:
 
 
 def _username(value: object) -> str:
-    if not isinstance(value, str) or not USERNAME_RE.match(value):
-        raise InvalidInput(
-            "username must be 1-64 characters: a lowercase letter, then lowercase letters, "
-            "digits, '.', '_' or '-'"
-        )
-    return value
+    return matching(
+        value,
+        USERNAME_RE,
+        "username must be 1-64 characters: a lowercase letter, then lowercase letters, "
+        "digits, '.', '_' or '-'",
+    )
 
 
 def _stamp(moment: datetime) -> str:
@@ -240,8 +240,9 @@ class Directory:
         self, username: str, name: str, *, days: int | None = None
     ) -> tuple[TokenInfo, str]:
         """A new token for `username`; the secret is returned here once and never stored."""
-        if not isinstance(name, str) or not TOKEN_NAME_RE.match(name):
-            raise InvalidInput("token name must be 1-64 letters, digits, spaces, '.', '_' or '-'")
+        matching(
+            name, TOKEN_NAME_RE, "token name must be 1-64 letters, digits, spaces, '.', '_' or '-'"
+        )
         if days is not None and not (isinstance(days, int) and 1 <= days <= MAX_TOKEN_DAYS):
             raise InvalidInput(f"expires_in_days must be between 1 and {MAX_TOKEN_DAYS}")
         secret = cred.new_bearer_secret()
