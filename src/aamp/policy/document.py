@@ -18,6 +18,7 @@ Leaf checks raise `ValueError` with the message alone; this module adds the path
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -40,7 +41,7 @@ class Problem(ValueError):
         super().__init__("; ".join(text for _, text in self.where))
 
 
-def kind(value: object) -> str:
+def kind_of(value: object) -> str:
     """What a value is, in words (`expected a list, got text`)."""
     if value is None:
         return "nothing"
@@ -57,12 +58,12 @@ def path(loc: Iterable[object]) -> str:
     return out
 
 
-def validate(kind_: type[T], data: object) -> T | list[tuple[str, str]]:
-    """`data` as a `kind_` (a pydantic dataclass), or its problems, each (path, message)."""
+def validate(kind: type[T], data: object) -> T | list[tuple[str, str]]:
+    """`data` as a `kind` (a pydantic dataclass), or its problems, each (path, message)."""
     try:
-        return _adapter(kind_).validate_python(data, by_alias=True, by_name=False)
+        return _adapter(kind).validate_python(data, by_alias=True, by_name=False)
     except ValidationError as exc:
-        return problems(exc, kind_)
+        return problems(exc, kind)
 
 
 def problems(exc: ValidationError, root: type) -> list[tuple[str, str]]:
@@ -80,11 +81,11 @@ def problems(exc: ValidationError, root: type) -> list[tuple[str, str]]:
             where = ".".join(filter(None, (path(loc[:-1]), str(loc[-1]))))  # a key, not an index
             out.append((where, f"unknown key; expected one of: {keys}"))
         elif error["type"] in ("dataclass_type", "dataclass_exact_type", "dict_type"):
-            out.append((path(loc), f"expected a mapping, got {kind(found)}"))
+            out.append((path(loc), f"expected a mapping, got {kind_of(found)}"))
         elif error["type"] in ("tuple_type", "list_type"):
-            out.append((path(loc), f"expected a list, got {kind(found)}"))
+            out.append((path(loc), f"expected a list, got {kind_of(found)}"))
         elif error["type"] == "string_type":
-            out.append((path(loc), f"expected text, got {kind(found)}"))
+            out.append((path(loc), f"expected text, got {kind_of(found)}"))
         elif error["type"] == "missing":
             out.append((path(loc), "is required"))
         else:
@@ -98,7 +99,7 @@ def text(check: Callable[[str], str | None]) -> Callable[[object], str]:
 
     def read(value: object) -> str:
         if not isinstance(value, str):
-            raise ValueError(f"expected text, got {kind(value)}")
+            raise ValueError(f"expected text, got {kind_of(value)}")
         problem = check(value)
         if problem:
             raise ValueError(problem)
@@ -115,7 +116,7 @@ def distinct(item: Callable[[object], T], *, not_a_list: str | None = None) -> A
 
     def read(value: object) -> tuple[T, ...]:
         if not isinstance(value, list | tuple) or (not_a_list and not value):
-            raise ValueError(not_a_list or f"expected a list, got {kind(value)}")
+            raise ValueError(not_a_list or f"expected a list, got {kind_of(value)}")
         out: list[T] = []
         wrong: list[tuple[object, str]] = []
         for index, raw in enumerate(value):
@@ -135,13 +136,9 @@ def distinct(item: Callable[[object], T], *, not_a_list: str | None = None) -> A
     return Annotated[tuple[Any, ...], BeforeValidator(read)]
 
 
-_ADAPTERS: dict[type, TypeAdapter[Any]] = {}
-
-
-def _adapter(kind_: type[T]) -> TypeAdapter[T]:
-    if kind_ not in _ADAPTERS:
-        _ADAPTERS[kind_] = TypeAdapter(kind_)
-    return _ADAPTERS[kind_]
+@functools.cache
+def _adapter(kind: type[T]) -> TypeAdapter[T]:
+    return TypeAdapter(kind)
 
 
 def _keys(root: type, loc: tuple[object, ...]) -> list[str]:
@@ -161,24 +158,24 @@ def _keys(root: type, loc: tuple[object, ...]) -> list[str]:
     return [_key(f) for f in dataclasses.fields(current)] if _is_class(current) else []
 
 
-def _is_class(kind_: Any) -> bool:
-    return isinstance(kind_, type) and dataclasses.is_dataclass(kind_)
+def _is_class(kind: Any) -> bool:
+    return isinstance(kind, type) and dataclasses.is_dataclass(kind)
 
 
-def _inner(kind_: Any) -> Any:
+def _inner(kind: Any) -> Any:
     """A field's type without `Annotated[...]` and `X | None`."""
     while True:
-        origin = typing.get_origin(kind_)
+        origin = typing.get_origin(kind)
         if origin is Annotated:
-            kind_ = typing.get_args(kind_)[0]
+            kind = typing.get_args(kind)[0]
         elif origin in (typing.Union, types.UnionType):
-            kind_ = next(a for a in typing.get_args(kind_) if a is not type(None))
+            kind = next(a for a in typing.get_args(kind) if a is not type(None))
         else:
-            return kind_
+            return kind
 
 
-def _hints(kind_: type) -> dict[str, Any]:
-    return typing.get_type_hints(kind_, include_extras=True)
+def _hints(kind: type) -> dict[str, Any]:
+    return typing.get_type_hints(kind, include_extras=True)
 
 
 def _key(field: dataclasses.Field[Any]) -> str:
