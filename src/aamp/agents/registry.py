@@ -18,7 +18,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 
 from aamp.errors import Conflict, NotFound, matching
-from aamp.store import Store, value_of
+from aamp.store import Store, existing, value_of
 from aamp.store.store import ReadPlan, read_plan
 from aamp.store.tables import AgentRow, GrantRow
 from aamp.store.timestamps import now
@@ -93,7 +93,6 @@ class AgentRegistry:
     def delete(self, agent_id: str) -> None:
         """Delete the agent and the grants on it."""
         with self.store.write_session() as s:
-            if s.get(AgentRow, agent_id) is None:
-                raise NotFound(f"no agent {agent_id!r}")
+            existing(s, AgentRow, agent_id, f"no agent {agent_id!r}")
             s.execute(delete(GrantRow).where(GrantRow.agent_id == agent_id))
             s.execute(delete(AgentRow).where(AgentRow.id == agent_id))

@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 
 from aamp.agents.definition import AgentDefinition, definition_from_dict, stored_form
 from aamp.errors import Conflict, NotFound
-from aamp.store import Store, value_of
+from aamp.store import Store, existing, value_of
 from aamp.store.tables import AgentRow, AgentVersionRow
 from aamp.store.timestamps import now
 
@@ -58,8 +58,7 @@ class AgentVersions:
     def save_draft(self, agent_id: str, definition: AgentDefinition, *, by: str) -> AgentVersion:
         """Replace the draft, or start one as the version after the newest."""
         with self.store.write_session() as s:
-            if s.get(AgentRow, agent_id) is None:
-                raise NotFound(f"no agent {agent_id!r}")
+            existing(s, AgentRow, agent_id, f"no agent {agent_id!r}")
             row = s.scalars(
                 select(AgentVersionRow).where(
                     AgentVersionRow.agent_id == agent_id, AgentVersionRow.status == "draft"
@@ -87,8 +86,7 @@ class AgentVersions:
 
     def publish(self, agent_id: str, *, by: str) -> AgentVersion:
         with self.store.write_session() as s:
-            if s.get(AgentRow, agent_id) is None:
-                raise NotFound(f"no agent {agent_id!r}")
+            existing(s, AgentRow, agent_id, f"no agent {agent_id!r}")
             row = s.scalars(
                 select(AgentVersionRow)
                 .where(AgentVersionRow.agent_id == agent_id, AgentVersionRow.status == "draft")

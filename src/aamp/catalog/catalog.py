@@ -32,7 +32,7 @@ from aamp.egress.services import Service as EgressService
 from aamp.errors import Conflict, InvalidInput, NotFound, matching
 from aamp.policy import Policy, PolicyError, parse_policy, policy_from_dict
 from aamp.policy.model import IMAGE_RE, NAME_RE, SERVICE_RE
-from aamp.store import Store, value_of
+from aamp.store import Store, existing, value_of
 from aamp.store.tables import (
     AgentResourceRow,
     AgentRow,
@@ -201,8 +201,7 @@ class Catalog:
 
     def delete_policy(self, name: str) -> None:
         with self.store.write_session() as s:
-            if s.get(PolicyRow, name) is None:
-                raise NotFound(f"no policy named {name!r}")
+            existing(s, PolicyRow, name, f"no policy named {name!r}")
             s.execute(delete(PolicyRow).where(PolicyRow.name == name))
             s.execute(
                 delete(AgentResourceRow).where(
@@ -268,15 +267,12 @@ class Catalog:
 
     def get_service(self, name: str) -> Service:
         with self.store.session() as s:
-            row = s.get(ServiceRow, name)
-            if row is None:
-                raise NotFound(f"no service named {name!r}")
+            row = existing(s, ServiceRow, name, f"no service named {name!r}")
             return self._service(row)
 
     def delete_service(self, name: str) -> None:
         with self.store.write_session() as s:
-            if s.get(ServiceRow, name) is None:
-                raise NotFound(f"no service named {name!r}")
+            existing(s, ServiceRow, name, f"no service named {name!r}")
             s.execute(delete(ServiceRow).where(ServiceRow.name == name))
             s.execute(
                 delete(AgentResourceRow).where(
@@ -375,8 +371,7 @@ class Catalog:
 
     def delete_model_endpoint(self, name: str) -> None:
         with self.store.write_session() as s:
-            if s.get(ModelEndpointRow, name) is None:
-                raise NotFound(f"no model endpoint named {name!r}")
+            existing(s, ModelEndpointRow, name, f"no model endpoint named {name!r}")
             s.execute(delete(ModelEndpointRow).where(ModelEndpointRow.name == name))
             s.execute(
                 delete(AgentResourceRow).where(
@@ -392,8 +387,7 @@ class Catalog:
         if kind == "image":
             matching(name, IMAGE_RE, "name: not a valid image name")
         with self.store.write_session() as s:
-            if s.get(AgentRow, agent_id) is None:
-                raise NotFound(f"no agent {agent_id!r}")
+            existing(s, AgentRow, agent_id, f"no agent {agent_id!r}")
             if kind == "policy" and s.get(PolicyRow, name) is None:
                 raise NotFound(f"no policy named {name!r}")
             if kind == "service" and s.get(ServiceRow, name) is None:

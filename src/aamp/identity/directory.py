@@ -24,7 +24,7 @@ from aamp.identity import credentials as cred
 from aamp.identity import lookup
 from aamp.identity.errors import AuthenticationFailed
 from aamp.identity.model import Actor, AgentAccess, Level, Role
-from aamp.store import Store, value_of
+from aamp.store import Store, existing, value_of
 from aamp.store.store import ReadPlan, read_plan
 from aamp.store.tables import AgentRow, ApiTokenRow, GrantRow, SessionRow, UserRow
 from aamp.store.timestamps import format_time, now
@@ -423,8 +423,7 @@ class Directory:
             raise InvalidInput("a grant names exactly one of user or role")
         parsed_role = _parse_role(role) if role is not None else None
         with self.store.write_session() as s:
-            if s.get(AgentRow, agent_id) is None:
-                raise NotFound(f"no agent {agent_id!r}")
+            existing(s, AgentRow, agent_id, f"no agent {agent_id!r}")
             user_row = self._row(s, _username(user)) if user is not None else None
             stmt = select(GrantRow).where(GrantRow.agent_id == agent_id)
             stmt = (

@@ -19,7 +19,7 @@ from aamp.store.keyfiles import (
     read_or_create_key_file,
     replace_key_file,
 )
-from aamp.store.rows import value_of
+from aamp.store.rows import existing, value_of
 from aamp.store.store import ReadPlan, Store, quick_read, read_plan
 from aamp.store.timestamps import format_time, is_time, now, parse_time
 from aamp.store.url import DATABASE_URL_ENV, DatabaseConfigError, database_url
@@ -31,6 +31,7 @@ __all__ = [
     "ReadPlan",
     "Store",
     "database_url",
+    "existing",
     "format_time",
     "fsync_dir",
     "is_time",
