@@ -38,7 +38,9 @@ from typing import Any
 
 import httpx
 
-from aamp.store.pgtemp import TemporaryPostgres
+# The throwaway PostgreSQL server is a test helper, kept with the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from pgtemp import TemporaryPostgres
 
 RESULTS = Path(__file__).parent / "results" / "api.json"
 CLIENTS = 50

@@ -35,9 +35,12 @@ from aamp.audit import AuditLog, CheckpointSigner, WitnessFile, verify
 from aamp.audit.checkpointer import DEFAULT_SECONDS
 from aamp.audit.record import AuditRecord, make_event
 from aamp.store import Store
-from aamp.store.pgtemp import TemporaryPostgres
 from aamp.store.tables import AuditCheckpointRow, AuditRecordRow
 from aamp.store.timestamps import now
+
+# The throwaway PostgreSQL server is a test helper, kept with the tests.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from pgtemp import TemporaryPostgres
 
 RESULTS = Path(__file__).parent / "results" / "audit.json"
 

@@ -82,7 +82,7 @@ def browser_image() -> object:
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[object]:
     """One real PostgreSQL server for the whole run, started from Debian's binaries."""
-    from aamp.store.pgtemp import TemporaryPostgres
+    from pgtemp import TemporaryPostgres
 
     with TemporaryPostgres() as pg:
         yield pg

@@ -14,16 +14,18 @@ import logging
 
 import uvicorn
 
+from aamp.agents.registry import AgentRegistry
 from aamp.api.app import create_app
 from aamp.api.context import ControlPlane
 from aamp.audit import AuditLog
+from aamp.catalog import Catalog
 from aamp.config import Settings
 from aamp.egress.ca import InstallationCA, ca_dir
 from aamp.egress.installation import InstallationListeners
 from aamp.egress.ledger import AuditEgressSink
 from aamp.egress.resolver import DnsServerResolver, Resolver, SystemResolver
 from aamp.egress.services import VaultSecretReader
-from aamp.identity import Catalog, Directory, LoginThrottle
+from aamp.identity import Directory, LoginThrottle
 from aamp.identity.bootstrap import ensure_cli_token, ensure_first_admin
 from aamp.runs.service import RunService
 from aamp.sandbox.driver import Driver
@@ -106,6 +108,7 @@ def build_control_plane(
         audit=audit,
         vault=vault,
         directory=directory,
+        agents=AgentRegistry(store),
         catalog=Catalog(store),
         manager=manager,
         images=images,

@@ -28,12 +28,13 @@ sys.path[:0] = [str(Path(__file__).resolve().parent)]
 from legacy_app import LegacyAppForTests  # noqa: E402
 from snapshot_refs import fill_refs  # noqa: E402
 
-from aamp.agents.browser_settings import parse_browser_settings  # noqa: E402
+from aamp.agents.browser_settings import BrowserBlock  # noqa: E402
 from aamp.agents.browser_tool import BrowserTool  # noqa: E402
 from aamp.agents.tools import ToolSet  # noqa: E402
 from aamp.config import Settings  # noqa: E402
 from aamp.egress.resolver import StaticResolver  # noqa: E402
 from aamp.egress.rules import EgressRules  # noqa: E402
+from aamp.policy import validate  # noqa: E402
 from aamp.sandbox.gvisor import GVisorDriver  # noqa: E402
 from aamp.sandbox.images import ImageStore  # noqa: E402
 from aamp.sandbox.manager import CreateRequest, SandboxManager  # noqa: E402
@@ -61,9 +62,8 @@ async def scenario(settings: Settings, spec: dict, app: LegacyAppForTests) -> di
     manager.resolver = StaticResolver(
         {"legacy.test": [APP_ADDRESS], "tracker.test": [PUBLIC], "blocked.test": [PUBLIC]}
     )
-    problems: list[str] = []
-    browser = parse_browser_settings(spec.get("browser", {}), lambda p, m: problems.append(m))
-    assert not problems, problems
+    browser = validate(BrowserBlock, spec.get("browser", {}))
+    assert not isinstance(browser, list), browser  # the block's problems
     tools = ToolSet.build(("browser",), {})
     report: dict = {"steps": []}
     await manager.start()

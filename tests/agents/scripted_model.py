@@ -3,14 +3,16 @@
 A real HTTP server on a loopback address that answers `POST /v1/chat/completions` by replaying
 a script, one turn per request, so the agent loop can be tested deterministically without a
 model. It keeps every request it received (the messages, so tests can see the observations the
-loop sent back) and its headers (`headers`: what credentials arrived). Turns:
+loop sent back), its headers (`headers`: what credentials arrived) and when it arrived
+(`arrived`, `time.monotonic()`). Turns:
 
 - `{"tool_calls": [{"name": "python", "arguments": {...}}]}` — arguments may also be a raw
   string (to send invalid JSON); in arguments, `{"$ref": ["button", "Save"]}` becomes the ref
   of that element (exact role and name) in the latest browser snapshot the loop sent, as a
   model reading the snapshot would pick it (snapshot_refs.py);
 - `{"content": "the final answer"}`;
-- `{"status": 500}` — an HTTP error (the client retries 5xx);
+- `{"status": 500}` — an HTTP error (the client retries 5xx); with `"retry_after": "2"` the
+  answer carries that `Retry-After` header;
 - `{"sleep": 2.5, ...}` — wait before answering (timeouts);
 - when the script runs out, every further request gets `{"content": "script exhausted"}`.
 
@@ -36,6 +38,7 @@ class ScriptedModelServerForTests:
         self.turns = list(turns)
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.arrived: list[float] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, port), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -73,6 +76,7 @@ class ScriptedModelServerForTests:
                 length = int(self.headers.get("Content-Length") or 0)
                 request = json.loads(self.rfile.read(length) or b"{}")
                 double.headers.append({k.lower(): v for k, v in self.headers.items()})
+                double.arrived.append(time.monotonic())
                 if not self.path.endswith("/chat/completions"):
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
                     return
@@ -80,14 +84,19 @@ class ScriptedModelServerForTests:
                 if turn.get("sleep"):
                     time.sleep(float(turn["sleep"]))
                 if turn.get("status"):
-                    self._send(int(turn["status"]), {"error": {"message": "scripted failure"}})
+                    failure = {"error": {"message": "scripted failure"}}
+                    self._send(int(turn["status"]), failure, turn.get("retry_after"))
                     return
                 self._send(200, completion(request, turn, len(double.requests)))
 
-            def _send(self, status: int, body: dict[str, Any]) -> None:
+            def _send(
+                self, status: int, body: dict[str, Any], retry_after: str | None = None
+            ) -> None:
                 data = json.dumps(body).encode()
                 try:
                     self.send_response(status)
+                    if retry_after is not None:
+                        self.send_header("Retry-After", retry_after)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()

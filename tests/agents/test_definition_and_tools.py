@@ -20,8 +20,9 @@ from aamp.agents.definition import (
 )
 from aamp.agents.model import EndpointAccess, ModelClient, ModelError
 from aamp.agents.tools import ToolSet, truncate
-from aamp.egress.registered import CheckedTransport, RegisteredUrl
-from aamp.egress.resolver import SystemResolver
+from aamp.egress.registered import AddressVerdict, CheckedTransport, RegisteredUrl
+from aamp.egress.resolver import StaticResolver, SystemResolver
+from aamp.policy import PolicyError, parse_policy
 
 GOOD = """
 name: fin
@@ -58,6 +59,34 @@ def test_bad_definitions_name_the_field(text: str, field: str) -> None:
     with pytest.raises(DefinitionError) as caught:
         parse_definition(text)
     assert field in str(caught.value)
+
+
+def test_a_key_given_twice_is_refused() -> None:
+    """A second `limits:` (or any repeated key) would silently replace the first; it is
+    refused, as in policies."""
+    text = (
+        "model: {endpoint: llm, name: m}\npolicy: p\nlimits: {max_steps: 5}\n"
+        "limits: {max_steps: 500}\n"
+    )
+    with pytest.raises(DefinitionError, match="duplicate key 'limits'"):
+        parse_definition(text)
+    with pytest.raises(DefinitionError, match="duplicate key 'name'"):
+        parse_definition("model: {endpoint: llm, name: m, name: n}\npolicy: p")
+
+
+def test_definitions_and_policies_are_read_alike() -> None:
+    """One way of reading what people write: the same words for the same mistakes."""
+    with pytest.raises(DefinitionError) as definition:
+        parse_definition("model: {endpoint: llm, name: m}\npolicy: p\nlimit: {}")
+    with pytest.raises(PolicyError) as policy:
+        parse_policy("name: p\nlimit: {}")
+    [(field, said)] = definition.value.problems
+    assert field == "limit" and said.startswith("unknown key; expected one of: model, policy")
+    [(field, said)] = policy.value.problems
+    assert field == "limit" and said.startswith("unknown key; expected one of: name, egress")
+    with pytest.raises(DefinitionError) as definition:
+        parse_definition("model: {endpoint: llm, name: m}\npolicy: p\nlimits: [1]")
+    assert definition.value.problems == [("limits", "expected a mapping, got a list")]
 
 
 def test_an_agent_never_carries_a_url_or_a_secret() -> None:
@@ -121,39 +150,73 @@ def test_truncation_keeps_head_and_tail_and_says_so() -> None:
 async def test_the_model_client_retries_then_fails_clearly() -> None:
     turns = [{"status": 500}, {"status": 429}, {"content": "hello"}]
     with ScriptedModelServerForTests(turns) as server:
-        client = ModelClient(
-            ModelConfig("test", "m", retries=2), access(server.base_url), backoff_base=0.01
-        )
+        client = ModelClient(ModelConfig("test", "m", retries=2), access(server.base_url))
         reply = await client.complete([{"role": "user", "content": "hi"}], [], None)
         await client.close()
     assert reply.content == "hello" and reply.attempts == 3 and reply.prompt_tokens > 0
     with ScriptedModelServerForTests([{"status": 503}] * 3) as server:
-        client = ModelClient(
-            ModelConfig("test", "m", retries=1), access(server.base_url), backoff_base=0.01
-        )
+        client = ModelClient(ModelConfig("test", "m", retries=1), access(server.base_url))
         with pytest.raises(ModelError, match="failed 2 times; last: HTTP 503"):
             await client.complete([{"role": "user", "content": "hi"}], [], None)
         await client.close()
     with ScriptedModelServerForTests([{"status": 400}]) as server:
-        client = ModelClient(
-            ModelConfig("test", "m", retries=3), access(server.base_url), backoff_base=0.01
-        )
+        client = ModelClient(ModelConfig("test", "m", retries=3), access(server.base_url))
         with pytest.raises(ModelError, match="refused the request: HTTP 400"):
             await client.complete([{"role": "user", "content": "hi"}], [], None)
         await client.close()
         assert len(server.requests) == 1  # a refusal is not retried
 
 
+async def test_the_model_client_waits_what_retry_after_asks_within_a_bound() -> None:
+    """A 429's `Retry-After` is waited for (the SDK's retry, not a fixed backoff); one of more
+    than 60 s is not (a server cannot hold a run for an hour): the exponential backoff, at
+    most 8 s, is used instead."""
+    turns = [{"status": 429, "retry_after": "2"}, {"content": "after the wait"}]
+    with ScriptedModelServerForTests(turns) as server:
+        client = ModelClient(ModelConfig("test", "m", retries=1), access(server.base_url))
+        reply = await client.complete([{"role": "user", "content": "hi"}], [], None)
+        await client.close()
+    assert reply.content == "after the wait" and reply.attempts == 2
+    first, second = server.arrived
+    assert second - first >= 2.0
+    turns = [{"status": 503, "retry_after": "3600"}, {"content": "soon"}]
+    with ScriptedModelServerForTests(turns) as server:
+        client = ModelClient(ModelConfig("test", "m", retries=1), access(server.base_url))
+        reply = await client.complete([{"role": "user", "content": "hi"}], [], None)
+        await client.close()
+    first, second = server.arrived
+    assert reply.content == "soon" and second - first <= 8.5
+
+
+async def test_a_connection_the_host_refuses_is_never_tried_again() -> None:
+    """An endpoint whose name now resolves to the metadata address is refused once, with the
+    reason, however many retries the agent allows: another try would resolve it again."""
+    connects: list[AddressVerdict | None] = []
+
+    async def on_connect(_: list[AddressVerdict], used: AddressVerdict | None) -> None:
+        connects.append(used)
+
+    url = RegisteredUrl.parse("http://imds.test:8080/v1")
+    resolver = StaticResolver({"imds.test": ["169.254.169.254"]})
+    transport = CheckedTransport("model endpoint imds", url, resolver, on_connect=on_connect)
+    endpoint = EndpointAccess("imds", url.url, transport)
+    client = ModelClient(ModelConfig("imds", "m", retries=3), endpoint)
+    with pytest.raises(ModelError, match=r"the host refused to connect: .* metadata address"):
+        await client.complete([{"role": "user", "content": "hi"}], [], None)
+    await client.close()
+    assert connects == [None]
+
+
 async def test_an_unreachable_or_slow_endpoint_fails_with_the_reason() -> None:
     with ScriptedModelServerForTests([{"sleep": 3, "content": "late"}] * 2) as server:
         config = ModelConfig("test", "m", timeout_seconds=1, retries=1)
-        client = ModelClient(config, access(server.base_url), backoff_base=0.01)
+        client = ModelClient(config, access(server.base_url))
         with pytest.raises(ModelError, match="timed out"):
             await client.complete([{"role": "user", "content": "hi"}], [], None)
         await client.close()
     with ScriptedModelServerForTests([]) as server:
         url = server.base_url
-    client = ModelClient(ModelConfig("test", "m", retries=0), access(url), backoff_base=0.01)
+    client = ModelClient(ModelConfig("test", "m", retries=0), access(url))
     with pytest.raises(ModelError, match="could not connect"):
         await client.complete([{"role": "user", "content": "hi"}], [], None)
     await client.close()

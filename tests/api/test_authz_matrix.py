@@ -329,7 +329,7 @@ async def test_every_route_has_exactly_the_expected_outcome(plane) -> None:
         Who(role, lvl) for role in ("builder", "operator") for lvl in LEVELS
     ]
     for i, who in enumerate(who_list):
-        agent = await cp.store.run(lambda i=i: cp.directory.create_agent(f"a{i}", owner="admin"))
+        agent = await cp.store.run(lambda i=i: cp.agents.create(f"a{i}", owner="admin"))
         for kind, name in (("policy", "p1"), ("policy", "p3"), ("image", "base")):
             await cp.store.run(
                 lambda k=kind, nm=name, a=agent.id: cp.catalog.grant_resource(a, k, nm, by="t")

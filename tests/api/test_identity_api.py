@@ -94,7 +94,7 @@ async def test_disabled_user_is_locked_out(plane) -> None:
 async def test_nobody_escalates_themselves(plane) -> None:
     cp = plane.cp
     token = await plane.user("ed", "builder")
-    agent = await cp.store.run(lambda: cp.directory.create_agent("shared", owner="admin"))
+    agent = await cp.store.run(lambda: cp.agents.create("shared", owner="admin"))
     await cp.store.run(lambda: cp.directory.grant(agent.id, level="view", by="t", user="ed"))
     async with plane.client(token) as c:
         assert (await c.patch("/v1/users/ed", json={"role": "admin"})).status_code == 403
@@ -126,7 +126,7 @@ async def test_operators_see_only_their_own_sandboxes(plane) -> None:
     cp = plane.cp
     t1 = await plane.user("op1", "operator")
     await plane.user("op2", "operator")
-    agent = await cp.store.run(lambda: cp.directory.create_agent("ops", owner="admin"))
+    agent = await cp.store.run(lambda: cp.agents.create("ops", owner="admin"))
     await cp.store.run(lambda: cp.directory.grant(agent.id, level="run", by="t", role="operator"))
     cp.sandbox_owners["sb-00000000000a"] = SandboxOwner("op2", agent.id, "p")
     async with plane.client(t1) as c:
@@ -181,3 +181,16 @@ async def test_bad_input_gets_clear_4xx(plane) -> None:
     async with plane.client() as c:
         weird = await c.get("/v1/me", headers={"authorization": "Basic abc"})
         assert weird.status_code == 401
+
+
+async def test_resources_given_directly_are_bounded_naming_each_field(plane) -> None:
+    """An admin's sandbox with resources of its own: the bounds a policy has, named by field,
+    refused before any sandbox is made (the plane boots nothing, and checks that)."""
+    body = {"image": "base", "resources": {"cpus": 100, "memory_bytes": 1024, "pids": 4}}
+    async with plane.client(plane.admin_token) as c:
+        refused = await c.post("/v1/sandboxes", json=body)
+    assert refused.status_code == 400 and refused.json()["code"] == "invalid_request"
+    message = refused.json()["message"]
+    assert "resources.cpus" in message and "(0, 64]" in message
+    assert "resources.memory" in message and "64MiB" in message
+    assert "resources.pids" in message and "[8, 65536]" in message

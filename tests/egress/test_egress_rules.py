@@ -4,8 +4,9 @@ import ipaddress
 
 import pytest
 
-from aamp.egress.rules import EgressRules, HostError, HostPattern, normalize_host
+from aamp.egress.rules import EgressRules
 from aamp.policy import parse_policy
+from aamp.policy.hosts import HostError, HostPattern, normalize_host
 
 RULES = EgressRules.from_lists(
     "block",

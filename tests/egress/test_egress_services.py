@@ -7,7 +7,6 @@ import base64
 
 import pytest
 
-from aamp.egress.rules import normalize_host
 from aamp.egress.services import (
     Basic,
     Bearer,
@@ -19,6 +18,7 @@ from aamp.egress.services import (
     auth_from_dict,
     render,
 )
+from aamp.policy.hosts import normalize_host
 
 VALUE = "v-Qm29xLp0"
 

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from aamp.identity import Conflict, Directory, InvalidInput, LoginThrottle, Throttled
+from aamp.agents.registry import AgentRegistry
+from aamp.errors import Conflict, InvalidInput
+from aamp.identity import Directory, LoginThrottle, Throttled
 from aamp.identity.bootstrap import ensure_cli_token, ensure_first_admin
 from aamp.identity.errors import AuthenticationFailed
 from aamp.store import Store
@@ -49,7 +51,7 @@ def test_the_last_admin_cannot_be_demoted(directory: Directory) -> None:
 
 def test_role_and_user_grants_take_the_best_level(directory: Directory) -> None:
     directory.create_user("op", "operator", "op-password-123", by="t")
-    agent = directory.create_agent("a", owner="someone")
+    agent = AgentRegistry(directory.store).create("a", owner="someone")
     directory.grant(agent.id, level="view", by="t", user="op")
     directory.grant(agent.id, level="run", by="t", role="operator")
     access = directory.actor_for_user("op").agents[agent.id]

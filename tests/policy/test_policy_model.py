@@ -4,8 +4,7 @@ import dataclasses
 
 import pytest
 
-from aamp.policy import Policy, PolicyError, parse_policy
-from aamp.sandbox.driver import Resources
+from aamp.policy import Policy, PolicyError, Resources, parse_policy
 
 PRODUCT_EXAMPLE = """\
 name: finance-reports
@@ -38,7 +37,7 @@ def test_the_product_example_parses():
     assert policy.data.inbound.types == ("csv", "xlsx", "pdf")
     assert policy.data.outbound.approval_over is None
     assert (policy.lifetime.ttl_seconds, policy.lifetime.idle_seconds) == (900, 300)
-    assert policy.resources.to_driver() == Resources(
+    assert policy.resources == Resources(
         cpus=1.0, memory_bytes=1024**3, pids=256, disk_bytes=2 * 1024**3
     )
 
@@ -59,7 +58,7 @@ def test_omitted_sections_get_safe_defaults():
     assert policy.image == "base"
     assert policy.data.inbound.types == () and policy.data.outbound.types == ()
     assert policy.lifetime.ttl_seconds == 900
-    assert policy.resources.to_driver() == Resources()
+    assert policy.resources == Resources()
     assert Policy.from_dict({"name": "minimal"}) == policy
 
 

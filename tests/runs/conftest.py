@@ -19,5 +19,4 @@ from api_plane import Plane, booting_plane_settings, running_plane  # noqa: E402
 async def run_plane(tmp_path: Path, base_image) -> AsyncIterator[Plane]:
     async with running_plane(booting_plane_settings(tmp_path)) as plane:
         assert plane.cp.runs is not None
-        plane.cp.runs.model_backoff = 0.05
         yield plane

@@ -17,7 +17,7 @@ from sqlalchemy import text
 
 from aamp.audit import AuditLog
 from aamp.audit.record import AuditRecord
-from aamp.identity.errors import Conflict
+from aamp.errors import Conflict
 from aamp.runs.bus import EventBus
 from aamp.runs.steps import StepLog
 from aamp.runs.store import RunStore

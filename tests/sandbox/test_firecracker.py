@@ -30,8 +30,9 @@ from pathlib import Path
 import pytest
 
 from aamp.config import Settings
+from aamp.policy import GiB, MiB, Resources
 from aamp.sandbox import procs
-from aamp.sandbox.driver import DriverError, GiB, MiB, Resources, SandboxSpec
+from aamp.sandbox.driver import DriverError, SandboxSpec
 from aamp.sandbox.firecracker import (
     CGROUP_PARENT,
     CGROUP_ROOT,
@@ -481,7 +482,8 @@ CRASHING_HOST = """
 import asyncio, json, sys
 from pathlib import Path
 from aamp.config import Settings
-from aamp.sandbox.driver import MiB, Resources, SandboxSpec
+from aamp.policy import MiB, Resources
+from aamp.sandbox.driver import SandboxSpec
 from aamp.sandbox.firecracker import FirecrackerDriver
 from aamp.sandbox.firecracker_binary import FirecrackerBinaries
 from aamp.sandbox.firecracker_kernel import GuestKernel

@@ -12,6 +12,7 @@ import time
 import pytest
 from sqlalchemy import text
 
+from aamp.agents.registry import AgentRegistry
 from aamp.identity import Directory
 from aamp.identity.errors import AuthenticationFailed
 from aamp.identity.model import Level
@@ -61,14 +62,15 @@ async def test_revoked_token_and_removed_grant_count_from_the_next_read(store: S
     directory = Directory(store)
     directory.create_user("owner", "builder", "owner-password-1", by="t")
     directory.create_user("op", "operator", "operator-password-1", by="t")
-    agent = directory.create_agent("probe", owner="owner")
+    agents = AgentRegistry(store)
+    agent = agents.create("probe", owner="owner")
     grant = directory.grant(agent.id, level="view", by="t", user="op")
     token, secret = directory.create_token("op", "laptop")
 
     actor, stale = await store.run(directory.token_actor, secret)
     assert stale and actor.username == "op" and actor.token_id == token.id
     assert actor.agents[agent.id].level is Level.VIEW
-    assert (await store.run(directory.get_agent, agent.id)).name == "probe"
+    assert (await store.run(agents.get, agent.id)).name == "probe"
 
     directory.revoke_grant(agent.id, grant.id)
     actor, _ = await store.run(directory.token_actor, secret)

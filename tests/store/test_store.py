@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from pgtemp import TemporaryPostgres
 from sqlalchemy import text
 
 from aamp.config import Settings
 from aamp.store import DatabaseConfigError, Store, database_url, migrate
-from aamp.store.pgtemp import TemporaryPostgres
 from aamp.store.tables import metadata
 from aamp.store.url import normalise_url
 

@@ -8,27 +8,44 @@
 
 Without `images`, a screenshot is still taken, stored in the run's events and described to
 the model, but the model's view of the page is the snapshot text.
+
+The block is read the way the rest of a definition is (`aamp.policy.document`): unknown keys
+are errors and each field's problem names it (`browser.dialogs: ...`). `BrowserSettings`
+checks what each field is; `BrowserBlock`, the type of the definition's field, also holds the
+image budget to the bounds a builder may set (code, such as a tool's test, may build any).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
-from aamp.policy.units import parse_size
+from pydantic import AfterValidator, BeforeValidator
+from pydantic.dataclasses import dataclass
+
+from aamp.policy import DOCUMENT, parse_size
 
 DIALOG_CHOICES = ("ask", "accept", "dismiss")
 MIN_IMAGE_BYTES = 10_000
 MAX_IMAGE_BYTES = 4_000_000
-KEYS = ("images", "image_max_bytes", "dialogs")
 
 
-@dataclass(frozen=True)
+def _yes_or_no(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return value
+
+
+def _dialogs(value: object) -> str:
+    if not isinstance(value, str) or value not in DIALOG_CHOICES:
+        raise ValueError(f"expected one of {', '.join(DIALOG_CHOICES)}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, config=DOCUMENT)
 class BrowserSettings:
-    images: bool = False
-    image_max_bytes: int = 1_000_000
-    dialogs: str = "ask"
+    images: Annotated[bool, BeforeValidator(_yes_or_no)] = False
+    image_max_bytes: Annotated[int, BeforeValidator(parse_size)] = 1_000_000
+    dialogs: Annotated[str, BeforeValidator(_dialogs)] = "ask"
 
     def stored(self) -> dict[str, Any] | None:
         """The canonical form for a stored definition; None when everything is the default."""
@@ -41,35 +58,25 @@ class BrowserSettings:
         }
 
 
-def parse_browser_settings(raw: object, fail: Callable[[str, str], None]) -> BrowserSettings:
-    """The `browser` block; every problem goes to `fail(path, message)`."""
-    default = BrowserSettings()
-    if not isinstance(raw, dict):
-        fail("browser", f"expected a mapping with {', '.join(KEYS)}, got {type(raw).__name__}")
-        return default
-    for key in raw:
-        if key not in KEYS:
-            fail(f"browser.{key}", f"unknown field; use {KEYS}")
-    images = raw.get("images", default.images)
-    if not isinstance(images, bool):
-        fail("browser.images", f"expected true or false, got {images!r}")
-        images = default.images
-    budget = default.image_max_bytes
-    if "image_max_bytes" in raw:
-        try:
-            budget = int(parse_size(raw["image_max_bytes"]))
-        except ValueError as exc:
-            fail("browser.image_max_bytes", str(exc))
-        else:
-            if not MIN_IMAGE_BYTES <= budget <= MAX_IMAGE_BYTES:
-                fail(
-                    "browser.image_max_bytes",
-                    f"must be from {MIN_IMAGE_BYTES} to {MAX_IMAGE_BYTES} bytes, got "
-                    f"{raw['image_max_bytes']!r}",
-                )
-                budget = default.image_max_bytes
-    dialogs = raw.get("dialogs", default.dialogs)
-    if dialogs not in DIALOG_CHOICES:
-        fail("browser.dialogs", f"expected one of {', '.join(DIALOG_CHOICES)}, got {dialogs!r}")
-        dialogs = default.dialogs
-    return BrowserSettings(images, budget, dialogs)
+def _image_budget(value: object) -> int:
+    budget = parse_size(value)
+    if not MIN_IMAGE_BYTES <= budget <= MAX_IMAGE_BYTES:
+        raise ValueError(
+            f"must be from {MIN_IMAGE_BYTES} to {MAX_IMAGE_BYTES} bytes, got {value!r}"
+        )
+    return budget
+
+
+@dataclass(frozen=True, config=DOCUMENT)
+class _WrittenBlock(BrowserSettings):
+    """The block as a builder writes it: the image budget within the bounds a definition may
+    set. Read into a `BrowserSettings` (`BrowserBlock`), so the value is one type."""
+
+    image_max_bytes: Annotated[int, BeforeValidator(_image_budget)] = 1_000_000
+
+
+def _settings(block: BrowserSettings) -> BrowserSettings:
+    return BrowserSettings(block.images, block.image_max_bytes, block.dialogs)
+
+
+BrowserBlock = Annotated[_WrittenBlock, AfterValidator(_settings)]

@@ -1,14 +1,17 @@
-"""An agent's definition: model, prompt, tools, policy and limits, parsed whole or not at all.
+"""An agent's definition: model, prompt, tools, policy, limits and browser settings, parsed
+whole or not at all.
 
 `parse_definition` takes the builder's YAML/JSON (or a dict from the API) and returns a frozen
 `AgentDefinition`, or raises `DefinitionError` listing every problem with its field path
-(`model.endpoint: ...`, `limits.max_steps: ...`). Unknown keys are errors, as in policies: a
-typo must not silently drop a limit. The model is named, never located: `model.endpoint` is a
-model endpoint an admin registered and granted to the agent (its URL and API key secret are
-the endpoint's), `model.name` one of the models it serves. A definition carrying `base_url` or
+(`model.endpoint: ...`, `limits.max_steps: ...`). It is read the way policies are
+(`aamp.policy.document`): unknown keys are errors — a typo must not silently drop a limit —
+and so are duplicate keys. The model is named, never located: `model.endpoint` is a model
+endpoint an admin registered and granted to the agent (its URL and API key secret are the
+endpoint's), `model.name` one of the models it serves. A definition carrying `base_url` or
 `api_key_secret` is refused, naming the field and what to do instead, since an agent that
 could name a URL and a secret could send any secret anywhere. `endpoint_problems` checks the
-model name against the endpoint's declared models.
+model name against the endpoint's declared models. A definition may carry its `name`; the
+agent's name is the agent's own, so that key is read and not kept.
 
 Example::
 
@@ -23,18 +26,29 @@ Example::
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Annotated, Any
 
-import yaml
+from pydantic import BeforeValidator, Field
+from pydantic.dataclasses import dataclass
 
-from aamp.agents.browser_settings import BrowserSettings, parse_browser_settings
-from aamp.identity.model_endpoints import ENDPOINT_NAME_RE, MODEL_NAME_RE
-from aamp.policy.model import NAME_RE, SERVICE_RE
-from aamp.policy.units import parse_duration, parse_size
+from aamp.agents.browser_settings import BrowserBlock, BrowserSettings
+from aamp.catalog.model_endpoints import ENDPOINT_NAME_RE, MODEL_NAME_RE
+from aamp.policy import (
+    DOCUMENT,
+    NAME_RE,
+    SERVICE_RE,
+    distinct,
+    load_yaml,
+    parse_duration,
+    parse_size,
+    validate,
+)
 
 BUILTIN_TOOLS = ("shell", "python", "files", "browser")
 MAX_PROMPT_CHARS = 64 * 1024
+DEFAULT_PROMPT = "You are a careful assistant. Use the tools to do the task."
 # Fields an agent used to carry, and what replaced them.
 _MOVED_TO_ENDPOINTS = {
     "base_url": (
@@ -59,33 +73,116 @@ class DefinitionError(ValueError):
         super().__init__("invalid agent definition:\n  " + "\n  ".join(lines))
 
 
-@dataclass(frozen=True)
+def _whole(lo: int, hi: int) -> Callable[[object], int]:
+    def check(value: object) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise ValueError(f"expected a whole number from {lo} to {hi}, got {value!r}")
+        return value
+
+    return check
+
+
+def _within(parse: Callable[[object], int], hi: int) -> Callable[[object], int]:
+    """A duration or size as people write it, more than 0 and at most `hi`."""
+
+    def check(value: object) -> int:
+        parsed = int(parse(value))
+        if not 0 < parsed <= hi:
+            raise ValueError(f"must be more than 0 and at most {hi}, got {value!r}")
+        return parsed
+
+    return check
+
+
+def _named(regex: Any, what: str) -> Callable[[object], str]:
+    def check(value: object) -> str:
+        if not isinstance(value, str) or not regex.match(value):
+            raise ValueError(f"required: {what}, got {value!r}")
+        return value
+
+    return check
+
+
+def _temperature(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 2:
+        raise ValueError(f"expected a number from 0 to 2, got {value!r}")
+    return float(value)
+
+
+def _tool(item: object) -> str:
+    if not isinstance(item, str):
+        raise ValueError(f"expected a tool name, got {item!r}")
+    if item.startswith("service:"):
+        if not SERVICE_RE.match(item.split(":", 1)[1]):
+            raise ValueError(f"{item!r} does not name a service")
+    elif item not in BUILTIN_TOOLS:
+        raise ValueError(f"unknown tool {item!r}; use {', '.join(BUILTIN_TOOLS)} or service:NAME")
+    return item
+
+
+def _prompt(value: object) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_PROMPT_CHARS:
+        raise ValueError(f"expected text of 1 to {MAX_PROMPT_CHARS} characters")
+    return value
+
+
+def _required_model(value: object) -> object:
+    if value is None:
+        raise ValueError("required: {endpoint, name}")
+    return value
+
+
+@dataclass(frozen=True, config=DOCUMENT)
 class ModelConfig:
-    endpoint: str
-    name: str
-    temperature: float | None = None
-    timeout_seconds: int = 120
-    retries: int = 3
+    endpoint: Annotated[
+        str,
+        BeforeValidator(
+            _named(ENDPOINT_NAME_RE, "the name of a model endpoint granted to the agent")
+        ),
+    ] = Field(None, validate_default=True)
+    name: Annotated[
+        str, BeforeValidator(_named(MODEL_NAME_RE, "the model's name at the endpoint"))
+    ] = Field(None, validate_default=True)
+    temperature: Annotated[float | None, BeforeValidator(_temperature)] = None
+    timeout_seconds: Annotated[int, BeforeValidator(_within(parse_duration, 3600))] = Field(
+        120, alias="timeout"
+    )
+    retries: Annotated[int, BeforeValidator(_whole(0, 10))] = 3
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, config=DOCUMENT)
 class Limits:
-    max_steps: int = 20
-    wall_time_seconds: int = 600
-    max_tokens: int = 200_000
-    tool_timeout_seconds: int = 120
-    approval_timeout_seconds: int = 1800
-    observation_bytes: int = 8000
+    max_steps: Annotated[int, BeforeValidator(_whole(1, 1000))] = 20
+    wall_time_seconds: Annotated[int, BeforeValidator(_within(parse_duration, 86400))] = Field(
+        600, alias="wall_time"
+    )
+    max_tokens: Annotated[int, BeforeValidator(_whole(1, 100_000_000))] = 200_000
+    tool_timeout_seconds: Annotated[int, BeforeValidator(_within(parse_duration, 3600))] = Field(
+        120, alias="tool_timeout"
+    )
+    approval_timeout_seconds: Annotated[
+        int, BeforeValidator(_within(parse_duration, 7 * 86400))
+    ] = Field(1800, alias="approval_timeout")
+    observation_bytes: Annotated[int, BeforeValidator(_within(parse_size, 1_000_000))] = 8000
 
 
-@dataclass(frozen=True)
+Tools = distinct(_tool, not_a_list="expected a non-empty list such as [shell, python, files]")
+
+
+@dataclass(frozen=True, config=DOCUMENT)
 class AgentDefinition:
-    model: ModelConfig
-    policy: str
-    system_prompt: str = "You are a careful assistant. Use the tools to do the task."
-    tools: tuple[str, ...] = ("shell", "python", "files")
-    limits: Limits = field(default_factory=Limits)
-    browser: BrowserSettings = field(default_factory=BrowserSettings)
+    model: Annotated[ModelConfig, BeforeValidator(_required_model)] = Field(
+        None, validate_default=True
+    )
+    policy: Annotated[
+        str, BeforeValidator(_named(NAME_RE, "the name of a policy granted to the agent"))
+    ] = Field(None, validate_default=True)
+    system_prompt: Annotated[str, BeforeValidator(_prompt)] = DEFAULT_PROMPT
+    tools: Tools = ("shell", "python", "files")
+    limits: Limits = Field(default_factory=Limits)
+    browser: BrowserBlock = Field(default_factory=BrowserSettings)
 
     @property
     def services(self) -> tuple[str, ...]:
@@ -98,90 +195,18 @@ class AgentDefinition:
         return data
 
 
-class _Reader:
-    def __init__(self) -> None:
-        self.problems: list[tuple[str, str]] = []
-
-    def fail(self, path: str, message: str) -> None:
-        self.problems.append((path, message))
-
-    def mapping(self, value: object, path: str, keys: tuple[str, ...]) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            self.fail(path, f"expected a mapping, got {type(value).__name__}")
-            return {}
-        for key in value:
-            if key not in keys:
-                self.fail(f"{path}.{key}" if path else str(key), f"unknown field; use {keys}")
-        return value
-
-    def integer(
-        self, m: dict[str, Any], key: str, path: str, default: int, lo: int, hi: int
-    ) -> int:
-        if key not in m:
-            return default
-        value = m[key]
-        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-            self.fail(f"{path}.{key}", f"expected a whole number from {lo} to {hi}, got {value!r}")
-            return default
-        return value
-
-    def converted(
-        self, m: dict[str, Any], key: str, path: str, fn: Any, default: int, hi: int
-    ) -> int:
-        if key not in m:
-            return default
-        try:
-            value = int(fn(m[key]))
-        except ValueError as exc:
-            self.fail(f"{path}.{key}", str(exc))
-            return default
-        if not 0 < value <= hi:
-            self.fail(f"{path}.{key}", f"must be more than 0 and at most {hi}, got {m[key]!r}")
-            return default
-        return value
-
-
-def _parse_model(r: _Reader, raw: object) -> ModelConfig:
-    keys = ("endpoint", "name", "temperature", "timeout", "retries")
-    if isinstance(raw, dict):
-        raw = _without_moved(r, raw)
-    m = r.mapping(raw, "model", keys)
-    endpoint = m.get("endpoint")
-    if not isinstance(endpoint, str) or not ENDPOINT_NAME_RE.match(endpoint):
-        r.fail(
-            "model.endpoint",
-            f"required: the name of a model endpoint granted to the agent, got {endpoint!r}",
-        )
-        endpoint = ""
-    name = m.get("name")
-    if not isinstance(name, str) or not MODEL_NAME_RE.match(name):
-        r.fail("model.name", f"required: the model's name at the endpoint, got {name!r}")
-        name = ""
-    temperature = m.get("temperature")
-    if temperature is not None and (
-        isinstance(temperature, bool)
-        or not isinstance(temperature, int | float)
-        or not 0 <= temperature <= 2
-    ):
-        r.fail("model.temperature", f"expected a number from 0 to 2, got {temperature!r}")
-        temperature = None
-    timeout = r.converted(m, "timeout", "model", parse_duration, 120, 3600)
-    retries = r.integer(m, "retries", "model", 3, 0, 10)
-    return ModelConfig(
-        endpoint,
-        name,
-        float(temperature) if temperature is not None else None,
-        timeout,
-        retries,
-    )
-
-
-def _without_moved(r: _Reader, model: dict[str, Any]) -> dict[str, Any]:
-    """`model` without the fields that moved to model endpoints, each refused by name."""
-    for key, why in _MOVED_TO_ENDPOINTS.items():
-        if key in model:
-            r.fail(f"model.{key}", why)
-    return {k: v for k, v in model.items() if k not in _MOVED_TO_ENDPOINTS}
+def _without_moved(data: object) -> tuple[object, list[tuple[str, str]]]:
+    """`data` without what a definition may carry but is not kept (`name`, and the model
+    fields that moved to model endpoints), and the refusals of the moved ones by name."""
+    if not isinstance(data, dict):
+        return data, []
+    refused: list[tuple[str, str]] = []
+    kept = {k: v for k, v in data.items() if k != "name"}
+    model = kept.get("model")
+    if isinstance(model, dict):
+        refused = [(f"model.{k}", why) for k, why in _MOVED_TO_ENDPOINTS.items() if k in model]
+        kept["model"] = {k: v for k, v in model.items() if k not in _MOVED_TO_ENDPOINTS}
+    return kept, refused
 
 
 def endpoint_problems(model: ModelConfig, served: tuple[str, ...] | None) -> list[tuple[str, str]]:
@@ -205,87 +230,20 @@ def endpoint_problems(model: ModelConfig, served: tuple[str, ...] | None) -> lis
     return []
 
 
-def _parse_tools(r: _Reader, raw: object) -> tuple[str, ...]:
-    if not isinstance(raw, list) or not raw:
-        r.fail("tools", "expected a non-empty list such as [shell, python, files]")
-        return ()
-    tools: list[str] = []
-    for i, item in enumerate(raw):
-        path = f"tools[{i}]"
-        if not isinstance(item, str):
-            r.fail(path, f"expected a tool name, got {item!r}")
-        elif item.startswith("service:"):
-            if not SERVICE_RE.match(item.split(":", 1)[1]):
-                r.fail(path, f"{item!r} does not name a service")
-            else:
-                tools.append(item)
-        elif item not in BUILTIN_TOOLS:
-            r.fail(path, f"unknown tool {item!r}; use {', '.join(BUILTIN_TOOLS)} or service:NAME")
-        else:
-            tools.append(item)
-        if isinstance(item, str) and tools.count(item) > 1:
-            r.fail(path, f"{item!r} is listed twice")
-    return tuple(tools)
-
-
-def _parse_limits(r: _Reader, raw: object) -> Limits:
-    keys = (
-        "max_steps",
-        "wall_time",
-        "max_tokens",
-        "tool_timeout",
-        "approval_timeout",
-        "observation_bytes",
-    )
-    m = r.mapping(raw, "limits", keys)
-    d = Limits()
-    return Limits(
-        max_steps=r.integer(m, "max_steps", "limits", d.max_steps, 1, 1000),
-        wall_time_seconds=r.converted(
-            m, "wall_time", "limits", parse_duration, d.wall_time_seconds, 86400
-        ),
-        max_tokens=r.integer(m, "max_tokens", "limits", d.max_tokens, 1, 100_000_000),
-        tool_timeout_seconds=r.converted(
-            m, "tool_timeout", "limits", parse_duration, d.tool_timeout_seconds, 3600
-        ),
-        approval_timeout_seconds=r.converted(
-            m, "approval_timeout", "limits", parse_duration, d.approval_timeout_seconds, 7 * 86400
-        ),
-        observation_bytes=r.converted(
-            m, "observation_bytes", "limits", parse_size, d.observation_bytes, 1_000_000
-        ),
-    )
-
-
 def definition_from_dict(data: object) -> AgentDefinition:
-    r = _Reader()
-    keys = ("name", "model", "system_prompt", "tools", "policy", "limits", "browser")
-    m = r.mapping(data, "", keys)
-    if "model" not in m:
-        r.fail("model", "required: {endpoint, name}")
-    model = _parse_model(r, m.get("model", {})) if "model" in m else ModelConfig("", "")
-    prompt = m.get("system_prompt", AgentDefinition.system_prompt)
-    if not isinstance(prompt, str) or not prompt.strip() or len(prompt) > MAX_PROMPT_CHARS:
-        r.fail("system_prompt", f"expected text of 1 to {MAX_PROMPT_CHARS} characters")
-        prompt = ""
-    tools = _parse_tools(r, m["tools"]) if "tools" in m else AgentDefinition.tools
-    policy = m.get("policy")
-    if not isinstance(policy, str) or not NAME_RE.match(policy):
-        r.fail("policy", f"required: the name of a policy granted to the agent, got {policy!r}")
-        policy = ""
-    limits = _parse_limits(r, m.get("limits", {}))
-    browser = parse_browser_settings(m["browser"], r.fail) if "browser" in m else BrowserSettings()
-    if r.problems:
-        raise DefinitionError(r.problems)
-    return AgentDefinition(model, policy, prompt, tools, limits, browser)
+    kept, refused = _without_moved(data)
+    found = validate(AgentDefinition, kept)
+    if isinstance(found, list) or refused:
+        raise DefinitionError(refused + (found if isinstance(found, list) else []))
+    return found
 
 
 def parse_definition(text: str) -> AgentDefinition:
-    """A definition from YAML or JSON text (JSON is YAML)."""
+    """A definition from YAML or JSON text (JSON is YAML); a key given twice is refused."""
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise DefinitionError([("", f"not valid YAML/JSON: {exc}")]) from None
+        data = load_yaml(text, "YAML/JSON")
+    except ValueError as exc:
+        raise DefinitionError([("", str(exc))]) from None
     return definition_from_dict(data)
 
 

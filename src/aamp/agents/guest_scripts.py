@@ -1,10 +1,26 @@
 """Small Python programs the tools run inside the guest (standard library only).
 
 Each reads one JSON request on stdin and prints one JSON answer on stdout; the host parses
-that answer as untrusted data. They are sent with each call (`python3 -c`), so the guest
-image needs nothing of aamp beyond its guest agent. (The browser is not one of them: it
+that answer as untrusted data (`answer`). They are sent with each call (`python3 -c`), so the
+guest image needs nothing of aamp beyond its guest agent. (The browser is not one of them: it
 stays alive across calls in the guest's browser driver, `aamp.guest.browser_server`.)
 """
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def answer(stdout: bytes) -> dict[str, Any] | None:
+    """A script's answer: the JSON object on the last line of its output, or None (anything
+    else — no output, not JSON, not an object — is no answer)."""
+    try:
+        value = json.loads(stdout.strip().splitlines()[-1]) if stdout.strip() else None
+    except (ValueError, IndexError):
+        return None
+    return value if isinstance(value, dict) else None
+
 
 # A call to a granted service: through the egress proxy (from the environment), which adds the
 # credential host-side; the answer's status, a few headers and the body come back.

@@ -6,16 +6,18 @@ endpoint's base URL, the transport whose every connection is resolved once, addr
 and made to the checked address (`aamp.egress.registered.CheckedTransport`), and where each
 call's API key comes from (the vault, audited per call). Redirects are not followed.
 
-Transient failures (connection refused or reset, timeouts, 429, 5xx) are retried with
-exponential backoff; when the retries are spent, or the server refuses the request itself
-(400, 401, 404), `ModelError` says what happened in words the run's failure reason can carry.
-A connection the transport refuses (an address the endpoint may not reach) is not retried.
+Transient failures (connection refused or reset, timeouts, 408, 409, 429, 5xx) are retried by
+the `openai` SDK's own mechanism, at most `model.retries` times: it waits what the server's
+`Retry-After` asks when that is up to 60 s, else an exponential backoff from 0.5 s, capped at
+8 s, with jitter — so a call makes at most `retries + 1` attempts of at most `model.timeout`
+each, with at most 60 s between two. When the retries are spent, or the server refuses the
+request itself (400, 401, 404), `ModelError` says what happened in words the run's failure
+reason can carry. A connection the host refuses (an address the endpoint may not reach) is
+final: it is never tried again (`_RefusalIsFinal`).
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,11 +28,10 @@ import openai
 from aamp.agents.definition import ModelConfig
 from aamp.egress.registered import ConnectionRefused
 
-RETRYABLE = (
-    openai.APIConnectionError,  # includes APITimeoutError
-    openai.RateLimitError,
-    openai.InternalServerError,
-)
+# What the SDK retries: connection failures (timeouts included) and these statuses.
+RETRIED = (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)
+RETRIED_STATUSES = (408, 409)
+_REFUSAL = "aamp.refusal"  # the extension of the answer `_RefusalIsFinal` makes
 
 
 class ModelError(Exception):
@@ -68,16 +69,38 @@ class EndpointAccess:
     api_key: Callable[[], Awaitable[str]] | None = None
 
 
+class _RefusalIsFinal(httpx.AsyncBaseTransport):
+    """The endpoint's checked transport, with a connection the host refuses answered — 403,
+    `x-should-retry: false` (which the SDK obeys), the refusal in the answer's extensions —
+    instead of raised: the SDK retries every exception, and each try would resolve the name
+    anew. Nothing is sent anywhere; the answer never leaves this process."""
+
+    def __init__(self, checked: httpx.AsyncBaseTransport) -> None:
+        self.checked = checked
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await self.checked.handle_async_request(request)
+        except ConnectionRefused as refusal:
+            return httpx.Response(
+                403,
+                headers={"x-should-retry": "false"},
+                json={"error": {"message": str(refusal)}},
+                extensions={_REFUSAL: refusal},
+                request=request,
+            )
+
+    async def aclose(self) -> None:
+        await self.checked.aclose()
+
+
 class ModelClient:
-    def __init__(
-        self, config: ModelConfig, endpoint: EndpointAccess, *, backoff_base: float = 0.5
-    ) -> None:
+    def __init__(self, config: ModelConfig, endpoint: EndpointAccess) -> None:
         self.config = config
         self.endpoint = endpoint
-        self.backoff_base = backoff_base
         self._where = f"the model endpoint {endpoint.name} ({endpoint.base_url})"
         self._http = httpx.AsyncClient(
-            transport=endpoint.transport,
+            transport=_RefusalIsFinal(endpoint.transport),
             follow_redirects=False,
             trust_env=False,
             timeout=float(config.timeout_seconds),
@@ -86,7 +109,7 @@ class ModelClient:
             base_url=endpoint.base_url,
             api_key="no-key",  # the key, if any, is fetched and sent per call
             timeout=float(config.timeout_seconds),
-            max_retries=0,  # retried here, with our backoff and our reasons
+            max_retries=config.retries,
             http_client=self._http,
         )
 
@@ -108,26 +131,20 @@ class ModelClient:
         if self.endpoint.api_key is not None:
             kwargs["extra_headers"] = {"Authorization": f"Bearer {await self.endpoint.api_key()}"}
         where = self._where
-        attempts = 0
-        while True:
-            attempts += 1
-            started = time.monotonic()
-            try:
-                response = await self._client.chat.completions.create(**kwargs)
-                break
-            except RETRYABLE as exc:
-                if isinstance(exc.__cause__, ConnectionRefused):
-                    raise ModelError(f"the host refused to connect: {exc.__cause__}") from None
-                if attempts > cfg.retries:
-                    raise ModelError(
-                        f"{where} failed {attempts} times; last: {_describe(exc)}"
-                    ) from None
-                await asyncio.sleep(self.backoff_base * 2 ** (attempts - 1))
-            except openai.APIStatusError as exc:
-                raise ModelError(f"{where} refused the request: {_describe(exc)}") from None
-            except openai.OpenAIError as exc:
-                raise ModelError(f"{where}: {exc}") from None
-        seconds = time.monotonic() - started
+        try:
+            raw = await self._client.chat.completions.with_raw_response.create(**kwargs)
+            response = raw.parse()
+        except openai.APIStatusError as exc:
+            refusal = exc.response.extensions.get(_REFUSAL)
+            if refusal is not None:
+                raise ModelError(f"the host refused to connect: {refusal}") from None
+            if isinstance(exc, RETRIED) or exc.status_code in RETRIED_STATUSES:
+                raise ModelError(_spent(where, exc)) from None
+            raise ModelError(f"{where} refused the request: {_describe(exc)}") from None
+        except RETRIED as exc:
+            raise ModelError(_spent(where, exc)) from None
+        except openai.OpenAIError as exc:
+            raise ModelError(f"{where}: {exc}") from None
         if not response.choices:
             raise ModelError(f"{where} returned no choices")
         choice = response.choices[0]
@@ -138,9 +155,9 @@ class ModelClient:
             if getattr(c, "function", None) is not None
         )
         usage = response.usage
-        raw: dict[str, Any] = {"role": "assistant", "content": msg.content}
+        answer: dict[str, Any] = {"role": "assistant", "content": msg.content}
         if calls:
-            raw["tool_calls"] = [
+            answer["tool_calls"] = [
                 {
                     "id": c.id,
                     "type": "function",
@@ -154,10 +171,20 @@ class ModelClient:
             prompt_tokens=int(usage.prompt_tokens) if usage else 0,
             completion_tokens=int(usage.completion_tokens) if usage else 0,
             finish_reason=choice.finish_reason,
-            seconds=seconds,
-            attempts=attempts,
-            raw_message=raw,
+            seconds=raw.elapsed.total_seconds(),  # the attempt that answered
+            attempts=raw.retries_taken + 1,
+            raw_message=answer,
         )
+
+
+def _attempts(exc: openai.APIError) -> int:
+    """How many attempts the SDK made, the last one's included (it numbers its retries)."""
+    taken = exc.request.headers.get("x-stainless-retry-count", "0")
+    return int(taken) + 1 if taken.isdigit() else 1
+
+
+def _spent(where: str, exc: openai.APIError) -> str:
+    return f"{where} failed {_attempts(exc)} times; last: {_describe(exc)}"
 
 
 def _describe(exc: Exception) -> str:

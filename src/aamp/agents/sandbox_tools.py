@@ -30,14 +30,6 @@ def _decode(data: bytes) -> str:
     return data.decode("utf-8", "replace")
 
 
-def _guest_json(stdout: bytes) -> dict[str, Any] | None:
-    try:
-        value = json.loads(stdout.strip().splitlines()[-1]) if stdout.strip() else None
-    except (ValueError, IndexError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
 class SandboxTools:
     def __init__(
         self,
@@ -119,7 +111,7 @@ class SandboxTools:
             result, out, err = await channel.run(
                 ["python3", "-c", guest_scripts.LIST, path], timeout=30, max_output=MAX_OUTPUT
             )
-        answer = _guest_json(out) if result.exit_code == 0 else None
+        answer = guest_scripts.answer(out) if result.exit_code == 0 else None
         listing = answer.get("entries") if answer else None
         if not isinstance(listing, list):
             return Observation(f"error: could not list {path}: {_decode(err)[-500:]}", ok=False)
@@ -143,7 +135,7 @@ class SandboxTools:
             )
         if result.timed_out:
             return None, f"timed out after {timeout:g} s"
-        answer = _guest_json(out)
+        answer = guest_scripts.answer(out)
         if answer is None:
             return None, f"exit code {result.exit_code}: {_decode(err)[-1500:]}"
         return answer, ""

@@ -15,8 +15,8 @@ from typing import Any
 from sqlalchemy import func, select
 
 from aamp.agents.definition import AgentDefinition, definition_from_dict, stored_form
-from aamp.identity.errors import Conflict, NotFound
-from aamp.store import Store
+from aamp.errors import Conflict, NotFound
+from aamp.store import Store, existing, value_of
 from aamp.store.tables import AgentRow, AgentVersionRow
 from aamp.store.timestamps import now
 
@@ -48,17 +48,7 @@ class AgentVersion:
 
 
 def _version(row: AgentVersionRow) -> AgentVersion:
-    return AgentVersion(
-        row.agent_id,
-        row.version,
-        row.status,
-        definition_from_dict(json.loads(row.definition)),
-        row.created_at,
-        row.created_by,
-        row.updated_at,
-        row.published_at,
-        row.published_by,
-    )
+    return value_of(AgentVersion, row, definition=definition_from_dict(json.loads(row.definition)))
 
 
 class AgentVersions:
@@ -68,8 +58,7 @@ class AgentVersions:
     def save_draft(self, agent_id: str, definition: AgentDefinition, *, by: str) -> AgentVersion:
         """Replace the draft, or start one as the version after the newest."""
         with self.store.write_session() as s:
-            if s.get(AgentRow, agent_id) is None:
-                raise NotFound(f"no agent {agent_id!r}")
+            existing(s, AgentRow, agent_id, f"no agent {agent_id!r}")
             row = s.scalars(
                 select(AgentVersionRow).where(
                     AgentVersionRow.agent_id == agent_id, AgentVersionRow.status == "draft"
@@ -97,8 +86,7 @@ class AgentVersions:
 
     def publish(self, agent_id: str, *, by: str) -> AgentVersion:
         with self.store.write_session() as s:
-            if s.get(AgentRow, agent_id) is None:
-                raise NotFound(f"no agent {agent_id!r}")
+            existing(s, AgentRow, agent_id, f"no agent {agent_id!r}")
             row = s.scalars(
                 select(AgentVersionRow)
                 .where(AgentVersionRow.agent_id == agent_id, AgentVersionRow.status == "draft")

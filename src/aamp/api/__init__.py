@@ -1,1 +1,15 @@
-"""The HTTP API under /v1 (FastAPI): the only way the CLI and the UI reach the host process."""
+"""The HTTP API under /v1 (FastAPI): the only way the CLI and the UI reach the host process.
+
+`create_app(cp)` builds the app from a `ControlPlane` (everything the routes use, built once
+by `aamp.server`). Names load on first use (`aamp.surface`).
+"""
+
+from aamp.surface import surface
+
+__all__, __getattr__ = surface(
+    __name__,
+    {
+        "app": ("create_app",),
+        "context": ("ControlPlane", "SandboxOwner"),
+    },
+)

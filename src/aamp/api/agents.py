@@ -9,10 +9,12 @@ from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
 
 from aamp.agents.definition import DefinitionError, definition_from_dict, endpoint_problems
+from aamp.agents.registry import AgentInfo
 from aamp.agents.versions import AgentVersions
 from aamp.api.context import ControlPlane
 from aamp.api.errors import ApiError
 from aamp.api.guard import actor_of, check, cp_of, json_body, record_change, rule
+from aamp.identity.directory import GrantInfo
 from aamp.identity.model import Actor, Resource
 
 AgentId = Annotated[str, Path(min_length=1, max_length=32)]
@@ -23,13 +25,6 @@ VERSION_PATTERN = r"^(draft|latest|[0-9]{1,9})$"
 
 class AgentIn(BaseModel):
     name: Annotated[str, Field(min_length=1, max_length=64)]
-
-
-class AgentOut(BaseModel):
-    id: str
-    name: str
-    owner: str
-    created_at: str
 
 
 class VersionOut(BaseModel):
@@ -48,16 +43,6 @@ class GrantIn(BaseModel):
     user: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     role: Literal["admin", "builder", "operator"] | None = None
     level: LevelName
-
-
-class GrantOut(BaseModel):
-    id: int
-    agent_id: str
-    user: str | None
-    role: str | None
-    level: str
-    created_at: str
-    created_by: str
 
 
 class AgentResourceIn(BaseModel):
@@ -107,50 +92,48 @@ async def _grant_subject(request: Request, _: ControlPlane, __: Actor) -> Resour
 def router() -> APIRouter:
     r = APIRouter(prefix="/v1", tags=["agents"])
 
-    @r.get("/agents", response_model=list[AgentOut])
+    @r.get("/agents", response_model=list[AgentInfo])
     @rule("agent.list")
     async def list_agents(request: Request) -> list[dict[str, object]]:
         """The agents you can view (all of them for an admin)."""
         cp = cp_of(request)
-        agents = await cp.store.run(cp.directory.list_agents)
+        agents = await cp.store.run(cp.agents.list)
         return [
             a.to_dict()
             for a in agents
             if await check(request, "agent.view", Resource("agent", a.id, agent=a.id))
         ]
 
-    @r.post("/agents", status_code=201, response_model=AgentOut)
+    @r.post("/agents", status_code=201, response_model=AgentInfo)
     @rule("agent.create")
     async def create_agent(body: AgentIn, request: Request) -> dict[str, object]:
         """Create an agent; its creator owns it (which counts as `edit` on it)."""
         cp, actor = cp_of(request), actor_of(request)
-        agent = await cp.store.run(
-            lambda: cp.directory.create_agent(body.name, owner=actor.username or "")
-        )
+        agent = await cp.store.run(lambda: cp.agents.create(body.name, owner=actor.username or ""))
         await record_change(request, "agent.created", f"agent:{agent.id}", {"name": agent.name})
         return agent.to_dict()
 
-    @r.get("/agents/{agent_id}", response_model=AgentOut)
+    @r.get("/agents/{agent_id}", response_model=AgentInfo)
     @rule("agent.view", _agent)
     async def get_agent(agent_id: AgentId, request: Request) -> dict[str, object]:
         cp = cp_of(request)
-        return (await cp.store.run(cp.directory.get_agent, agent_id)).to_dict()
+        return (await cp.store.run(cp.agents.get, agent_id)).to_dict()
 
     @r.delete("/agents/{agent_id}", status_code=204)
     @rule("agent.delete", _agent)
     async def delete_agent(agent_id: AgentId, request: Request) -> None:
         cp = cp_of(request)
-        await cp.store.run(cp.directory.delete_agent, agent_id)
+        await cp.store.run(cp.agents.delete, agent_id)
         await record_change(request, "agent.deleted", f"agent:{agent_id}", {})
 
-    @r.get("/agents/{agent_id}/grants", response_model=list[GrantOut])
+    @r.get("/agents/{agent_id}/grants", response_model=list[GrantInfo])
     @rule("grant.list", _agent)
     async def list_grants(agent_id: AgentId, request: Request) -> list[dict[str, object]]:
         cp = cp_of(request)
-        await cp.store.run(cp.directory.get_agent, agent_id)
+        await cp.store.run(cp.agents.get, agent_id)
         return [g.to_dict() for g in await cp.store.run(cp.directory.list_grants, agent_id)]
 
-    @r.post("/agents/{agent_id}/grants", status_code=201, response_model=GrantOut)
+    @r.post("/agents/{agent_id}/grants", status_code=201, response_model=GrantInfo)
     @rule("grant.create", _grant_subject)
     async def create_grant(agent_id: AgentId, body: GrantIn, request: Request) -> dict[str, object]:
         """Give a user or a whole role `view`, `run` or `edit` on the agent (never yourself)."""
@@ -177,7 +160,7 @@ def router() -> APIRouter:
     async def list_resources(agent_id: AgentId, request: Request) -> list[dict[str, object]]:
         """The policies, services, images and model endpoints this agent is granted."""
         cp = cp_of(request)
-        await cp.store.run(cp.directory.get_agent, agent_id)
+        await cp.store.run(cp.agents.get, agent_id)
         return await cp.store.run(cp.catalog.list_resources, agent_id)
 
     @r.post("/agents/{agent_id}/resources", status_code=201, response_model=AgentResourceOut)
@@ -211,7 +194,7 @@ def router() -> APIRouter:
     async def list_versions(agent_id: AgentId, request: Request) -> list[dict[str, object]]:
         """Published versions; the draft too for users with `edit` on the agent."""
         cp = cp_of(request)
-        await cp.store.run(cp.directory.get_agent, agent_id)
+        await cp.store.run(cp.agents.get, agent_id)
         drafts = await check(
             request, "agent_version.edit", Resource("agent", agent_id, agent=agent_id)
         )

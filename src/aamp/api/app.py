@@ -23,7 +23,7 @@ from aamp.api.errors import ERROR_RESPONSES, install_error_handlers
 from aamp.api.guard import RULE_ATTR, cp_of, guard, rule
 from aamp.api.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from aamp.audit import AuditInputError
-from aamp.identity import IdentityError
+from aamp.errors import AampError
 from aamp.policy import PolicyError
 from aamp.sandbox.channel import (
     FileTooLargeError,
@@ -33,7 +33,6 @@ from aamp.sandbox.channel import (
     GuestUnavailable,
     PathEscapeError,
 )
-from aamp.sandbox.manager import SandboxError
 from aamp.vault import SecretNameError, SecretNotFound, SecretValueError
 
 
@@ -109,13 +108,12 @@ def create_app(cp: ControlPlane) -> FastAPI:
     install_error_handlers(
         app,
         {
-            IdentityError: 400,
+            AampError: 400,
             PolicyError: 400,
             SecretNameError: 400,
             SecretValueError: 400,
             SecretNotFound: 404,
             AuditInputError: 400,
-            SandboxError: 400,
             PathEscapeError: 400,
             FileTooLargeError: 413,
             GuestError: 422,

@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from aamp.api.errors import ApiError
 from aamp.api.guard import cp_of, rule
+from aamp.audit import ShownRecord
 from aamp.store import Store
 from aamp.store.tables import AuditRecordRow
 from aamp.store.timestamps import format_time
@@ -18,22 +19,8 @@ from aamp.store.timestamps import format_time
 _r = AuditRecordRow.__table__.c
 
 
-class AuditRecordOut(BaseModel):
-    seq: int
-    time: str
-    actor: str
-    action: str
-    resource: str
-    decision: str
-    reason: str | None
-    request_id: str | None
-    details: dict[str, Any]
-    prev_hash: str
-    hash: str
-
-
 class AuditPageOut(BaseModel):
-    records: list[AuditRecordOut]
+    records: list[ShownRecord]
     next_after_seq: int | None
 
 

@@ -9,6 +9,7 @@ states the addresses and classes it resolved to (or that it did not resolve yet)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Request
@@ -17,9 +18,9 @@ from pydantic import BaseModel, Field
 from aamp.api.context import ControlPlane
 from aamp.api.errors import ApiError
 from aamp.api.guard import cp_of, record_change, rule
+from aamp.catalog.catalog import MAX_POLICY_BYTES, Service
+from aamp.catalog.model_endpoints import MAX_MODELS, ModelEndpoint, check_base_url
 from aamp.egress.registered import ConnectionRefused, resolve_and_check
-from aamp.identity.catalog import MAX_POLICY_BYTES
-from aamp.identity.model_endpoints import MAX_MODELS, ModelEndpoint, check_base_url
 
 Name = Annotated[str, Path(min_length=1, max_length=64)]
 
@@ -53,18 +54,6 @@ class ServiceIn(BaseModel):
     header_name: Annotated[str, Field(max_length=128)] | None = None
 
 
-class ServiceOut(BaseModel):
-    name: str
-    upstream: str
-    auth: str
-    header_name: str | None
-    secrets: list[str]
-    created_at: str
-    created_by: str
-    updated_at: str
-    updated_by: str
-
-
 class ModelEndpointIn(BaseModel):
     base_url: Annotated[str, Field(min_length=1, max_length=512)]
     api_key_secret: Annotated[str, Field(min_length=1, max_length=64)] | None = None
@@ -73,26 +62,13 @@ class ModelEndpointIn(BaseModel):
     ] = []
 
 
-class ModelEndpointOut(BaseModel):
-    name: str
-    base_url: str
-    api_key_secret: str | None
-    models: list[str]
-    confirmed: bool
-    created_at: str
-    created_by: str
-    updated_at: str
-    updated_by: str
-    confirmed_at: str | None
-    confirmed_by: str | None
-
-
 class ResolvedAddress(BaseModel):
     address: str
     address_class: str
 
 
-class ModelEndpointRegistered(ModelEndpointOut):
+@dataclass(frozen=True, kw_only=True)
+class ModelEndpointRegistered(ModelEndpoint):
     """As registered, with what its host resolved to just now (`resolved`: None when it did
     not resolve; the reason is in `unresolved`)."""
 
@@ -176,19 +152,19 @@ def router() -> APIRouter:
         await cp.store.run(cp.catalog.delete_policy, name)
         await record_change(request, "policy.deleted", f"policy:{name}", {})
 
-    @r.get("/services", response_model=list[ServiceOut], tags=["services"])
+    @r.get("/services", response_model=list[Service], tags=["services"])
     @rule("service.list")
     async def list_services(request: Request) -> list[dict[str, object]]:
         cp = cp_of(request)
         return [s.to_dict() for s in await cp.store.run(cp.catalog.list_services)]
 
-    @r.get("/services/{name}", response_model=ServiceOut, tags=["services"])
+    @r.get("/services/{name}", response_model=Service, tags=["services"])
     @rule("service.read")
     async def get_service(name: Name, request: Request) -> dict[str, object]:
         cp = cp_of(request)
         return (await cp.store.run(cp.catalog.get_service, name)).to_dict()
 
-    @r.put("/services/{name}", response_model=ServiceOut, tags=["services"])
+    @r.put("/services/{name}", response_model=Service, tags=["services"])
     @rule("service.write")
     async def put_service(name: Name, body: ServiceIn, request: Request) -> dict[str, object]:
         """Define a service: upstream origin, auth kind and the secret names it injects."""
@@ -214,13 +190,13 @@ def router() -> APIRouter:
         await cp.store.run(cp.catalog.delete_service, name)
         await record_change(request, "service.deleted", f"service:{name}", {})
 
-    @r.get("/model-endpoints", response_model=list[ModelEndpointOut], tags=["model endpoints"])
+    @r.get("/model-endpoints", response_model=list[ModelEndpoint], tags=["model endpoints"])
     @rule("model_endpoint.list")
     async def list_model_endpoints(request: Request) -> list[dict[str, object]]:
         cp = cp_of(request)
         return [e.to_dict() for e in await cp.store.run(cp.catalog.list_model_endpoints)]
 
-    @r.get("/model-endpoints/{name}", response_model=ModelEndpointOut, tags=["model endpoints"])
+    @r.get("/model-endpoints/{name}", response_model=ModelEndpoint, tags=["model endpoints"])
     @rule("model_endpoint.read")
     async def get_model_endpoint(name: Name, request: Request) -> dict[str, object]:
         cp = cp_of(request)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from aamp.agents.registry import AgentRegistry
 from aamp.audit import AuditLog
+from aamp.catalog import Catalog
 from aamp.config import Settings
-from aamp.identity import Catalog, Directory, LoginThrottle
+from aamp.identity import Directory, LoginThrottle
 from aamp.runs.service import RunService
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.manager import SandboxManager
@@ -35,6 +37,7 @@ class ControlPlane:
     audit: AuditLog
     vault: Vault
     directory: Directory
+    agents: AgentRegistry
     catalog: Catalog
     manager: SandboxManager
     images: ImageStore

@@ -27,11 +27,11 @@ from aamp.api.context import ControlPlane
 from aamp.api.errors import ApiError
 from aamp.api.guard import actor_of, check, cp_of, json_body, record_change, request_id, rule
 from aamp.api.sandboxes import sandbox_from
-from aamp.identity.catalog import AgentNeeds
-from aamp.identity.errors import NotFound
+from aamp.catalog.catalog import AgentNeeds
+from aamp.errors import NotFound
 from aamp.identity.model import Actor, Resource
 from aamp.runs.service import RunRequest, RunService
-from aamp.runs.store import RunStore
+from aamp.runs.store import RunInfo, RunStore
 
 RunId = Annotated[str, Path(min_length=1, max_length=32)]
 AgentId = Annotated[str, Path(min_length=1, max_length=32)]
@@ -52,24 +52,6 @@ class RunIn(BaseModel):
     # A version number is at most 9 digits, as in /agents/{id}/versions/{version}.
     version: Annotated[int, Field(ge=1, le=MAX_VERSION)] | Literal["latest", "draft"] = "latest"
     inputs: Annotated[list[InputFile], Field(max_length=MAX_INPUTS)] = []
-
-
-class RunOut(BaseModel):
-    id: str
-    agent_id: str
-    version: int
-    owner: str
-    task: str
-    status: str
-    reason: str | None
-    answer: str | None
-    sandbox_id: str | None
-    steps: int
-    prompt_tokens: int
-    completion_tokens: int
-    created_at: str
-    started_at: str | None
-    ended_at: str | None
 
 
 class ArtifactOut(BaseModel):
@@ -201,7 +183,7 @@ async def _refuse_input(request: Request, agent_id: str, message: str, details: 
 def router() -> APIRouter:
     r = APIRouter(prefix="/v1", tags=["runs"])
 
-    @r.post("/agents/{agent_id}/runs", status_code=201, response_model=RunOut)
+    @r.post("/agents/{agent_id}/runs", status_code=201, response_model=RunInfo)
     @rule("run.create", _new_run)
     async def create_run(agent_id: AgentId, body: RunIn, request: Request) -> dict[str, Any]:
         """Start a run of a published version (`latest` or a number); the draft, or any
@@ -278,7 +260,7 @@ def router() -> APIRouter:
         )
         return run.to_dict()
 
-    @r.get("/runs", response_model=list[RunOut])
+    @r.get("/runs", response_model=list[RunInfo])
     @rule("run.list")
     async def list_runs(request: Request) -> list[dict[str, Any]]:
         """The runs you may see (yours; all of an agent you edit; all for an admin)."""
@@ -292,7 +274,7 @@ def router() -> APIRouter:
             )
         ]
 
-    @r.get("/runs/{run_id}", response_model=RunOut)
+    @r.get("/runs/{run_id}", response_model=RunInfo)
     @rule("run.view", _run)
     async def get_run(run_id: RunId, request: Request) -> dict[str, Any]:
         cp = cp_of(request)
@@ -349,7 +331,7 @@ def router() -> APIRouter:
             headers={"cache-control": "no-store", "x-accel-buffering": "no"},
         )
 
-    @r.post("/runs/{run_id}/cancel", response_model=RunOut)
+    @r.post("/runs/{run_id}/cancel", response_model=RunInfo)
     @rule("run.cancel", _run)
     async def cancel_run(run_id: RunId, request: Request) -> dict[str, Any]:
         """Cancel a run at any point; its sandbox is destroyed."""

@@ -13,20 +13,19 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from starlette.types import Receive, Scope, Send
 
 from aamp.api.context import ControlPlane, SandboxOwner
 from aamp.api.errors import ApiError
 from aamp.api.guard import actor_of, check, cp_of, json_body, request_id, rule
+from aamp.catalog.catalog import AgentNeeds, Service, parse_policy_document
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import ServiceSet
-from aamp.identity.catalog import AgentNeeds, Service, parse_policy_document
-from aamp.identity.errors import NotFound
+from aamp.errors import NotFound
 from aamp.identity.model import Actor, Resource
-from aamp.policy import Policy, PolicyError
+from aamp.policy import MiB, Policy, PolicyError, Resources, problems
 from aamp.sandbox import channel as ch
-from aamp.sandbox.driver import MiB, Resources
 from aamp.sandbox.manager import (
     DEFAULT_IDLE_SECONDS,
     DEFAULT_TTL_SECONDS,
@@ -169,7 +168,7 @@ def _from_policy(
         driver=driver,
         ttl=float(policy.lifetime.ttl_seconds),
         idle=float(policy.lifetime.idle_seconds),
-        resources=policy.resources.to_driver(),
+        resources=policy.resources,
         egress=EgressRules.from_policy(policy.egress),
         services=ServiceSet([s.for_egress() for s in services]),
     )
@@ -206,8 +205,9 @@ async def _create_request(cp: ControlPlane, body: SandboxIn, plan: SandboxPlan) 
         return sandbox_from(plan.named, body.driver)
     try:
         resources = Resources(**body.resources.model_dump()) if body.resources else Resources()
-    except ValueError as exc:
-        raise ApiError(400, "invalid_request", str(exc)) from None
+    except ValidationError as exc:
+        found = "; ".join(f"resources.{where}: {why}" for where, why in problems(exc, Resources))
+        raise ApiError(400, "invalid_request", found) from None
     return CreateRequest(
         image=body.image,
         driver=body.driver,

@@ -6,6 +6,7 @@ value. The only reader of values is the egress proxy, inside the host process.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
@@ -13,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from aamp.api.errors import ApiError
 from aamp.api.guard import actor_of, cp_of, request_id, rule
-from aamp.vault.vault import MAX_VALUE_BYTES
+from aamp.vault import MAX_VALUE_BYTES, SecretMetadata
 
 Name = Annotated[str, Path(min_length=1, max_length=64)]
 
@@ -22,13 +23,8 @@ class SecretIn(BaseModel):
     value: Annotated[str, Field(min_length=1, max_length=MAX_VALUE_BYTES)]
 
 
-class SecretOut(BaseModel):
-    name: str
-    version: int
-    created_at: str
-    created_by: str
-    updated_at: str
-    updated_by: str
+@dataclass(frozen=True, kw_only=True)
+class SecretOut(SecretMetadata):
     used_by: list[str]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Request, Response
@@ -9,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from aamp.api.context import ControlPlane
 from aamp.api.guard import SESSION_COOKIE, actor_of, cp_of, record_change, request_id, rule
-from aamp.identity.directory import SESSION_HOURS, USERNAME_RE
+from aamp.identity.directory import SESSION_HOURS, USERNAME_RE, TokenInfo
 from aamp.identity.errors import AuthenticationFailed
 from aamp.identity.model import Actor, Resource
 
@@ -65,23 +66,14 @@ class PasswordIn(BaseModel):
     password: Password
 
 
+@dataclass(frozen=True, kw_only=True)
+class NewTokenOut(TokenInfo):
+    token: Annotated[str, Field(description="the secret; shown only in this response")]
+
+
 class TokenIn(BaseModel):
     name: Annotated[str, Field(min_length=1, max_length=64)] = "api"
     expires_in_days: Annotated[int, Field(ge=1, le=3650)] | None = None
-
-
-class TokenOut(BaseModel):
-    id: str
-    username: str
-    name: str
-    created_at: str
-    expires_at: str | None
-    revoked_at: str | None
-    last_used_at: str | None
-
-
-class NewTokenOut(TokenOut):
-    token: str = Field(description="the secret; shown only in this response")
 
 
 async def _path_user(request: Request, _: ControlPlane, __: Actor) -> Resource:
@@ -220,7 +212,7 @@ def router() -> APIRouter:
         await cp.store.run(cp.directory.set_password, username, body.password)
         await record_change(request, "user.password_changed", f"user:{username}", {})
 
-    @r.get("/tokens", response_model=list[TokenOut], tags=["tokens"])
+    @r.get("/tokens", response_model=list[TokenInfo], tags=["tokens"])
     @rule("token.list")
     async def list_tokens(request: Request) -> list[dict[str, object]]:
         """Your own tokens (an admin sees everyone's)."""
@@ -244,7 +236,7 @@ def router() -> APIRouter:
         )
         return {**info.to_dict(), "token": secret}
 
-    @r.delete("/tokens/{token_id}", response_model=TokenOut, tags=["tokens"])
+    @r.delete("/tokens/{token_id}", response_model=TokenInfo, tags=["tokens"])
     @rule("token.revoke", _token_owner)
     async def revoke_token(
         token_id: Annotated[str, Field(max_length=64)], request: Request

@@ -13,12 +13,21 @@ Public surface:
 from aamp.audit.chain import Problem, VerifyReport
 from aamp.audit.export import ExportFormatError, export, verify_export
 from aamp.audit.log import AuditClosed, AuditLog, AuditWriteError
-from aamp.audit.record import AuditInputError, AuditRecord, AuditSink, Decision
+from aamp.audit.record import (
+    RECORD_COLUMNS,
+    AuditInputError,
+    AuditRecord,
+    AuditSink,
+    Decision,
+    EventFields,
+    ShownRecord,
+)
 from aamp.audit.signing import SIGNING_KEY_FILENAME, CheckpointSigner
 from aamp.audit.verify import verify
 from aamp.audit.witness import WITNESS_FILENAME, WitnessFile, WitnessReader
 
 __all__ = [
+    "RECORD_COLUMNS",
     "SIGNING_KEY_FILENAME",
     "WITNESS_FILENAME",
     "AuditClosed",
@@ -29,8 +38,10 @@ __all__ = [
     "AuditWriteError",
     "CheckpointSigner",
     "Decision",
+    "EventFields",
     "ExportFormatError",
     "Problem",
+    "ShownRecord",
     "VerifyReport",
     "WitnessFile",
     "WitnessReader",

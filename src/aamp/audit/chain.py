@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -384,3 +385,21 @@ class ChainChecker:
                 if hashlib.sha256(encode(candidate, *rest)).hexdigest() == row[10]:
                     return candidate
         return None
+
+    def report(
+        self, problem: Problem | None, *, started: float, note: str | None, witnessed: bool
+    ) -> VerifyReport:
+        """What the walk found: `problem` the first fault (None: none), `started` the walk's
+        `time.perf_counter()` at its start, `witnessed` whether a witness was checked too."""
+        return VerifyReport(
+            ok=problem is None,
+            records=self.records,
+            checkpoints=self.checkpoints_ok,
+            first_seq=self.first_seq,
+            last_seq=self.next_seq - 1 if self.records else None,
+            last_hash=self.last_hash,
+            problem=problem,
+            seconds=time.perf_counter() - started,
+            note=note,
+            witnessed_seq=self.witnessed_seq if witnessed else None,
+        )

@@ -38,6 +38,7 @@ from sqlalchemy import func, select
 
 from aamp.audit.canonical import GENESIS_HASH, canonical_json
 from aamp.audit.chain import ChainChecker, Checkpoint, Problem, VerifyReport
+from aamp.audit.record import RECORD_COLUMNS
 from aamp.audit.signing import public_key_from_hex, public_key_hex
 from aamp.audit.verify import read_pages
 from aamp.audit.witness import WitnessReader
@@ -96,7 +97,7 @@ def export(
     pages = () if start is None else read_pages(store, after=start - 1)
     for rows, checkpoints in pages:
         for row in rows:
-            record = dict(zip(_RECORD_FIELDS, row, strict=True))
+            record = dict(zip(RECORD_COLUMNS, row, strict=True))
             record["details"] = json.loads(record["details"])
             out.write(_line({"kind": "record", **record}))
             seq = record["seq"]
@@ -123,21 +124,6 @@ def export(
 
 def _line(obj: dict[str, Any]) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n"
-
-
-_RECORD_FIELDS = (
-    "seq",
-    "time",
-    "actor",
-    "action",
-    "resource",
-    "decision",
-    "reason",
-    "request_id",
-    "details",
-    "prev_hash",
-    "hash",
-)
 
 
 def _read(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -219,7 +205,7 @@ def verify_export(
             break
         if kind == "record":
             try:
-                row = tuple(obj[f] for f in _RECORD_FIELDS)
+                row = tuple(obj[f] for f in RECORD_COLUMNS)
                 row = (int(row[0]), *row[1:8], canonical_json(row[8]), row[9], row[10])
             except (KeyError, TypeError, ValueError):
                 raise ExportFormatError(f"{path}: line {number} is a malformed record") from None
@@ -256,15 +242,4 @@ def verify_export(
             problem = witness_problem
         elif witness_problem is not None:
             note = (note + "; " if note else "") + f"also: {witness_problem.message}"
-    return VerifyReport(
-        ok=problem is None,
-        records=checker.records,
-        checkpoints=checker.checkpoints_ok,
-        first_seq=checker.first_seq,
-        last_seq=checker.next_seq - 1 if checker.records else None,
-        last_hash=checker.last_hash,
-        problem=problem,
-        seconds=_time.perf_counter() - started,
-        note=note,
-        witnessed_seq=None if witness is None else checker.witnessed_seq,
-    )
+    return checker.report(problem, started=started, note=note, witnessed=witness is not None)

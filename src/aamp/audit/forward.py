@@ -27,7 +27,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
 
-from aamp.audit.witness import write_all
 from aamp.config import ConfigError
 
 FORWARD_ENV = "AAMP_AUDIT_WITNESS_FORWARD"
@@ -35,6 +34,13 @@ SYSLOG_PRIORITY = 4 * 8 + 5  # facility auth (4), severity notice (5)
 SYSLOG_TAG = "aamp-audit-witness"
 
 log = logging.getLogger(__name__)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """`os.write` until all of `data` is written (a write may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 class WitnessForward(ABC):

@@ -29,16 +29,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Unpack
 
 from sqlalchemy import select
 
 from aamp.audit.chain import Checkpoint
 from aamp.audit.checkpointer import DEFAULT_SECONDS, Checkpointer, seconds_from_env
 from aamp.audit.forward import forward_from_env
-from aamp.audit.record import AuditEvent, AuditRecord, make_event
+from aamp.audit.record import (
+    RECORD_COLUMNS,
+    AuditEvent,
+    AuditRecord,
+    EventFields,
+    make_event,
+)
 from aamp.audit.signing import SIGNING_KEY_FILENAME, CheckpointSigner, verify_signature
 from aamp.audit.witness import WITNESS_FILENAME, WitnessFile
 from aamp.config import Settings
@@ -54,27 +59,12 @@ _head = AuditHeadRow.__table__
 _checkpoints = AuditCheckpointRow.__table__
 
 
-_COLUMNS = (
-    "seq",
-    "time",
-    "actor",
-    "action",
-    "resource",
-    "decision",
-    "reason",
-    "request_id",
-    "details",
-    "prev_hash",
-    "hash",
-)
-
-
 def _insert_sql(paramstyle: str) -> str:
-    marks = ", ".join(["?" if paramstyle == "qmark" else "%s"] * len(_COLUMNS))
-    return f"INSERT INTO audit_records ({', '.join(_COLUMNS)}) VALUES ({marks})"
+    marks = ", ".join(["?" if paramstyle == "qmark" else "%s"] * len(RECORD_COLUMNS))
+    return f"INSERT INTO audit_records ({', '.join(RECORD_COLUMNS)}) VALUES ({marks})"
 
 
-_COPY_SQL = f"COPY audit_records ({', '.join(_COLUMNS)}) FROM STDIN"
+_COPY_SQL = f"COPY audit_records ({', '.join(RECORD_COLUMNS)}) FROM STDIN"
 
 
 def _checkpoint_sql(paramstyle: str) -> str:
@@ -82,23 +72,6 @@ def _checkpoint_sql(paramstyle: str) -> str:
     return (
         "INSERT INTO audit_checkpoints (seq, hash, time, key_id, signature) "
         f"VALUES ({', '.join([mark] * 5)})"
-    )
-
-
-def _row(rec: AuditRecord) -> tuple[Any, ...]:
-    """A record's values in `_COLUMNS` order."""
-    return (
-        rec.seq,
-        rec.time,
-        rec.actor,
-        rec.action,
-        rec.resource,
-        rec.decision,
-        rec.reason,
-        rec.request_id,
-        rec.details_json,
-        rec.prev_hash,
-        rec.hash,
     )
 
 
@@ -201,27 +174,10 @@ class AuditLog:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def append(
-        self,
-        *,
-        actor: str,
-        action: str,
-        resource: str,
-        decision: str,
-        reason: str | None = None,
-        request_id: str | None = None,
-        details: Mapping[str, Any] | None = None,
-    ) -> AuditRecord:
-        """Append one record; returns it once it is committed durably."""
-        event = make_event(
-            actor=actor,
-            action=action,
-            resource=resource,
-            decision=decision,
-            reason=reason,
-            request_id=request_id,
-            details=details,
-        )
+    async def append(self, **fields: Unpack[EventFields]) -> AuditRecord:
+        """Append one record (`make_event` checks it first); returns it once it is committed
+        durably."""
+        event = make_event(**fields)
         if self._queue is None or self._closing:
             raise AuditClosed("the audit log is not running; nothing was recorded")
         future: asyncio.Future[AuditRecord] = asyncio.get_running_loop().create_future()
@@ -329,7 +285,7 @@ class AuditLog:
                 return self._commit_pg(conn.connection.driver_connection, events)
             seq, prev = conn.exec_driver_sql(_head_sql("sqlite")).one()
             records = self._chain(events, seq, prev)
-            rows = [_row(rec) for rec in records]
+            rows = [rec.row() for rec in records]
             paramstyle = conn.dialect.paramstyle
             conn.exec_driver_sql(_insert_sql(paramstyle), rows)
             conn.exec_driver_sql(_move_head_sql(paramstyle), (records[-1].seq, records[-1].hash))
@@ -350,7 +306,7 @@ class AuditLog:
             due = self._due_checkpoints(records)
             with cur.copy(_COPY_SQL) as copy:
                 for rec in records:
-                    copy.write_row(_row(rec))
+                    copy.write_row(rec.row())
             with driver.pipeline():
                 cur.execute(_move_head_sql("format"), (records[-1].seq, records[-1].hash))
                 if due:

@@ -11,7 +11,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, NotRequired, Protocol, TypedDict, Unpack, get_type_hints
+
+import typing_extensions
 
 from aamp.audit.canonical import canonical_json, record_hash
 
@@ -20,6 +22,20 @@ _DECISION_RE = re.compile(r"^[a-z][a-z_]{0,31}$")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _LIMITS = {"actor": 256, "action": 128, "resource": 512, "request_id": 128}
 MAX_REASON_CHARS = 4096
+# The columns of `audit_records`, in order: a record as it is stored, exported and verified.
+RECORD_COLUMNS = (
+    "seq",
+    "time",
+    "actor",
+    "action",
+    "resource",
+    "decision",
+    "reason",
+    "request_id",
+    "details",
+    "prev_hash",
+    "hash",
+)
 
 
 class Decision(StrEnum):
@@ -85,21 +101,47 @@ class AuditRecord:
     def details(self) -> dict[str, Any]:
         return json.loads(self.details_json)  # type: ignore[no-any-return]
 
-    def to_dict(self) -> dict[str, Any]:
-        """The record as a JSON-ready dict (the export and API form)."""
-        return {
-            "seq": self.seq,
-            "time": self.time,
-            "actor": self.actor,
-            "action": self.action,
-            "resource": self.resource,
-            "decision": self.decision,
-            "reason": self.reason,
-            "request_id": self.request_id,
-            "details": self.details,
-            "prev_hash": self.prev_hash,
-            "hash": self.hash,
-        }
+    def row(self) -> tuple[Any, ...]:
+        """The record's values in `RECORD_COLUMNS` order (`details` as its canonical JSON)."""
+        return (
+            self.seq,
+            self.time,
+            self.actor,
+            self.action,
+            self.resource,
+            self.decision,
+            self.reason,
+            self.request_id,
+            self.details_json,
+            self.prev_hash,
+            self.hash,
+        )
+
+    def to_dict(self) -> ShownRecord:
+        """The record as a JSON-ready dict (the export and API form, `ShownRecord`)."""
+        return {**dict(zip(RECORD_COLUMNS, self.row(), strict=True)), "details": self.details}
+
+
+# A record as people and other tools read it (the API's answer, an export's line): the stored
+# columns in order, with `details` the object its canonical JSON encodes. Derived from
+# `AuditRecord`, so the two cannot drift apart.
+_HINTS = get_type_hints(AuditRecord)
+ShownRecord = typing_extensions.TypedDict(  # type: ignore[misc]  # pydantic reads it (3.11)
+    "ShownRecord",
+    {c: dict[str, Any] if c == "details" else _HINTS[c] for c in RECORD_COLUMNS},
+)
+
+
+class EventFields(TypedDict):
+    """What a caller records: `make_event` says what each field must be."""
+
+    actor: str
+    action: str
+    resource: str
+    decision: str
+    reason: NotRequired[str | None]
+    request_id: NotRequired[str | None]
+    details: NotRequired[Mapping[str, Any] | None]
 
 
 class AuditSink(Protocol):
@@ -113,17 +155,7 @@ class AuditSink(Protocol):
                            details={"argv": ["python", "x.py"], "exit": 0})
     """
 
-    async def record(
-        self,
-        *,
-        actor: str,
-        action: str,
-        resource: str,
-        decision: str,
-        reason: str | None = None,
-        request_id: str | None = None,
-        details: Mapping[str, Any] | None = None,
-    ) -> AuditRecord: ...
+    async def record(self, **event: Unpack[EventFields]) -> AuditRecord: ...
 
 
 def _text(name: str, value: object, *, optional: bool = False) -> str | None:

@@ -24,6 +24,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from aamp.audit.chain import ChainChecker, Checkpoint, Problem, Row, VerifyReport
+from aamp.audit.record import RECORD_COLUMNS
 from aamp.audit.witness import WitnessReader
 from aamp.store import Store
 from aamp.store.timestamps import format_time
@@ -31,9 +32,7 @@ from aamp.store.timestamps import format_time
 PAGE_SIZE = 20_000
 WITNESS_LAG_GRACE = timedelta(seconds=60)  # far longer than a checkpoint takes to be witnessed
 
-_RECORD_COLUMNS = (
-    "seq, time, actor, action, resource, decision, reason, request_id, details, prev_hash, hash"
-)
+_RECORD_COLUMNS = ", ".join(RECORD_COLUMNS)
 _CHECKPOINT_COLUMNS = "seq, hash, key_id, signature, time"
 # One statement, one snapshot: the head, and every checkpoint past it (none, normally).
 _HEAD_SQL = (
@@ -124,18 +123,7 @@ def verify(
             problem = witness_problem
         elif witness_problem is not None:
             note = f"also: {witness_problem.message}"
-    return VerifyReport(
-        ok=problem is None,
-        records=checker.records,
-        checkpoints=checker.checkpoints_ok,
-        first_seq=checker.first_seq,
-        last_seq=checker.next_seq - 1 if checker.records else None,
-        last_hash=checker.last_hash,
-        problem=problem,
-        seconds=_time.perf_counter() - started,
-        note=note,
-        witnessed_seq=checker.witnessed_seq if witness is not None else None,
-    )
+    return checker.report(problem, started=started, note=note, witnessed=witness is not None)
 
 
 def _witness_lags(

@@ -30,17 +30,15 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from aamp.audit.chain import Checkpoint, Problem
+from aamp.audit.forward import WitnessForward, write_all
 from aamp.audit.signing import verify_signature
 from aamp.store.keyfiles import fsync_dir
 from aamp.store.timestamps import is_time
-
-if TYPE_CHECKING:
-    from aamp.audit.forward import WitnessForward
 
 WITNESS_FILENAME = "audit-witness.jsonl"
 _KEYS = ("seq", "hash", "key_id", "signature", "time")
@@ -138,13 +136,6 @@ def _tail(fd: int) -> tuple[int, bool]:
         if isinstance(seq, int):
             return seq, ends_with_newline
     return 0, ends_with_newline
-
-
-def write_all(fd: int, data: bytes) -> None:
-    """`os.write` until all of `data` is written (a write may take only part of it)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 class WitnessReader:

@@ -1,7 +1,50 @@
-"""The egress boundary: rules, address classes, host-side resolution, the proxy, the ledger,
-credential injection for services (installation CA, TLS interception, scrubbing), and the
-host's own checked connections to URLs an admin registered (model endpoints: `registered`).
+"""The egress boundary: rules applied, host-side resolution, the proxy, the ledger,
+credential injection for services (installation CA, TLS interception, scrubbing), a watched
+sandbox's latest egress events in memory (`recent`: what the proxy refused during one tool
+call), and the host's own checked connections to URLs an admin registered (model endpoints:
+`registered`).
 
-Import from the modules themselves (`aamp.egress.proxy`, `aamp.egress.rules`, ...): this
-package imports nothing, so that `aamp.policy` can use the rules without pulling in the proxy.
+How a rule and a host are written, and what class of place an address is, belong to the
+policy (`aamp.policy.hosts`, `aamp.policy.addresses`). Names load on first use
+(`aamp.surface`): the CLI reading the CA certificate loads no proxy.
 """
+
+from aamp.surface import surface
+
+__all__, __getattr__ = surface(
+    __name__,
+    {
+        "approvals": ("Answer", "Approver"),
+        "ca": ("InstallationCA", "ca_cert_path", "ca_dir"),
+        "installation": ("InstallationListeners", "Listener", "announce", "listeners_dir"),
+        "ledger": ("AuditEgressSink", "EgressEvent", "EgressSink", "JsonLinesSink"),
+        "proxy": ("EgressProxy", "EgressStats"),
+        "recent": ("EgressView", "RecentEgress"),
+        "registered": (
+            "AddressVerdict",
+            "CheckedTransport",
+            "ConnectionRefused",
+            "RegisteredUrl",
+            "UrlError",
+            "resolve_and_check",
+        ),
+        "resolver": (
+            "DnsServerResolver",
+            "ResolveError",
+            "Resolver",
+            "StaticResolver",
+            "SystemResolver",
+        ),
+        "rules": ("EgressRules",),
+        "services": (
+            "Auth",
+            "Basic",
+            "Bearer",
+            "Header",
+            "SecretReader",
+            "Service",
+            "ServiceSet",
+            "VaultSecretReader",
+        ),
+    },
+)

@@ -19,7 +19,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from aamp.egress.rules import Decision, Host
+from aamp.egress.rules import Decision
+from aamp.policy.hosts import Host
 
 log = logging.getLogger("aamp.egress")
 

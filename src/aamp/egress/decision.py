@@ -30,12 +30,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from aamp.egress.addresses import IPAddress
 from aamp.egress.approvals import EgressApprovals
 from aamp.egress.installation import InstallationListeners
 from aamp.egress.resolver import ResolveError, Resolver
-from aamp.egress.rules import LOOPBACK_IS_THE_SANDBOX, Decision, EgressRules, Host, this_machine
+from aamp.egress.rules import Decision, EgressRules
 from aamp.egress.services import Service, ServiceSet
+from aamp.policy.addresses import IPAddress
+from aamp.policy.hosts import LOOPBACK_IS_THE_SANDBOX, Host, this_machine
 
 MAX_BYTES_RULE = "egress.max_bytes_out"
 OWN_LISTENER_RULE = "installation: own listener"

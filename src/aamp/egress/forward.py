@@ -41,10 +41,10 @@ from aamp.egress.intercept import (
 )
 from aamp.egress.limits import ProxyLimits
 from aamp.egress.meter import Attempt, Meter
-from aamp.egress.rules import Host
 from aamp.egress.scrub import BodyDecoder, Scrubber, UnsupportedEncoding
 from aamp.egress.services import Credential, CredentialError, SecretReader, Service, render
 from aamp.egress.upstream import Connector, Upstream
+from aamp.policy.hosts import Host
 
 # Response headers dropped when a service response is scrubbed: its bytes change.
 _BODY_DIGESTS = frozenset({"content-md5", "digest", "content-digest", "repr-digest"})

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from aamp.egress.limits import ProxyLimits
-from aamp.egress.rules import Host, HostError, normalize_host, parse_port, split_host_port
+from aamp.policy.hosts import Host, HostError, normalize_host, parse_port, split_host_port
 
 _TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
 _TOKEN_RE = re.compile(rb"^" + _TOKEN + rb"$")

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aamp.config import Settings
-from aamp.egress.addresses import IPAddress, unwrap
+from aamp.policy.addresses import IPAddress, unwrap
 
 log = logging.getLogger("aamp.egress")
 ANNOUNCED_DIR = "listeners"

@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING
 
 from aamp.egress.ca import InstallationCA, client_sni
 from aamp.egress.http1 import Refusal, RequestHead, clean, parse_authority, split_origin
-from aamp.egress.rules import Decision, Host, HostError, normalize_host
+from aamp.egress.rules import Decision
+from aamp.policy.hosts import Host, HostError, normalize_host
 
 if TYPE_CHECKING:
     from aamp.egress.limits import ProxyLimits

@@ -4,7 +4,7 @@ it checked.
 
 The guest's traffic goes through the egress proxy; these connections are the host process's,
 made on behalf of a run, so they must not become a way around the proxy's address checks. The
-same address classes (`aamp.egress.addresses.classify`) decide, read for a URL an admin typed:
+same address classes (`aamp.policy.addresses.classify`) decide, read for a URL an admin typed:
 
 - a URL whose host is an IP literal reaches exactly that address, whatever its class (the
   admin named it: an on-prem server at 10.0.0.5, a test server at 127.0.0.1);
@@ -35,9 +35,9 @@ from urllib.parse import urlsplit
 import httpcore
 import httpx
 
-from aamp.egress.addresses import AddressKind, IPAddress, classify
 from aamp.egress.resolver import ResolveError, Resolver
-from aamp.egress.rules import Host, HostError, normalize_host
+from aamp.policy.addresses import AddressKind, IPAddress, classify
+from aamp.policy.hosts import Host, HostError, normalize_host
 
 # What a registered host *name* may resolve to; anything else only by its IP literal.
 NAME_REACHES = frozenset(

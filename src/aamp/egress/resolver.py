@@ -11,7 +11,7 @@ Three resolvers share one small contract, `Resolver.resolve(name) -> list of add
 - `DnsServerResolver("10.1.2.3", port=53)` — asks the given DNS server(s) directly (dnspython),
   A and AAAA, without reading the host's resolv.conf.
 
-Names handed in are already canonical (`aamp.egress.rules.normalize_host`); IP literals never
+Names handed in are already canonical (`aamp.policy.hosts.normalize_host`); IP literals never
 reach a resolver.
 """
 
@@ -28,8 +28,8 @@ import dns.exception
 import dns.rdatatype
 import dns.resolver
 
-from aamp.egress.addresses import IPAddress
-from aamp.egress.rules import HostError, normalize_host
+from aamp.policy.addresses import IPAddress
+from aamp.policy.hosts import HostError, normalize_host
 
 
 class ResolveError(Exception):

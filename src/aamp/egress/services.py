@@ -32,12 +32,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from aamp.egress.rules import Host, HostError, normalize_host, parse_port, split_host_port
 from aamp.egress.scrub import SecretForms
 from aamp.egress.secret_forms import secret_forms
+from aamp.policy.hosts import Host, HostError, normalize_host, parse_port, split_host_port
 from aamp.policy.model import SERVICE_RE
+from aamp.vault import NAME_RE as SECRET_NAME_RE  # the vault's rule for secret names
 
-SECRET_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")  # the vault's rule for secret names
 _TEMPLATE_RE = re.compile(r"\{\{secret:([^{}]*)\}\}")
 _TOKEN_RE = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _LITERAL_RE = re.compile(r"^[\x20-\x7e]*$")

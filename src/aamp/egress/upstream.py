@@ -14,12 +14,12 @@ import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from aamp.egress.addresses import IPAddress
 from aamp.egress.http1 import Refusal
 from aamp.egress.intercept import tls_server_name, upstream_tls_context
 from aamp.egress.limits import ProxyLimits
 from aamp.egress.meter import Attempt
-from aamp.egress.rules import Host
+from aamp.policy.addresses import IPAddress
+from aamp.policy.hosts import Host
 
 
 @dataclass

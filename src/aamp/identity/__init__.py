@@ -2,40 +2,32 @@
 
 - `model` — Role, Level, Actor, Resource, Decision (small frozen values);
 - `authz.allowed(actor, action, resource)` — the one function that decides every request;
-- `Directory` — users, tokens, sessions, agents and grants in the store;
-- `Catalog` — policies, services, model endpoints and what each agent is granted;
-- `LoginThrottle`, `bootstrap` — failed-login lockout; the first admin and the CLI token.
+- `Directory` — users, tokens, sessions and grants on agents in the store;
+- `LoginThrottle`, `bootstrap` — failed-login lockout; the first admin and the CLI token;
+- `read_token` — the local CLI's token (`cli_token.py`: the standard library only).
+
+Names load on first use (`aamp.surface`), so reading the CLI's token loads no database.
 """
 
-from aamp.identity.authz import RULES, allowed
-from aamp.identity.catalog import Catalog
-from aamp.identity.directory import Directory
-from aamp.identity.errors import (
-    AuthenticationFailed,
-    Conflict,
-    IdentityError,
-    InvalidInput,
-    NotFound,
-    Throttled,
-)
-from aamp.identity.model import Actor, Decision, Level, Resource, Role
-from aamp.identity.throttle import LoginThrottle
+from aamp.surface import surface
 
-__all__ = [
-    "RULES",
-    "Actor",
-    "AuthenticationFailed",
-    "Catalog",
-    "Conflict",
-    "Decision",
-    "Directory",
-    "IdentityError",
-    "InvalidInput",
-    "Level",
-    "LoginThrottle",
-    "NotFound",
-    "Resource",
-    "Role",
-    "Throttled",
-    "allowed",
-]
+__all__, __getattr__ = surface(
+    __name__,
+    {
+        "authz": ("PUBLIC_ACTIONS", "RULES", "allowed"),
+        "bootstrap": ("ensure_cli_token", "ensure_first_admin"),
+        "cli_token": ("TOKEN_ENV", "read_token"),
+        "credentials": ("digest", "generate_password", "same"),
+        "directory": (
+            "SESSION_HOURS",
+            "USERNAME_RE",
+            "Directory",
+            "GrantInfo",
+            "TokenInfo",
+            "UserInfo",
+        ),
+        "errors": ("AuthenticationFailed", "Throttled"),
+        "model": ("ANONYMOUS", "Actor", "AgentAccess", "Decision", "Level", "Resource", "Role"),
+        "throttle": ("LoginThrottle",),
+    },
+)

@@ -11,12 +11,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from aamp.errors import NotFound
 from aamp.identity import credentials as cred
+from aamp.identity.cli_token import read_token
 from aamp.identity.directory import Directory
-from aamp.identity.errors import AuthenticationFailed, NotFound
+from aamp.identity.errors import AuthenticationFailed
 
 ADMIN_PASSWORD_ENV = "AAMP_ADMIN_PASSWORD"
-TOKEN_ENV = "AAMP_TOKEN"
 FIRST_ADMIN = "admin"
 CLI_TOKEN_NAME = "local cli"
 
@@ -29,16 +30,6 @@ def ensure_first_admin(directory: Directory, env: dict[str, str]) -> str | None:
     password = given or cred.generate_password()
     directory.create_user(FIRST_ADMIN, "admin", password, by="system:bootstrap")
     return None if given else password
-
-
-def read_token(path: Path, env: dict[str, str] | None = None) -> str | None:
-    """The CLI's token: AAMP_TOKEN if set, else the token file's contents."""
-    if env and env.get(TOKEN_ENV):
-        return env[TOKEN_ENV].strip() or None
-    try:
-        return path.read_text().strip() or None
-    except OSError:
-        return None
 
 
 def _write_private(path: Path, text: str) -> None:

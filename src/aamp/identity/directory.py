@@ -1,7 +1,7 @@
-"""`Directory`: users, API tokens, UI sessions, agents and grants in the store.
+"""`Directory`: users, API tokens, UI sessions and grants on agents, in the store.
 
 Blocking methods on purpose (callers in the event loop use `await store.run(...)`, like the
-rest of the store). Every method validates its input first and raises an `IdentityError`
+rest of the store). Every method validates its input first and raises an `AampError`
 naming the problem, and changes nothing when it refuses. Authentication methods return an
 `Actor` already carrying the agent levels its grants give, so that `authz.allowed` is a pure
 function of its three arguments.
@@ -10,7 +10,7 @@ function of its three arguments.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
@@ -19,17 +19,17 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from aamp.errors import Conflict, InvalidInput, NotFound, matching
 from aamp.identity import credentials as cred
 from aamp.identity import lookup
-from aamp.identity.errors import AuthenticationFailed, Conflict, InvalidInput, NotFound
+from aamp.identity.errors import AuthenticationFailed
 from aamp.identity.model import Actor, AgentAccess, Level, Role
-from aamp.store import Store
+from aamp.store import Store, existing, value_of
 from aamp.store.store import ReadPlan, read_plan
 from aamp.store.tables import AgentRow, ApiTokenRow, GrantRow, SessionRow, UserRow
 from aamp.store.timestamps import format_time, now
 
 USERNAME_RE = re.compile(r"^[a-z][a-z0-9._-]{0,63}$")
-AGENT_NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$")
 TOKEN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$")
 MAX_TOKEN_DAYS = 3650
 SESSION_HOURS = 12
@@ -53,12 +53,12 @@ def _parse_level(value: object) -> Level:
 
 
 def _username(value: object) -> str:
-    if not isinstance(value, str) or not USERNAME_RE.match(value):
-        raise InvalidInput(
-            "username must be 1-64 characters: a lowercase letter, then lowercase letters, "
-            "digits, '.', '_' or '-'"
-        )
-    return value
+    return matching(
+        value,
+        USERNAME_RE,
+        "username must be 1-64 characters: a lowercase letter, then lowercase letters, "
+        "digits, '.', '_' or '-'",
+    )
 
 
 def _stamp(moment: datetime) -> str:
@@ -95,31 +95,7 @@ class TokenInfo:
     last_used_at: str | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "username": self.username,
-            "name": self.name,
-            "created_at": self.created_at,
-            "expires_at": self.expires_at,
-            "revoked_at": self.revoked_at,
-            "last_used_at": self.last_used_at,
-        }
-
-
-@dataclass(frozen=True)
-class AgentInfo:
-    id: str
-    name: str
-    owner: str
-    created_at: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "name": self.name,
-            "owner": self.owner,
-            "created_at": self.created_at,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -133,37 +109,15 @@ class GrantInfo:
     created_by: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "agent_id": self.agent_id,
-            "user": self.user,
-            "role": self.role,
-            "level": self.level.value,
-            "created_at": self.created_at,
-            "created_by": self.created_by,
-        }
+        return asdict(self)
 
 
 def _user(row: UserRow) -> UserInfo:
-    return UserInfo(
-        row.id, row.username, Role(row.role), bool(row.disabled), row.created_at, row.created_by
-    )
+    return value_of(UserInfo, row, role=Role(row.role), disabled=bool(row.disabled))
 
 
 def _token(row: ApiTokenRow, username: str) -> TokenInfo:
-    return TokenInfo(
-        row.id,
-        username,
-        row.name,
-        row.created_at,
-        row.expires_at,
-        row.revoked_at,
-        row.last_used_at,
-    )
-
-
-def _agent(row: AgentRow) -> AgentInfo:
-    return AgentInfo(row.id, row.name, row.owner, row.created_at)
+    return value_of(TokenInfo, row, username=username)
 
 
 class Directory:
@@ -286,8 +240,9 @@ class Directory:
         self, username: str, name: str, *, days: int | None = None
     ) -> tuple[TokenInfo, str]:
         """A new token for `username`; the secret is returned here once and never stored."""
-        if not isinstance(name, str) or not TOKEN_NAME_RE.match(name):
-            raise InvalidInput("token name must be 1-64 letters, digits, spaces, '.', '_' or '-'")
+        matching(
+            name, TOKEN_NAME_RE, "token name must be 1-64 letters, digits, spaces, '.', '_' or '-'"
+        )
         if days is not None and not (isinstance(days, int) and 1 <= days <= MAX_TOKEN_DAYS):
             raise InvalidInput(f"expires_in_days must be between 1 and {MAX_TOKEN_DAYS}")
         secret = cred.new_bearer_secret()
@@ -451,50 +406,7 @@ class Directory:
             agents=agents,
         )
 
-    # -- agents and grants --------------------------------------------------------------
-
-    def create_agent(self, name: str, *, owner: str) -> AgentInfo:
-        if not isinstance(name, str) or not AGENT_NAME_RE.match(name):
-            raise InvalidInput(
-                "agent name must be 1-64 lowercase letters, digits, '.', '_' or '-', "
-                "starting and ending with a letter or digit"
-            )
-        try:
-            with self.store.write_session() as s:
-                row = AgentRow(
-                    id=cred.new_random_id("ag-", 6), name=name, owner=owner, created_at=now()
-                )
-                s.add(row)
-                s.flush()
-                return _agent(row)
-        except IntegrityError:
-            raise Conflict(f"an agent named {name!r} already exists") from None
-
-    def list_agents(self) -> list[AgentInfo]:
-        with self.store.session() as s:
-            return [_agent(r) for r in s.scalars(select(AgentRow).order_by(AgentRow.name))]
-
-    def _find_agent_plan(self, agent_id: str) -> ReadPlan[AgentInfo | None]:
-        if not isinstance(agent_id, str):
-            return None
-        rows = yield lookup.AGENT_SQL, {"agent_id": agent_id}
-        return AgentInfo(*rows[0]) if rows else None
-
-    find_agent = read_plan(_find_agent_plan)
-
-    @read_plan
-    def get_agent(self, agent_id: str) -> ReadPlan[AgentInfo]:
-        agent = yield from self._find_agent_plan(agent_id)
-        if agent is None:
-            raise NotFound(f"no agent {agent_id!r}")
-        return agent
-
-    def delete_agent(self, agent_id: str) -> None:
-        with self.store.write_session() as s:
-            if s.get(AgentRow, agent_id) is None:
-                raise NotFound(f"no agent {agent_id!r}")
-            s.execute(delete(GrantRow).where(GrantRow.agent_id == agent_id))
-            s.execute(delete(AgentRow).where(AgentRow.id == agent_id))
+    # -- grants on agents ---------------------------------------------------------------
 
     def grant(
         self,
@@ -511,8 +423,7 @@ class Directory:
             raise InvalidInput("a grant names exactly one of user or role")
         parsed_role = _parse_role(role) if role is not None else None
         with self.store.write_session() as s:
-            if s.get(AgentRow, agent_id) is None:
-                raise NotFound(f"no agent {agent_id!r}")
+            existing(s, AgentRow, agent_id, f"no agent {agent_id!r}")
             user_row = self._row(s, _username(user)) if user is not None else None
             stmt = select(GrantRow).where(GrantRow.agent_id == agent_id)
             stmt = (

@@ -58,8 +58,6 @@ FROM tu JOIN agent_grants g ON g.user_id = tu.user_id OR g.role = tu.role
 ORDER BY 9, 12
 """
 
-AGENT_SQL = "SELECT id, name, owner, created_at FROM agents WHERE id = :agent_id"
-
 
 @dataclass(frozen=True, slots=True)
 class UserFacts:

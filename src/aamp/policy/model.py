@@ -2,38 +2,42 @@
 
 A policy is read whole or not at all: `parse_policy` either returns a complete, validated
 `Policy` or raises `PolicyError` listing every problem, each prefixed with the field path
-(`egress.allow[2]: ...`, `resources.memory: ...`). Unknown keys are errors (a typo such as
-`egres:` must not silently drop a boundary), duplicate YAML keys are errors (PyYAML would
-otherwise keep the last one), and every omitted section gets the safe default: egress
-`default: block` with no rules, the `base` image, no services, no packages, 15 minute ttl.
-An egress rule naming loopback (`localhost`, `*.localhost`, 127.0.0.0/8, `::1`) or the
-unspecified address is refused: inside a sandbox that is the sandbox itself.
+(`egress.allow[2]: ...`, `resources.memory: ...`; see `document.py`, which reads agent
+definitions the same way). Unknown keys are errors (a typo such as `egres:` must not silently
+drop a boundary), duplicate YAML keys are errors (PyYAML would otherwise keep the last one),
+and every omitted section gets the safe default: egress `default: block` with no rules, the
+`base` image, no services, no packages, 15 minute ttl. An egress rule naming loopback
+(`localhost`, `*.localhost`, 127.0.0.0/8, `::1`) or the unspecified address is refused:
+inside a sandbox that is the sandbox itself.
 
 Usage::
 
     policy = parse_policy(Path("finance.yaml").read_text())
     rules = EgressRules.from_policy(policy.egress)
-    spec = SandboxSpec(image=policy.image, resources=policy.resources.to_driver())
+    spec = SandboxSpec(image=policy.image, resources=policy.resources)
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any
 
-import yaml
+from pydantic import BeforeValidator, Field, model_validator
+from pydantic.dataclasses import dataclass
 
-from aamp.egress.rules import (
+from aamp.policy.document import DOCUMENT, Problem, distinct, text, validate
+from aamp.policy.hosts import (
     DEFAULTS,
     LOOPBACK_IS_THE_SANDBOX,
+    Default,
     HostError,
     HostPattern,
     this_machine,
 )
+from aamp.policy.resources import Resources
+from aamp.policy.source import load_yaml
 from aamp.policy.units import parse_duration, parse_size
-from aamp.sandbox.driver import Resources
 
 NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$")
 SERVICE_RE = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?$")
@@ -46,6 +50,8 @@ PACKAGE_RE = re.compile(
 )
 FILE_TYPE_RE = re.compile(r"^[a-z0-9]{1,16}$")
 MAX_TTL_SECONDS = 7 * 86400
+DEFAULT_TTL_SECONDS = 15 * 60
+DEFAULT_IDLE_SECONDS = 5 * 60
 
 
 class PolicyError(ValueError):
@@ -55,159 +61,6 @@ class PolicyError(ValueError):
         self.problems = problems
         lines = [f"{path}: {message}" if path else message for path, message in problems]
         super().__init__("invalid policy:\n  " + "\n  ".join(lines))
-
-
-@dataclass(frozen=True)
-class EgressPolicy:
-    default: Literal["allow", "block", "ask"] = "block"
-    allow: tuple[str, ...] = ()
-    deny: tuple[str, ...] = ()
-    max_bytes_out: int | None = None
-
-
-@dataclass(frozen=True)
-class DataRule:
-    """`approval_over` (outbound only) is where a person must start approving: each file that
-    brings the run's output above that many bytes waits for approval. `approval: true` is 0
-    (every file), `approval: 5MB` is 5,000,000, `approval: false` is None (never)."""
-
-    max_bytes: int
-    types: tuple[str, ...]
-    approval_over: int | None = None
-
-    def needs_approval(self, total_after: int) -> bool:
-        """Whether a file that brings the run's output to `total_after` bytes must be approved."""
-        if self.approval_over is None:
-            return False
-        return self.approval_over == 0 or total_after > self.approval_over
-
-
-@dataclass(frozen=True)
-class DataPolicy:
-    # Safe defaults: modest sizes, no file types at all until the policy names them.
-    inbound: DataRule = field(default_factory=lambda: DataRule(50 * 1000**2, ()))
-    outbound: DataRule = field(default_factory=lambda: DataRule(20 * 1000**2, ()))
-
-
-@dataclass(frozen=True)
-class Lifetime:
-    ttl_seconds: int = 15 * 60
-    idle_seconds: int = 5 * 60
-
-
-@dataclass(frozen=True)
-class PolicyResources:
-    cpus: float = Resources.cpus
-    memory_bytes: int = Resources.memory_bytes
-    pids: int = Resources.pids
-    disk_bytes: int = Resources.disk_bytes
-
-    def to_driver(self) -> Resources:
-        """The isolation driver's `Resources` for this policy (validated at parse time)."""
-        return Resources(
-            cpus=self.cpus,
-            memory_bytes=self.memory_bytes,
-            pids=self.pids,
-            disk_bytes=self.disk_bytes,
-        )
-
-
-@dataclass(frozen=True)
-class Policy:
-    name: str
-    egress: EgressPolicy = field(default_factory=EgressPolicy)
-    services: tuple[str, ...] = ()
-    image: str = "base"
-    packages: tuple[str, ...] = ()
-    data: DataPolicy = field(default_factory=DataPolicy)
-    lifetime: Lifetime = field(default_factory=Lifetime)
-    resources: PolicyResources = field(default_factory=PolicyResources)
-
-    @classmethod
-    def from_yaml(cls, text: str) -> Policy:
-        return parse_policy(text)
-
-    @classmethod
-    def from_dict(cls, data: object) -> Policy:
-        return policy_from_dict(data)
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys instead of keeping the last one."""
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: set[object] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-class _Reader:
-    """Collects problems with their paths while walking untrusted data."""
-
-    def __init__(self) -> None:
-        self.problems: list[tuple[str, str]] = []
-
-    def fail(self, path: str, message: str) -> None:
-        self.problems.append((path, message))
-
-    def mapping(self, value: object, path: str, allowed: tuple[str, ...]) -> dict[str, Any]:
-        if not isinstance(value, Mapping):
-            self.fail(path, f"expected a mapping, got {_kind(value)}")
-            return {}
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            if not isinstance(key, str) or key not in allowed:
-                where = f"{path}.{key}" if path else str(key)
-                self.fail(where, f"unknown key; expected one of: {', '.join(allowed)}")
-            else:
-                out[key] = item
-        return out
-
-    def convert(self, value: object, path: str, fn: Callable[[object], Any], default: Any) -> Any:
-        try:
-            return fn(value)
-        except (ValueError, TypeError) as exc:
-            self.fail(path, str(exc))
-            return default
-
-    def string_list(
-        self, value: object, path: str, check: Callable[[str], str | None]
-    ) -> tuple[str, ...]:
-        if not isinstance(value, list):
-            self.fail(path, f"expected a list, got {_kind(value)}")
-            return ()
-        out: list[str] = []
-        for index, item in enumerate(value):
-            where = f"{path}[{index}]"
-            if not isinstance(item, str):
-                self.fail(where, f"expected text, got {_kind(item)}")
-                continue
-            problem = check(item)
-            if problem:
-                self.fail(where, problem)
-            elif item in out:
-                self.fail(where, f"{item!r} is listed twice")
-            else:
-                out.append(item)
-        return tuple(out)
-
-
-def _kind(value: object) -> str:
-    if value is None:
-        return "nothing"
-    return {dict: "a mapping", list: "a list", str: "text", bool: "true/false"}.get(
-        type(value), type(value).__name__
-    )
 
 
 def _check_rule(text: str) -> str | None:
@@ -225,167 +78,11 @@ def _check_rule(text: str) -> str | None:
     return None
 
 
-def _check_regex(regex: re.Pattern[str], what: str) -> Callable[[str], str | None]:
+def _matching(regex: re.Pattern[str], what: str) -> Callable[[str], str | None]:
     def check(text: str) -> str | None:
         return None if regex.match(text) else f"{text!r} is not a valid {what}"
 
     return check
-
-
-def _parse_egress(r: _Reader, raw: object) -> EgressPolicy:
-    m = r.mapping(raw, "egress", ("default", "allow", "deny", "max_bytes_out"))
-    default = m.get("default", "block")
-    if default not in DEFAULTS:
-        r.fail("egress.default", f"must be one of {', '.join(DEFAULTS)}; got {default!r}")
-        default = "block"
-    allow = r.string_list(m.get("allow", []), "egress.allow", _check_rule)
-    deny = r.string_list(m.get("deny", []), "egress.deny", _check_rule)
-    max_out = None
-    if m.get("max_bytes_out") is not None:
-        max_out = r.convert(m["max_bytes_out"], "egress.max_bytes_out", parse_size, None)
-    return EgressPolicy(default, allow, deny, max_out)
-
-
-def _parse_data_rule(r: _Reader, raw: object, path: str, default: DataRule) -> DataRule:
-    keys = (
-        ("max_bytes", "types", "approval") if path.endswith("outbound") else ("max_bytes", "types")
-    )
-    m = r.mapping(raw, path, keys)
-    max_bytes = default.max_bytes
-    if "max_bytes" in m:
-        max_bytes = r.convert(m["max_bytes"], f"{path}.max_bytes", parse_size, max_bytes)
-    types = r.string_list(
-        m.get("types", list(default.types)),
-        f"{path}.types",
-        _check_regex(FILE_TYPE_RE, "file type"),
-    )
-    over = default.approval_over
-    if "approval" in m:
-        over = r.convert(m["approval"], f"{path}.approval", _approval_threshold, 0)
-    return DataRule(max_bytes, types, over)
-
-
-def _approval_threshold(value: object) -> int | None:
-    """`approval:` is true (every file), false (never) or a size (above it)."""
-    if value is True:
-        return 0
-    if value is False:
-        return None
-    if not isinstance(value, int | str) or isinstance(value, bool):
-        raise ValueError(f"expected true, false or a size such as 5MB, got {value!r}")
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        raise ValueError(f"expected true, false or a size such as 5MB: {exc}") from None
-
-
-def _parse_data(r: _Reader, raw: object) -> DataPolicy:
-    m = r.mapping(raw, "data", ("inbound", "outbound"))
-    defaults = DataPolicy()
-    inbound = defaults.inbound
-    outbound = defaults.outbound
-    if "inbound" in m:
-        inbound = _parse_data_rule(r, m["inbound"], "data.inbound", defaults.inbound)
-    if "outbound" in m:
-        outbound = _parse_data_rule(r, m["outbound"], "data.outbound", defaults.outbound)
-    return DataPolicy(inbound, outbound)
-
-
-def _positive_duration(value: object) -> int:
-    seconds = parse_duration(value)
-    if seconds <= 0:
-        raise ValueError("must be longer than zero")
-    if seconds > MAX_TTL_SECONDS:
-        raise ValueError(f"must be at most {MAX_TTL_SECONDS // 86400} days")
-    return seconds
-
-
-def _parse_lifetime(r: _Reader, raw: object) -> Lifetime:
-    m = r.mapping(raw, "lifetime", ("ttl", "idle"))
-    d = Lifetime()
-    ttl = r.convert(m.get("ttl", d.ttl_seconds), "lifetime.ttl", _positive_duration, d.ttl_seconds)
-    idle_default = min(d.idle_seconds, ttl)
-    idle = r.convert(m.get("idle", idle_default), "lifetime.idle", _positive_duration, idle_default)
-    if idle > ttl:
-        r.fail("lifetime.idle", f"idle ({idle}s) cannot be longer than ttl ({ttl}s)")
-    return Lifetime(ttl, idle)
-
-
-def _number(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"expected a number, got {value!r}")
-    return float(value)
-
-
-def _whole(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"expected a whole number, got {value!r}")
-    return value
-
-
-def _parse_resources(r: _Reader, raw: object) -> PolicyResources:
-    m = r.mapping(raw, "resources", ("cpus", "memory", "pids", "disk"))
-    d = PolicyResources()
-    cpus = r.convert(m.get("cpus", d.cpus), "resources.cpus", _number, d.cpus)
-    memory = r.convert(m.get("memory", d.memory_bytes), "resources.memory", parse_size, None)
-    pids = r.convert(m.get("pids", d.pids), "resources.pids", _whole, d.pids)
-    disk = r.convert(m.get("disk", d.disk_bytes), "resources.disk", parse_size, None)
-    result = PolicyResources(cpus, memory or d.memory_bytes, pids, disk or d.disk_bytes)
-    if memory is None or disk is None:
-        return result
-    try:
-        result.to_driver()  # the driver's own bounds are the single source of truth
-    except ValueError as exc:
-        message = str(exc)
-        field_name = next(
-            (f for f in ("cpus", "memory", "pids", "disk") if f"resources.{f}" in message), ""
-        )
-        r.fail(f"resources.{field_name}" if field_name else "resources", message.split(" ", 1)[1])
-    return result
-
-
-def policy_from_dict(data: object) -> Policy:
-    """Validate already-loaded data (e.g. from JSON) into a `Policy`, or raise `PolicyError`."""
-    r = _Reader()
-    top = r.mapping(
-        data,
-        "",
-        ("name", "egress", "services", "image", "packages", "data", "lifetime", "resources"),
-    )
-    if not isinstance(data, Mapping):
-        raise PolicyError(r.problems)
-    name = top.get("name")
-    if name is None:
-        r.fail("name", "is required")
-    elif not isinstance(name, str) or not NAME_RE.match(name):
-        r.fail("name", f"{name!r} is not a valid name (lower-case letters, digits, '.', '_', '-')")
-    egress = _parse_egress(r, top["egress"]) if "egress" in top else EgressPolicy()
-    services = r.string_list(
-        top.get("services", []), "services", _check_regex(SERVICE_RE, "service name")
-    )
-    image = top.get("image", "base")
-    if not isinstance(image, str) or not IMAGE_RE.match(image):
-        r.fail(
-            "image",
-            f"{image!r} is not a valid image name "
-            f"({', '.join(BUILTIN_IMAGES)} or a custom image's name)",
-        )
-    packages = r.string_list(top.get("packages", []), "packages", _check_package)
-    data_policy = _parse_data(r, top["data"]) if "data" in top else DataPolicy()
-    lifetime = _parse_lifetime(r, top.get("lifetime", {}))
-    resources = _parse_resources(r, top.get("resources", {}))
-    if r.problems:
-        raise PolicyError(r.problems)
-    return Policy(
-        name=name,
-        egress=egress,
-        services=services,
-        image=image,
-        packages=packages,
-        data=data_policy,
-        lifetime=lifetime,
-        resources=resources,
-    )
 
 
 def _check_package(text: str) -> str | None:
@@ -394,10 +91,170 @@ def _check_package(text: str) -> str | None:
     return f"{text!r} must be a pinned requirement 'name==version' (the wheelhouse is offline)"
 
 
+def _default(value: object) -> Default:
+    if value not in DEFAULTS:
+        raise ValueError(f"must be one of {', '.join(DEFAULTS)}; got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def _optional_size(value: object) -> int | None:
+    return None if value is None else parse_size(value)
+
+
+def _approval_threshold(value: object) -> int | None:
+    """`approval:` is true (every file), false (never) or a size (above it)."""
+    if value is True:
+        return 0
+    if value is False:
+        return None
+    if not isinstance(value, int | str):
+        raise ValueError(f"expected true, false or a size such as 5MB, got {value!r}")
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise ValueError(f"expected true, false or a size such as 5MB: {exc}") from None
+
+
+def _lifetime(value: object) -> int:
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ValueError("must be longer than zero")
+    if seconds > MAX_TTL_SECONDS:
+        raise ValueError(f"must be at most {MAX_TTL_SECONDS // 86400} days")
+    return seconds
+
+
+def _name(value: object) -> str:
+    if value is None:
+        raise ValueError("is required")
+    if not isinstance(value, str) or not NAME_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid name (lower-case letters, digits, '.', '_', '-')"
+        )
+    return value
+
+
+def _image(value: object) -> str:
+    if not isinstance(value, str) or not IMAGE_RE.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid image name "
+            f"({', '.join(BUILTIN_IMAGES)} or a custom image's name)"
+        )
+    return value
+
+
+Size = Annotated[int, BeforeValidator(parse_size)]
+LifetimeSeconds = Annotated[int, BeforeValidator(_lifetime)]
+Rules = distinct(text(_check_rule))
+ServiceNames = distinct(text(_matching(SERVICE_RE, "service name")))
+Packages = distinct(text(_check_package))
+FileTypes = distinct(text(_matching(FILE_TYPE_RE, "file type")))
+
+
+@dataclass(frozen=True, config=DOCUMENT)
+class EgressPolicy:
+    default: Annotated[Default, BeforeValidator(_default)] = "block"
+    allow: Rules = ()
+    deny: Rules = ()
+    max_bytes_out: Annotated[int | None, BeforeValidator(_optional_size)] = None
+
+
+@dataclass(frozen=True, config=DOCUMENT)
+class DataRule:
+    """What may come into the sandbox (`data.inbound`), and the base of what may leave it: at
+    most `max_bytes` in all, files of these `types` only (none until the policy names them)."""
+
+    max_bytes: Size = 50 * 1000**2
+    types: FileTypes = ()
+
+
+@dataclass(frozen=True, config=DOCUMENT)
+class OutboundRule(DataRule):
+    """`data.outbound`. `approval_over` is where a person must start approving: each file that
+    brings the run's output above that many bytes waits for approval. `approval: true` is 0
+    (every file), `approval: 5MB` is 5,000,000, `approval: false` is None (never)."""
+
+    max_bytes: Size = 20 * 1000**2
+    approval_over: Annotated[int | None, BeforeValidator(_approval_threshold)] = Field(
+        None, alias="approval"
+    )
+
+    def needs_approval(self, total_after: int) -> bool:
+        """Whether a file that brings the run's output to `total_after` bytes must be approved."""
+        if self.approval_over is None:
+            return False
+        return self.approval_over == 0 or total_after > self.approval_over
+
+
+@dataclass(frozen=True, config=DOCUMENT)
+class DataPolicy:
+    inbound: DataRule = Field(default_factory=DataRule)
+    outbound: OutboundRule = Field(default_factory=OutboundRule)
+
+
+@dataclass(frozen=True, config=DOCUMENT)
+class Lifetime:
+    ttl_seconds: LifetimeSeconds = Field(DEFAULT_TTL_SECONDS, alias="ttl")
+    idle_seconds: LifetimeSeconds = Field(DEFAULT_IDLE_SECONDS, alias="idle")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _idle_at_most_ttl_by_default(cls, raw: Any) -> Any:
+        """An omitted `idle` is 5 minutes, or the ttl if that is shorter."""
+        if isinstance(raw, Mapping) and "idle" not in raw and "ttl" in raw:
+            try:
+                return {**raw, "idle": min(DEFAULT_IDLE_SECONDS, _lifetime(raw["ttl"]))}
+            except ValueError:
+                return raw  # the ttl's own problem is reported
+        return raw
+
+    @model_validator(mode="after")
+    def _idle_within_ttl(self) -> Lifetime:
+        if self.idle_seconds > self.ttl_seconds:
+            raise Problem(
+                [
+                    (
+                        "idle",
+                        f"idle ({self.idle_seconds}s) cannot be longer than ttl "
+                        f"({self.ttl_seconds}s)",
+                    )
+                ]
+            )
+        return self
+
+
+@dataclass(frozen=True, config=DOCUMENT)
+class Policy:
+    name: Annotated[str, BeforeValidator(_name)] = Field(None, validate_default=True)
+    egress: EgressPolicy = Field(default_factory=EgressPolicy)
+    services: ServiceNames = ()
+    image: Annotated[str, BeforeValidator(_image)] = "base"
+    packages: Packages = ()
+    data: DataPolicy = Field(default_factory=DataPolicy)
+    lifetime: Lifetime = Field(default_factory=Lifetime)
+    resources: Resources = Field(default_factory=Resources)
+
+    @classmethod
+    def from_yaml(cls, text: str) -> Policy:
+        return parse_policy(text)
+
+    @classmethod
+    def from_dict(cls, data: object) -> Policy:
+        return policy_from_dict(data)
+
+
+def policy_from_dict(data: object) -> Policy:
+    """Validate already-loaded data (e.g. from JSON) into a `Policy`, or raise `PolicyError`."""
+    found = validate(Policy, data)
+    if isinstance(found, list):
+        raise PolicyError(found)
+    return found
+
+
 def parse_policy(text: str) -> Policy:
     """Parse a YAML policy document; raises `PolicyError` naming every bad field."""
     try:
-        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise PolicyError([("", f"not valid YAML: {exc}")]) from None
+        data = load_yaml(text)
+    except ValueError as exc:
+        raise PolicyError([("", str(exc))]) from None
     return policy_from_dict(data)

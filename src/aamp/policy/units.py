@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
+MiB = 1024**2
+GiB = 1024**3
 _SIZE_UNITS: dict[str, int] = {
     "b": 1,
     "kb": 1000,

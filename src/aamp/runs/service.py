@@ -31,14 +31,14 @@ from aamp.agents.browser_tool import BrowserTool
 from aamp.agents.definition import AgentDefinition
 from aamp.agents.loop import run_loop, summarise
 from aamp.agents.model import EndpointAccess, ModelClient, ModelError
-from aamp.agents.sandbox_tools import SandboxTools, _guest_json
+from aamp.agents.sandbox_tools import SandboxTools
 from aamp.agents.tools import ToolSet
 from aamp.audit.record import AuditSink
+from aamp.catalog.model_endpoints import ModelEndpoint
 from aamp.config import Settings
 from aamp.egress.approvals import Answer, Approver
 from aamp.egress.registered import AddressVerdict, CheckedTransport
-from aamp.identity.errors import Conflict, NotFound
-from aamp.identity.model_endpoints import ModelEndpoint
+from aamp.errors import Conflict, NotFound
 from aamp.policy import Policy
 from aamp.runs import artifacts as art
 from aamp.runs.bus import EventBus
@@ -84,8 +84,6 @@ class RunService:
         audit: AuditSink,
         manager: SandboxManager,
         vault: Vault | None,
-        *,
-        model_backoff: float = 0.5,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -95,7 +93,6 @@ class RunService:
         self.vault = vault
         self.bus = EventBus()
         self.steps = StepLog(store, self.runs, audit, self.bus)
-        self.model_backoff = model_backoff
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancel_reasons: dict[str, tuple[str, str]] = {}
         self._approvals: dict[str, asyncio.Future[Answer]] = {}
@@ -276,11 +273,7 @@ class RunService:
                 {"sandbox": sandbox_id, "image": sandbox.image, "driver": sandbox.driver},
             )
             await self._put_inputs(run_id, sandbox_id, req.inputs)
-            model = ModelClient(
-                d.model,
-                self._endpoint_access(run_id, req.endpoint),
-                backoff_base=self.model_backoff,
-            )
+            model = ModelClient(d.model, self._endpoint_access(run_id, req.endpoint))
             tools = ToolSet.build(d.tools, {n: u for n, u in req.services.items()})
             live = self._live[run_id]
             asking = d.limits.approval_timeout_seconds
@@ -445,7 +438,7 @@ class RunService:
             result, out, _ = await channel.run(
                 ["python3", "-c", guest_scripts.LIST, *art.ROOTS], timeout=60
             )
-        answer = _guest_json(out) if result.exit_code == 0 else None
+        answer = guest_scripts.answer(out) if result.exit_code == 0 else None
         found, clashes = art.candidates(answer.get("entries") if answer else None)
         refused: list[str] = []
         for clash, reason in clashes:

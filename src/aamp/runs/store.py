@@ -17,8 +17,8 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 
-from aamp.identity.errors import Conflict, NotFound
-from aamp.store import Store, quick_read
+from aamp.errors import Conflict, NotFound
+from aamp.store import Store, existing, quick_read, value_of
 from aamp.store.tables import (
     AuditRecordRow,
     RunApprovalRow,
@@ -70,23 +70,7 @@ class RunEvent:
 
 
 def _info(row: RunRow) -> RunInfo:
-    return RunInfo(
-        row.id,
-        row.agent_id,
-        row.version,
-        row.owner,
-        row.task,
-        row.status,
-        row.reason,
-        row.answer,
-        row.sandbox_id,
-        row.steps,
-        row.prompt_tokens,
-        row.completion_tokens,
-        row.created_at,
-        row.started_at,
-        row.ended_at,
-    )
+    return value_of(RunInfo, row)
 
 
 def _approval(row: RunApprovalRow) -> dict[str, Any]:
@@ -151,9 +135,7 @@ class RunStore:
     def update(self, run_id: str, **fields: Any) -> RunInfo:
         """Change a run's fields; a run that has ended keeps its ending (refused, not changed)."""
         with self.store.write_session() as s:
-            row = s.get(RunRow, run_id)
-            if row is None:
-                raise NotFound(f"no run {run_id!r}")
+            row = existing(s, RunRow, run_id, f"no run {run_id!r}")
             if row.status in FINAL and "status" in fields:
                 raise Conflict(f"run {run_id} already ended ({row.status})")
             for key, value in fields.items():
@@ -300,9 +282,7 @@ class RunStore:
     ) -> dict[str, Any]:
         """Answer a pending request once; a second answer is refused."""
         with self.store.write_session() as s:
-            row = s.get(RunApprovalRow, approval_id)
-            if row is None:
-                raise NotFound(f"no approval request {approval_id!r}")
+            row = existing(s, RunApprovalRow, approval_id, f"no approval request {approval_id!r}")
             if row.status != "pending":
                 raise Conflict(f"approval {approval_id} was already answered ({row.status})")
             row.status, row.decided_at, row.decided_by, row.note = status, now(), by, note

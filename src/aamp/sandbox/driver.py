@@ -24,6 +24,8 @@ Contract:
 - `snapshot` may raise `SnapshotUnsupported`.
 - `exited(handle)` tells, cheaply, whether a guest stopped by itself and why.
 - `probe()` says whether the driver can work on this host, in plain words.
+
+A spec's `resources` are the policy's own value (`aamp.policy.Resources`), bounds included.
 """
 
 from __future__ import annotations
@@ -34,13 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from aamp.policy.resources import Resources
+
 if TYPE_CHECKING:
     from aamp.sandbox.images import BuiltImage
 
 SANDBOX_ID_RE = re.compile(r"^sb-[0-9a-f]{12}$")
-
-GiB = 1024**3
-MiB = 1024**2
 
 
 class DriverError(RuntimeError):
@@ -49,24 +50,6 @@ class DriverError(RuntimeError):
 
 class SnapshotUnsupported(DriverError):
     pass
-
-
-@dataclass(frozen=True)
-class Resources:
-    cpus: float = 1.0
-    memory_bytes: int = 1 * GiB
-    pids: int = 256
-    disk_bytes: int = 2 * GiB
-
-    def __post_init__(self) -> None:
-        if not 0 < self.cpus <= 64:
-            raise ValueError(f"resources.cpus must be in (0, 64], got {self.cpus}")
-        if self.memory_bytes < 64 * MiB:
-            raise ValueError("resources.memory must be at least 64MiB")
-        if not 8 <= self.pids <= 65536:
-            raise ValueError(f"resources.pids must be in [8, 65536], got {self.pids}")
-        if self.disk_bytes < 16 * MiB:
-            raise ValueError("resources.disk must be at least 16MiB")
 
 
 @dataclass(frozen=True)

@@ -52,13 +52,13 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from aamp.config import Settings
+from aamp.policy import MiB
 from aamp.sandbox import procs
 from aamp.sandbox.driver import (
     SANDBOX_ID_RE,
     Driver,
     DriverError,
     DriverStatus,
-    MiB,
     SandboxHandle,
     SandboxSpec,
 )

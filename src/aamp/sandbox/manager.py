@@ -25,11 +25,11 @@ import secrets
 import shutil
 import ssl
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Unpack
 
-from aamp.audit.record import AuditSink
+from aamp.audit import AuditSink, EventFields
 from aamp.config import Settings
 from aamp.egress.approvals import Approver
 from aamp.egress.ca import InstallationCA
@@ -40,15 +40,10 @@ from aamp.egress.recent import EgressView, RecentEgress
 from aamp.egress.resolver import Resolver, SystemResolver
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import SecretReader, ServiceSet
+from aamp.errors import AampError
+from aamp.policy import Resources
 from aamp.sandbox.channel import GuestChannel
-from aamp.sandbox.driver import (
-    SANDBOX_ID_RE,
-    Driver,
-    DriverError,
-    Resources,
-    SandboxHandle,
-    SandboxSpec,
-)
+from aamp.sandbox.driver import SANDBOX_ID_RE, Driver, DriverError, SandboxHandle, SandboxSpec
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.runtime_dir import RuntimeDir, RuntimeDirBusy
 
@@ -60,49 +55,33 @@ DEFAULT_IDLE_SECONDS = 5 * 60
 GUEST_READY_TIMEOUT = 30.0
 
 
-class SandboxError(Exception):
+class SandboxError(AampError, code="sandbox_error"):
     """A request about sandboxes cannot be served; `code` is stable, the message is for people."""
 
-    code = "sandbox_error"
-    status = 400
+
+class UnknownSandbox(SandboxError, code="unknown_sandbox", status=404):
+    """No live sandbox has this id (never made, or destroyed since)."""
 
 
-class UnknownSandbox(SandboxError):
-    code = "unknown_sandbox"
-    status = 404
+class InvalidRequest(SandboxError, code="invalid_request"):
+    """A create request this host cannot serve (an unknown image or driver, a bad lifetime)."""
 
 
-class InvalidRequest(SandboxError):
-    code = "invalid_request"
-    status = 400
+class SandboxStopped(SandboxError, code="sandbox_stopped", status=410):
+    """The sandbox stopped by itself (a limit, a crash); the message says why."""
 
 
-class SandboxStopped(SandboxError):
-    code = "sandbox_stopped"
-    status = 410
-
-
-class SandboxUnavailable(SandboxError):
-    code = "sandbox_unavailable"
-    status = 503
+class SandboxUnavailable(SandboxError, code="sandbox_unavailable", status=503):
+    """A sandbox could not be started (the driver failed, or the guest did not come up)."""
 
 
 class LogRecorder:
     """Writes lifecycle events to the process log; for use without an audit log (tests, tools).
     Has the signature of `aamp.audit.AuditSink.record`, which the control plane passes in."""
 
-    async def record(
-        self,
-        *,
-        actor: str,
-        action: str,
-        resource: str,
-        decision: str,
-        reason: str | None = None,
-        request_id: str | None = None,
-        details: Mapping[str, Any] | None = None,
-    ) -> None:
-        log.info("%s %s %s %s %s %s", actor, action, resource, decision, reason, details)
+    async def record(self, **event: Unpack[EventFields]) -> None:
+        fields = ("actor", "action", "resource", "decision", "reason", "details")
+        log.info("%s %s %s %s %s %s", *(event.get(name) for name in fields))
 
 
 class LogEgressSink:

@@ -12,6 +12,8 @@ from aamp.vault.masterkey import (
     load_master_key,
 )
 from aamp.vault.vault import (
+    MAX_VALUE_BYTES,
+    NAME_RE,
     SecretMetadata,
     SecretNameError,
     SecretNotFound,
@@ -25,6 +27,8 @@ from aamp.vault.vault import (
 __all__ = [
     "MASTER_KEY_ENV",
     "MASTER_KEY_FILENAME",
+    "MAX_VALUE_BYTES",
+    "NAME_RE",
     "MasterKey",
     "MasterKeyError",
     "SecretIntegrityError",

@@ -14,7 +14,7 @@ in AAMP_MASTER_KEY, the caller must put the returned new key there itself.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from sqlalchemy import delete, select
 
 from aamp.audit.record import AuditSink
 from aamp.config import Settings
-from aamp.store import Store
+from aamp.store import Store, value_of
 from aamp.store.keyfiles import read_key_file, replace_key_file
 from aamp.store.tables import SecretRow
 from aamp.store.timestamps import now
@@ -66,14 +66,7 @@ class SecretMetadata:
     updated_by: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "version": self.version,
-            "created_at": self.created_at,
-            "created_by": self.created_by,
-            "updated_at": self.updated_at,
-            "updated_by": self.updated_by,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -102,9 +95,7 @@ def validate_name(name: object) -> str:
 
 
 def _meta(row: SecretRow) -> SecretMetadata:
-    return SecretMetadata(
-        row.name, row.version, row.created_at, row.created_by, row.updated_at, row.updated_by
-    )
+    return value_of(SecretMetadata, row)
 
 
 class Vault:

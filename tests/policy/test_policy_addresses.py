@@ -4,7 +4,7 @@ import ipaddress
 
 import pytest
 
-from aamp.egress.addresses import AddressKind, NotAnAddress, classify, parse_ip_literal
+from aamp.policy.addresses import AddressKind, NotAnAddress, classify, parse_ip_literal
 
 
 @pytest.mark.parametrize(

@@ -11,11 +11,11 @@ refused until an admin confirms them (`aamp model-endpoint confirm NAME`). Stora
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from aamp.egress.registered import RegisteredUrl, UrlError
-from aamp.identity.errors import InvalidInput
+from aamp.errors import InvalidInput, matching
 from aamp.vault.vault import NAME_RE as SECRET_NAME_RE
 
 ENDPOINT_NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?$")
@@ -34,8 +34,8 @@ class ModelEndpoint:
     created_by: str
     updated_at: str
     updated_by: str
-    confirmed_at: str | None = None
-    confirmed_by: str | None = None
+    confirmed_at: str | None
+    confirmed_by: str | None
 
     @property
     def url(self) -> RegisteredUrl:
@@ -45,28 +45,16 @@ class ModelEndpoint:
         return not self.models or model in self.models
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "base_url": self.base_url,
-            "api_key_secret": self.api_key_secret,
-            "models": list(self.models),
-            "confirmed": self.confirmed,
-            "created_at": self.created_at,
-            "created_by": self.created_by,
-            "updated_at": self.updated_at,
-            "updated_by": self.updated_by,
-            "confirmed_at": self.confirmed_at,
-            "confirmed_by": self.confirmed_by,
-        }
+        return asdict(self)
 
 
 def check_endpoint_name(name: object) -> str:
-    if not isinstance(name, str) or not ENDPOINT_NAME_RE.match(name):
-        raise InvalidInput(
-            "model endpoint name must be 1-64 lowercase letters, digits, '_' or '-', starting "
-            "and ending with a letter or digit"
-        )
-    return name
+    return matching(
+        name,
+        ENDPOINT_NAME_RE,
+        "model endpoint name must be 1-64 lowercase letters, digits, '_' or '-', starting "
+        "and ending with a letter or digit",
+    )
 
 
 def check_base_url(base_url: object) -> RegisteredUrl:
@@ -79,12 +67,12 @@ def check_base_url(base_url: object) -> RegisteredUrl:
 def check_secret_name(secret: object) -> str | None:
     if secret is None:
         return None
-    if not isinstance(secret, str) or not SECRET_NAME_RE.match(secret):
-        raise InvalidInput(
-            "api_key_secret: expected the name of a vault secret (lower-case letters, digits "
-            "and '_', starting with a letter)"
-        )
-    return secret
+    return matching(
+        secret,
+        SECRET_NAME_RE,
+        "api_key_secret: expected the name of a vault secret (lower-case letters, digits "
+        "and '_', starting with a letter)",
+    )
 
 
 def check_models(models: object) -> tuple[str, ...]:
@@ -92,8 +80,7 @@ def check_models(models: object) -> tuple[str, ...]:
         raise InvalidInput(f"models: expected a list of at most {MAX_MODELS} model names")
     out: list[str] = []
     for i, model in enumerate(models):
-        if not isinstance(model, str) or not MODEL_NAME_RE.match(model):
-            raise InvalidInput(f"models[{i}]: not a model name: {model!r}")
+        matching(model, MODEL_NAME_RE, f"models[{i}]: not a model name: {model!r}")
         if model in out:
             raise InvalidInput(f"models[{i}]: {model!r} is listed twice")
         out.append(model)

@@ -13,26 +13,26 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 
-from aamp.egress.services import Auth, Basic, Bearer, Header
-from aamp.egress.services import Service as EgressService
-from aamp.identity.errors import Conflict, InvalidInput, NotFound
-from aamp.identity.model_endpoints import (
+from aamp.catalog.model_endpoints import (
     ModelEndpoint,
     check_base_url,
     check_endpoint_name,
     check_models,
     check_secret_name,
 )
+from aamp.egress.services import Auth, Basic, Bearer, Header
+from aamp.egress.services import Service as EgressService
+from aamp.errors import Conflict, InvalidInput, NotFound, matching
 from aamp.policy import Policy, PolicyError, parse_policy, policy_from_dict
 from aamp.policy.model import IMAGE_RE, NAME_RE, SERVICE_RE
-from aamp.store import Store
+from aamp.store import Store, existing, value_of
 from aamp.store.tables import (
     AgentResourceRow,
     AgentRow,
@@ -101,17 +101,7 @@ class Service:
         return EgressService(self.name, self.upstream, auth)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "upstream": self.upstream,
-            "auth": self.auth,
-            "header_name": self.header_name,
-            "secrets": list(self.secrets),
-            "created_at": self.created_at,
-            "created_by": self.created_by,
-            "updated_at": self.updated_at,
-            "updated_by": self.updated_by,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -192,17 +182,7 @@ class Catalog:
 
     @staticmethod
     def _policy(row: PolicyRow) -> StoredPolicy:
-        policy = parse_policy_document(row.source, row.format)
-        return StoredPolicy(
-            row.name,
-            row.source,
-            row.format,
-            policy,
-            row.created_at,
-            row.created_by,
-            row.updated_at,
-            row.updated_by,
-        )
+        return value_of(StoredPolicy, row, policy=parse_policy_document(row.source, row.format))
 
     def list_policies(self) -> list[StoredPolicy]:
         with self.store.session() as s:
@@ -221,8 +201,7 @@ class Catalog:
 
     def delete_policy(self, name: str) -> None:
         with self.store.write_session() as s:
-            if s.get(PolicyRow, name) is None:
-                raise NotFound(f"no policy named {name!r}")
+            existing(s, PolicyRow, name, f"no policy named {name!r}")
             s.execute(delete(PolicyRow).where(PolicyRow.name == name))
             s.execute(
                 delete(AgentResourceRow).where(
@@ -242,8 +221,9 @@ class Catalog:
         header_name: str | None,
         by: str,
     ) -> Service:
-        if not isinstance(name, str) or not SERVICE_RE.match(name):
-            raise InvalidInput("service name must be 1-64 lowercase letters, digits, '_' or '-'")
+        matching(
+            name, SERVICE_RE, "service name must be 1-64 lowercase letters, digits, '_' or '-'"
+        )
         origin = check_upstream(upstream)
         if auth not in AUTH_KINDS:
             raise InvalidInput(f"auth must be one of {', '.join(AUTH_KINDS)}; got {auth!r}")
@@ -251,11 +231,13 @@ class Catalog:
         if len(secrets) != want:
             raise InvalidInput(f"secrets: auth {auth} takes exactly {want} secret name(s)")
         for i, secret in enumerate(secrets):
-            if not isinstance(secret, str) or not SECRET_NAME_RE.match(secret):
-                raise InvalidInput(f"secrets[{i}]: not a valid secret name")
+            matching(secret, SECRET_NAME_RE, f"secrets[{i}]: not a valid secret name")
         if auth == "header":
-            if not isinstance(header_name, str) or not HEADER_NAME_RE.match(header_name):
-                raise InvalidInput("header_name: auth header needs a valid HTTP header name")
+            matching(
+                header_name,
+                HEADER_NAME_RE,
+                "header_name: auth header needs a valid HTTP header name",
+            )
         elif header_name is not None:
             raise InvalidInput(f"header_name: only auth header takes a header name, not {auth}")
         stamp = now()
@@ -274,16 +256,8 @@ class Catalog:
 
     @staticmethod
     def _service(row: ServiceRow) -> Service:
-        return Service(
-            row.name,
-            row.upstream,
-            row.auth_kind,
-            row.header_name,
-            tuple(json.loads(row.secret_names)),
-            row.created_at,
-            row.created_by,
-            row.updated_at,
-            row.updated_by,
+        return value_of(
+            Service, row, auth=row.auth_kind, secrets=tuple(json.loads(row.secret_names))
         )
 
     def list_services(self) -> list[Service]:
@@ -293,15 +267,12 @@ class Catalog:
 
     def get_service(self, name: str) -> Service:
         with self.store.session() as s:
-            row = s.get(ServiceRow, name)
-            if row is None:
-                raise NotFound(f"no service named {name!r}")
+            row = existing(s, ServiceRow, name, f"no service named {name!r}")
             return self._service(row)
 
     def delete_service(self, name: str) -> None:
         with self.store.write_session() as s:
-            if s.get(ServiceRow, name) is None:
-                raise NotFound(f"no service named {name!r}")
+            existing(s, ServiceRow, name, f"no service named {name!r}")
             s.execute(delete(ServiceRow).where(ServiceRow.name == name))
             s.execute(
                 delete(AgentResourceRow).where(
@@ -378,18 +349,8 @@ class Catalog:
 
     @staticmethod
     def _endpoint(row: ModelEndpointRow) -> ModelEndpoint:
-        return ModelEndpoint(
-            row.name,
-            row.base_url,
-            row.api_key_secret,
-            tuple(json.loads(row.models)),
-            bool(row.confirmed),
-            row.created_at,
-            row.created_by,
-            row.updated_at,
-            row.updated_by,
-            row.confirmed_at,
-            row.confirmed_by,
+        return value_of(
+            ModelEndpoint, row, models=tuple(json.loads(row.models)), confirmed=bool(row.confirmed)
         )
 
     def list_model_endpoints(self) -> list[ModelEndpoint]:
@@ -410,8 +371,7 @@ class Catalog:
 
     def delete_model_endpoint(self, name: str) -> None:
         with self.store.write_session() as s:
-            if s.get(ModelEndpointRow, name) is None:
-                raise NotFound(f"no model endpoint named {name!r}")
+            existing(s, ModelEndpointRow, name, f"no model endpoint named {name!r}")
             s.execute(delete(ModelEndpointRow).where(ModelEndpointRow.name == name))
             s.execute(
                 delete(AgentResourceRow).where(
@@ -424,11 +384,10 @@ class Catalog:
     def grant_resource(self, agent_id: str, kind: str, name: str, *, by: str) -> dict[str, Any]:
         if kind not in RESOURCE_KINDS:
             raise InvalidInput(f"kind must be one of {', '.join(RESOURCE_KINDS)}; got {kind!r}")
-        if kind == "image" and (not isinstance(name, str) or not IMAGE_RE.match(name)):
-            raise InvalidInput("name: not a valid image name")
+        if kind == "image":
+            matching(name, IMAGE_RE, "name: not a valid image name")
         with self.store.write_session() as s:
-            if s.get(AgentRow, agent_id) is None:
-                raise NotFound(f"no agent {agent_id!r}")
+            existing(s, AgentRow, agent_id, f"no agent {agent_id!r}")
             if kind == "policy" and s.get(PolicyRow, name) is None:
                 raise NotFound(f"no policy named {name!r}")
             if kind == "service" and s.get(ServiceRow, name) is None:

@@ -1,0 +1,35 @@
+"""Rows to values: a frozen value built from a table row, each field from the row's column of
+the same name except those the caller converts (a column kept as JSON text, a 0/1 flag); and
+the row a request names, or `NotFound` saying what is missing.
+
+Usage::
+
+    value_of(RunInfo, row)
+    value_of(Service, row, auth=row.auth_kind, secrets=tuple(json.loads(row.secret_names)))
+    row = existing(s, PolicyRow, name, f"no policy named {name!r}")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, TypeVar
+
+from sqlalchemy.orm import Session
+
+from aamp.errors import NotFound
+
+T = TypeVar("T")
+
+
+def value_of(kind: type[T], row: object, **given: Any) -> T:
+    """`kind` (a dataclass) from `row`: `given` values first, the rest by column name."""
+    names = (f.name for f in dataclasses.fields(kind) if f.init)  # type: ignore[arg-type]
+    return kind(**{n: given[n] if n in given else getattr(row, n) for n in names})
+
+
+def existing(session: Session, table: type[T], key: object, missing: str) -> T:
+    """The row of `table` whose primary key is `key`; `NotFound(missing)` if there is none."""
+    row = session.get(table, key)
+    if row is None:
+        raise NotFound(missing)
+    return row
