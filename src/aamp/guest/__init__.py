@@ -9,5 +9,9 @@ of its own in the browser image, which also carries Playwright; the agent starts
 (`browser_relay`) and never imports it.
 """
 
-# The host's side of the contract is the channel's framing, which both sides speak.
+# The host's side of the contract is the channel's framing, which both sides speak. Imported
+# here so that the declared name resolves however the package is first imported (every guest
+# process imports it anyway).
+from aamp.guest import wire
+
 __all__ = ["wire"]
