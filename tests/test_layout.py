@@ -269,11 +269,12 @@ def test_each_package_declares_its_surface(package: str) -> None:
         assert getattr(module, name, None) is not None, f"aamp.{package}.{name} does not resolve"
 
 
-def test_reading_the_cli_token_loads_nothing_of_the_server_side() -> None:
-    """The CLI needs its token, nothing else of identity: no database, no crypto, no vault."""
+def test_deciding_loads_nothing_of_the_database() -> None:
+    """A declared name loads its own module only: the decision needs no database, no crypto,
+    no vault. (The CLI reads its token without identity: tests/cli/test_cli_imports.py.)"""
     probe = (
         "import sys\n"
-        "from aamp.identity import read_token\n"
+        "from aamp.identity import Actor, allowed\n"
         "heavy = ('sqlalchemy', 'cryptography', 'argon2', 'aamp.store', 'aamp.vault', "
         "'aamp.audit', 'aamp.identity.directory')\n"
         "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"

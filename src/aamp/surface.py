@@ -3,12 +3,12 @@
 A package's `__init__` lists, by module, the names other packages may import from it::
 
     __all__, __getattr__ = surface(__name__, {
+        "authz": ("allowed",),
         "directory": ("Directory",),
-        "cli_token": ("read_token",),
     })
 
-`from aamp.identity import read_token` then imports `aamp.identity.cli_token` alone: a part that
-needs one light module (the CLI reading its token) does not load the rest of the package (a
+`from aamp.identity import allowed` then imports `aamp.identity.authz` alone: a part that
+needs one light module (deciding a request) does not load the rest of the package (a
 database, a driver). A whole module may be the surface (`modules=("guest_scripts",)`): its
 public names are then the package's. Names not listed are the package's own business;
 `tests/test_layout.py` refuses an import of them from another package. This module imports

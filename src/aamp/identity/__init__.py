@@ -3,10 +3,10 @@
 - `model` — Role, Level, Actor, Resource, Decision (small frozen values);
 - `authz.allowed(actor, action, resource)` — the one function that decides every request;
 - `Directory` — users, tokens, sessions and grants on agents in the store;
-- `LoginThrottle`, `bootstrap` — failed-login lockout; the first admin and the CLI token;
-- `read_token` — the local CLI's token (`cli_token.py`: the standard library only).
+- `LoginThrottle`, `bootstrap` — failed-login lockout; the first admin and the CLI token.
 
-Names load on first use (`aamp.surface`), so reading the CLI's token loads no database.
+Names load on first use (`aamp.surface`), so deciding (`allowed` on an `Actor`) loads no
+database. The CLI reads its token itself (`aamp.client`) and loads nothing of identity.
 """
 
 from aamp.surface import surface
@@ -16,7 +16,6 @@ __all__, __getattr__ = surface(
     {
         "authz": ("PUBLIC_ACTIONS", "RULES", "allowed"),
         "bootstrap": ("ensure_cli_token", "ensure_first_admin"),
-        "cli_token": ("TOKEN_ENV", "read_token"),
         "credentials": ("digest", "generate_password", "same"),
         "directory": (
             "SESSION_HOURS",

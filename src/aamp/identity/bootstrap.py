@@ -13,7 +13,6 @@ from pathlib import Path
 
 from aamp.errors import NotFound
 from aamp.identity import credentials as cred
-from aamp.identity.cli_token import read_token
 from aamp.identity.directory import Directory
 from aamp.identity.errors import AuthenticationFailed
 
@@ -43,9 +42,17 @@ def _write_private(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _stored_token(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
 def ensure_cli_token(directory: Directory, path: Path) -> str:
-    """Keep a valid admin token in `path`; replace it if missing, revoked or not an admin's."""
-    existing = read_token(path)
+    """Keep a valid admin token in `path`; replace it if missing, revoked or not an admin's.
+    (The CLI reads it there, or takes AAMP_TOKEN instead: `aamp.client.find_token`.)"""
+    existing = _stored_token(path)
     if existing:
         try:
             actor = directory.actor_for_token(existing)
