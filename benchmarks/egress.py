@@ -9,9 +9,9 @@ socket, and this client. Measured:
   latency median and p95, and the added p50.
 - the same with TLS interception: `direct-tls` is TLS straight to the upstream's HTTPS port;
   `intercept` goes through the proxy to a service (bearer credential from a real `Vault` on
-  SQLite, read and audited per request; TLS terminated with the installation CA, re-originated
-  to the upstream verified against its own CA; response scrubbed). Its ratio and added p50 are
-  against `direct-tls`.
+  SQLite, read and audited once per connection; TLS terminated with the installation CA,
+  re-originated to the upstream verified against its own CA; response scrubbed). Its ratio
+  and added p50 are against `direct-tls`.
 Prints a table and writes benchmarks/results/egress.json. Targets (issue 3, not asserted):
 >= 0.8x direct throughput, <= 1 ms added p50 per small request; with TLS interception
 >= 0.5x direct TLS throughput, <= 3 ms added p50.

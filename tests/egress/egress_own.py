@@ -90,6 +90,9 @@ class SecretReaderDouble:
         self.read.append(name)
         return "never-used"
 
+    async def record_use(self, service: str, *, purpose: str, details: dict) -> None:
+        self.read.append(f"use of {service}")
+
 
 async def run(args: dict) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="aamp-own-", dir="/tmp"))

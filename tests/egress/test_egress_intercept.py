@@ -79,6 +79,15 @@ def reveals(vault) -> list[str]:
         return [row[0] for row in rows]
 
 
+def uses(vault) -> list[tuple[str, str, dict]]:
+    """(resource, reason, details) of the `secret.use` records: one per connection and service."""
+    with vault.store.engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT resource, reason, details FROM audit_records WHERE action = 'secret.use'")
+        )
+        return [(row[0], row[1], json.loads(row[2])) for row in rows]
+
+
 @pytest.fixture
 def ca(tmp_path):
     return InstallationCA.load_or_create(tmp_path / "home" / "ca")
@@ -189,7 +198,16 @@ async def test_bearer_injected_guest_header_replaced_and_echo_scrubbed(
     assert events[1].bytes_down > 0 and events[1].address == "127.0.0.10"
     assert_clean(sink.path.read_bytes())
     assert_clean(caplog.text.encode())
-    assert reveals(vault) == ["secret:crm_token", "secret:crm_token"]  # once per request
+    # Read once for the connection; its one use record counts both requests.
+    assert reveals(vault) == ["secret:crm_token"]
+    [(resource, reason, details)] = uses(vault)
+    assert resource == "service:crm-api" and "connection" in reason
+    assert details == {
+        "service": "crm-api",
+        "secrets": ["crm_token"],
+        "requests": 2,
+        "methods": {"GET": 2},
+    }
 
 
 @pytest.mark.parametrize(
@@ -434,6 +452,36 @@ async def test_live_service_changes_and_missing_secret(proxy, ca, vault, service
     assert (missing.status, missing.rule) == (503, "services: credential unavailable")
     assert b"no_such" in missing.body
     assert len(service_upstream.seen) == 1
+
+
+async def test_each_connection_reads_the_secret_and_a_rotation_reaches_the_next(
+    proxy, ca, vault, service_upstream
+):
+    """A connection holds the value it read; a secret rotated meanwhile reaches the next
+    connection, and each connection's responses are scrubbed of the value it sent."""
+    port, host = service_upstream.port, f"svc.test:{service_upstream.port}"
+    new = "tok-Rot8dNw2Kp7Xq9"
+    first_reader, first_writer = await tunnel(proxy, ca, "svc.test", port)
+    try:
+        before = await request(first_reader, first_writer, "/whoami", host)
+        await vault.put("crm_token", new, actor="user:admin")
+        second_reader, second_writer = await tunnel(proxy, ca, "svc.test", port)
+        try:
+            after = await request(second_reader, second_writer, "/whoami", host)
+            still_old = await request(first_reader, first_writer, "/whoami", host)
+        finally:
+            second_writer.close()
+    finally:
+        first_writer.close()
+    sent = [[v for k, v in seen if k == "authorization"] for seen in service_upstream.seen]
+    assert sent == [[f"Bearer {TOKEN}"], [f"Bearer {new}"], [f"Bearer {TOKEN}"]]
+    for response in (before, after, still_old):
+        assert response.status == 200 and "****" in json.loads(response.body)["authorization"]
+        assert_clean(response.body)
+        assert new.encode() not in response.body
+    await proxy.flush()
+    assert reveals(vault) == ["secret:crm_token", "secret:crm_token"]  # one per connection
+    assert sorted(d["requests"] for _r, _w, d in uses(vault)) == [1, 2]
 
 
 async def test_guest_tls_that_does_not_trust_the_ca_fails_and_is_recorded(

@@ -22,6 +22,7 @@ import contextlib
 
 from aamp.egress.bodies import Bodies, HeldBody
 from aamp.egress.decision import Decider
+from aamp.egress.held_credentials import HeldCredentials
 from aamp.egress.http1 import (
     HOP_BY_HOP,
     Framing,
@@ -42,7 +43,7 @@ from aamp.egress.intercept import (
 from aamp.egress.limits import ProxyLimits
 from aamp.egress.meter import Attempt, Meter
 from aamp.egress.scrub import BodyDecoder, Scrubber, UnsupportedEncoding
-from aamp.egress.services import Credential, CredentialError, SecretReader, Service, render
+from aamp.egress.services import Credential, CredentialError, Service
 from aamp.egress.upstream import Connector, Upstream
 from aamp.policy.hosts import Host
 
@@ -52,21 +53,12 @@ _BODY_DIGESTS = frozenset({"content-md5", "digest", "content-digest", "repr-dige
 
 class Forwarding:
     """Plain requests and service calls of one sandbox (`bodies` brings its limits and meter;
-    `secrets` reads service credentials, named in the vault's record as for `sandbox_id`)."""
+    each connection brings the service credentials it holds, `HeldCredentials`)."""
 
-    def __init__(
-        self,
-        decider: Decider,
-        connector: Connector,
-        bodies: Bodies,
-        secrets: SecretReader | None,
-        sandbox_id: str,
-    ):
+    def __init__(self, decider: Decider, connector: Connector, bodies: Bodies):
         self.decider, self.connector, self.bodies = decider, connector, bodies
         self.limits: ProxyLimits = bodies.limits
         self.meter: Meter = bodies.meter
-        self.secrets = secrets
-        self.sandbox_id = sandbox_id
 
     async def forward(
         self,
@@ -76,9 +68,11 @@ class Forwarding:
         attempt: Attempt,
         upstream: Upstream | None,
         tunnel: Intercepted | None = None,
+        credentials: HeldCredentials | None = None,
     ) -> tuple[Upstream | None, bool]:
-        """Serve one request. Returns the upstream connection to keep (or None) and whether
-        the client connection stays open for another request."""
+        """Serve one request (`credentials`: those of the client connection). Returns the
+        upstream connection to keep (or None) and whether the client connection stays open
+        for another request."""
         if tunnel is None:
             host, port, authority, path = absolute_target(head.target)
             attempt.host, attempt.port = str(host), port
@@ -110,7 +104,7 @@ class Forwarding:
         if service is not None:
             attempt.service = service.name
             attempt.secrets = service.secret_names
-            credential = await self._credential(service, head, host)
+            credential = await self._credential(service, head, host, credentials)
         tls = service is not None and service.tls
         if expect is not None:
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -135,12 +129,14 @@ class Forwarding:
             upstream = None
         return upstream, client_keep
 
-    async def _credential(self, service: Service, head: RequestHead, host: Host) -> Credential:
-        if self.secrets is None:  # pragma: no cover - update_services refuses this
+    @staticmethod
+    async def _credential(
+        service: Service, head: RequestHead, host: Host, credentials: HeldCredentials | None
+    ) -> Credential:
+        if credentials is None:  # pragma: no cover - update_services refuses this
             raise Refusal(503, CREDENTIAL_RULE, "this proxy has no secret reader")
-        purpose = f"egress {self.sandbox_id}: service {service.name} ({head.method} {host})"
         try:
-            return await render(service, self.secrets, purpose)
+            return await credentials.for_request(service, head.method, host)
         except CredentialError as exc:
             raise Refusal(503, CREDENTIAL_RULE, str(exc)) from None
 

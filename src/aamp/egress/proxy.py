@@ -36,14 +36,17 @@ import socket
 import ssl
 import stat
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aamp.egress.approvals import EgressApprovals
 from aamp.egress.bodies import Bodies
 from aamp.egress.ca import InstallationCA
 from aamp.egress.decision import MAX_BYTES_RULE, Decider
 from aamp.egress.forward import Forwarding
+from aamp.egress.held_credentials import HeldCredentials
 from aamp.egress.http1 import NoRequest, Refusal, read_request_head, refusal_response
 from aamp.egress.installation import InstallationListeners
 from aamp.egress.intercept import Intercepted
@@ -127,12 +130,13 @@ class EgressProxy:
         connector = Connector(limits, upstream_tls)
         bodies = Bodies(limits, meter)
         self._tunnels = Tunnels(decider, connector, bodies, ca)
-        self._forwarding = Forwarding(decider, connector, bodies, secrets, sandbox_id)
+        self._forwarding = Forwarding(decider, connector, bodies)
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._records: set[asyncio.Task[None]] = set()
         self._ids = itertools.count(1)
         self.ledger_failures = 0
+        self.audit_failures = 0  # `secret.use` records that could not be written
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -247,6 +251,11 @@ class EgressProxy:
         with a refusal sent to a client that may still be sending (see `_linger`)."""
         upstream: Upstream | None = None
         tunnel: Intercepted | None = None
+        credentials = (
+            HeldCredentials(self._secrets, self.sandbox_id, connection)
+            if self._secrets is not None
+            else None
+        )
         attempt = Attempt("http")
         served = 0  # attempts recorded on this connection
         try:
@@ -274,7 +283,7 @@ class EgressProxy:
                     continue
                 attempt = self._new_attempt(tunnel)
                 upstream, keep_going = await self._forwarding.forward(
-                    head, reader, writer, attempt, upstream, tunnel
+                    head, reader, writer, attempt, upstream, tunnel, credentials
                 )
                 self._emit(connection, attempt)
                 if not keep_going:
@@ -315,6 +324,8 @@ class EgressProxy:
                 self._emit(connection, attempt)
             if upstream is not None:
                 upstream.writer.close()
+            if credentials:
+                self._track(self._release(credentials))
         return False
 
     @staticmethod
@@ -374,9 +385,20 @@ class EgressProxy:
             service=attempt.service,
             secrets=attempt.secrets,
         )
-        task = asyncio.get_running_loop().create_task(self._record(event))
+        self._track(self._record(event))
+
+    def _track(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run a record's write in the background; `flush` (and `close`) wait for it."""
+        task = asyncio.get_running_loop().create_task(work)
         self._records.add(task)
         task.add_done_callback(self._records.discard)
+
+    async def _release(self, credentials: HeldCredentials) -> None:
+        try:
+            await credentials.close()
+        except Exception:
+            self.audit_failures += 1
+            log.exception("egress proxy %s: secret use record failed", self.sandbox_id)
 
     async def _record(self, event: EgressEvent) -> None:
         try:

@@ -281,6 +281,28 @@ class Vault:
         )
         return SecretValue(name, row_version, plaintext.decode("utf-8"))
 
+    async def record_use(
+        self,
+        resource: str,
+        *,
+        purpose: str,
+        details: dict[str, Any],
+        actor: str = "system:egress-proxy",
+    ) -> None:
+        """Record (`secret.use`) what values revealed for `purpose` were used for, once their
+        holder (an egress connection) let go of them; `details` hold counts, never values."""
+        if not isinstance(purpose, str) or not purpose.strip():
+            raise VaultError("a use record needs the purpose its values were revealed for")
+        self._check_actor(actor)
+        await self._audit.record(
+            actor=actor,
+            action="secret.use",
+            resource=resource,
+            decision="allow",
+            reason=purpose,
+            details=details,
+        )
+
     def _reveal(self, name: str) -> tuple[int, bytes]:
         with self._store.session() as s:
             row = s.get(SecretRow, name)
