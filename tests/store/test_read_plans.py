@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from aamp.agents.registry import AgentRegistry
 from aamp.identity import Directory
@@ -122,3 +122,43 @@ async def test_close_closes_the_loop_connections(store: Store) -> None:
     while _backends(store) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert _backends(store) == 0
+
+
+class SnapshotProbeForTests:
+    """A plan that reads a row twice and has a writer commit a change between the reads."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def _write(self, value: str) -> None:
+        with self.store.write_connection() as conn:
+            conn.execute(text("UPDATE probe_rows SET value = :v"), {"v": value})
+
+    @read_plan
+    def twice(self, change_to: str) -> ReadPlan[tuple[str, str, str]]:
+        first = yield "SELECT value FROM probe_rows", {}
+        self._write(change_to)
+        second = yield "SELECT value FROM probe_rows", {}
+        return first[0][0], second[0][0], threading.current_thread().name
+
+
+async def test_an_inline_sqlite_plan_is_one_snapshot_on_the_loops_own_connection(
+    store: Store,
+) -> None:
+    if store.dialect != "sqlite":
+        pytest.skip("inline plans are SQLite's")
+    with store.write_connection() as conn:
+        conn.execute(text("CREATE TABLE probe_rows (value TEXT)"))
+        conn.execute(text("INSERT INTO probe_rows VALUES ('a')"))
+    checkouts: list[object] = []
+    event.listen(store.engine, "checkout", lambda *args: checkouts.append(args))
+    probe = SnapshotProbeForTests(store)
+    first, second, thread = await store.run(probe.twice, "b")
+    assert (first, second) == ("a", "a")  # both reads of one plan see one snapshot
+    assert thread == threading.current_thread().name
+    # Only the writer took an engine connection: the plan ran on the loop's own.
+    assert len(checkouts) == 1
+    first, second, _ = await store.run(probe.twice, "c")
+    assert (first, second) == ("b", "b")  # the next plan reads afresh
+    assert len(checkouts) == 2
+    assert probe.twice("d")[:2] == ("c", "c")  # called directly: an engine read connection

@@ -90,21 +90,37 @@ def _enable_wal(cur: sqlite3.Cursor) -> None:
             time.sleep(0.01)
 
 
+def prepare_sqlite(dbapi_conn: sqlite3.Connection) -> None:
+    """What every SQLite connection of ours is set to, the engine's and `LoopReader`'s."""
+    # Autocommit at the driver level: we emit BEGIN ourselves (see module docstring).
+    dbapi_conn.isolation_level = None
+    cur = dbapi_conn.cursor()
+    try:
+        _enable_wal(cur)
+        cur.execute("PRAGMA synchronous=FULL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    finally:
+        cur.close()
+
+
+def open_sqlite(url: URL) -> sqlite3.Connection:
+    """A connection of our own to the SQLite file of `url`, outside the engine's pool."""
+    conn = sqlite3.connect(
+        url.database or "",
+        timeout=SQLITE_BUSY_TIMEOUT_MS / 1000,
+        check_same_thread=False,  # used by one thread; may be closed by another
+    )
+    prepare_sqlite(conn)
+    return conn
+
+
 def _sqlite_engine(url: URL) -> Engine:
     engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        # Autocommit at the driver level: we emit BEGIN ourselves (see module docstring).
-        dbapi_conn.isolation_level = None
-        cur = dbapi_conn.cursor()
-        try:
-            _enable_wal(cur)
-            cur.execute("PRAGMA synchronous=FULL")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        finally:
-            cur.close()
+        prepare_sqlite(dbapi_conn)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
