@@ -71,6 +71,9 @@ def build_manager(
         raise SystemExit("no isolation driver works on this host; run `aamp doctor` to see why")
     default = choose_default_driver(settings, drivers)
     pool = parse_pool(settings.env.get("AAMP_WARM_POOL", ""))
+    learn = settings.env.get("AAMP_WARM_POOL_LEARN", "0").strip() or "0"
+    if not learn.isdigit():
+        raise ValueError(f"AAMP_WARM_POOL_LEARN must be a number of pools, got {learn!r}")
     manager = SandboxManager(
         settings,
         images,
@@ -78,6 +81,7 @@ def build_manager(
         default,
         recorder=audit,
         warm_pool=pool,
+        learn_pools=int(learn),
         egress_sink=AuditEgressSink(audit),
         resolver=egress_resolver(settings),
         secrets=VaultSecretReader(vault) if vault is not None else None,

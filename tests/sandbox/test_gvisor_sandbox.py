@@ -23,6 +23,7 @@ from aamp.sandbox.manager import (
     SandboxManager,
     UnknownSandbox,
 )
+from aamp.sandbox.warm_pool import boot_key
 
 pytestmark = pytest.mark.usefixtures("base_image")
 
@@ -205,7 +206,7 @@ async def test_warm_pool_hands_out_running_sandboxes(settings):
         while m.pool_status().get("base", 0) < 2 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         assert m.pool_status()["base"] == 2
-        pooled = {s.id for s in m._pools["base"]}
+        pooled = {s.id for s in m._pools[boot_key("gvisor", "base", Resources())]}
         sb = await m.create(CreateRequest(image="base"))
         assert sb.id in pooled  # handed out, not booted
         async with m.use(sb.id) as channel:

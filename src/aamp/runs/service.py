@@ -270,7 +270,12 @@ class RunService:
             await self.emit(
                 run_id,
                 "sandbox.created",
-                {"sandbox": sandbox_id, "image": sandbox.image, "driver": sandbox.driver},
+                {
+                    "sandbox": sandbox_id,
+                    "image": sandbox.image,
+                    "driver": sandbox.driver,
+                    "warm": sandbox.warm,
+                },
             )
             await self._put_inputs(run_id, sandbox_id, req.inputs)
             model = ModelClient(d.model, self._endpoint_access(run_id, req.endpoint))

@@ -46,6 +46,7 @@ from aamp.sandbox.channel import GuestChannel
 from aamp.sandbox.driver import SANDBOX_ID_RE, Driver, DriverError, SandboxHandle, SandboxSpec
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.runtime_dir import RuntimeDir, RuntimeDirBusy
+from aamp.sandbox.warm_pool import BootKey, PoolTargets, boot_key
 
 log = logging.getLogger("aamp.sandbox")
 
@@ -134,6 +135,7 @@ class Sandbox:
     started_monotonic: float = field(default_factory=time.monotonic)
     active_uses: int = 0
     last_used: float = field(default_factory=time.monotonic)
+    warm: bool = False  # handed out from a warm pool (booted before it was asked for)
 
     def expiry_reason(self, now: float) -> str | None:
         if now - self.started_monotonic >= self.ttl:
@@ -154,6 +156,7 @@ class Sandbox:
             "ttl_seconds": self.ttl,
             "idle_seconds": self.idle,
             "expires_in": max(0.0, self.ttl - age),
+            "warm": self.warm,
             "resources": {
                 "cpus": self.resources.cpus,
                 "memory_bytes": self.resources.memory_bytes,
@@ -179,8 +182,12 @@ class SandboxManager:
         upstream_tls: ssl.SSLContext | None = None,
         listeners: InstallationListeners | None = None,
         warm_pool: dict[str, int] | None = None,
+        learn_pools: int = 0,
         tick: float = 0.5,
     ):
+        """`warm_pool` keeps IMAGE: COUNT sandboxes warm (default driver and resources);
+        `learn_pools` keeps one warm for each of that many recently requested other boot keys
+        (see `warm_pool.py`)."""
         if default_driver not in drivers:
             raise ValueError(f"default driver {default_driver!r} is not among {sorted(drivers)}")
         self.settings = settings
@@ -197,11 +204,17 @@ class SandboxManager:
         self.secrets, self.ca, self.upstream_tls = secrets, ca, upstream_tls
         # What this installation serves (its API, announced listeners): no sandbox reaches it.
         self.listeners = listeners if listeners is not None else InstallationListeners.of(settings)
-        self.warm_pool_sizes = dict(warm_pool or {})
+        self.pool_targets = PoolTargets(
+            {
+                boot_key(default_driver, image, Resources()): size
+                for image, size in (warm_pool or {}).items()
+            },
+            learn_pools,
+        )
         self.tick = tick
         self._sandboxes: dict[str, Sandbox] = {}
-        self._pools: dict[str, list[Sandbox]] = {}
-        self._pool_fill: dict[str, asyncio.Task[None]] = {}
+        self._pools: dict[BootKey, list[Sandbox]] = {}
+        self._pool_fill: dict[BootKey, asyncio.Task[None]] = {}
         self._lifetime_task: asyncio.Task[None] | None = None
         self._runtime: RuntimeDir | None = None
 
@@ -220,9 +233,8 @@ class SandboxManager:
         (rt / "sb").mkdir(exist_ok=True, mode=0o700)
         await self._reap("left behind by an earlier host process")
         self._lifetime_task = asyncio.create_task(self._lifetime_loop(), name="sandbox-lifetime")
-        for image, size in self.warm_pool_sizes.items():
-            if size > 0:
-                self._refill_pool(image)
+        for key in self.pool_targets.wanted():
+            self._refill_pool(key)
 
     async def shutdown(self) -> None:
         if self._lifetime_task:
@@ -284,7 +296,8 @@ class SandboxManager:
             image = self.images.get(request.image)
         except (ValueError, LookupError) as exc:  # UnknownImage, ImageNotBuilt
             raise InvalidRequest(str(exc)) from None
-        sandbox = await self._take_from_pool(request, driver_name, image.content_hash)
+        key = boot_key(driver_name, request.image, request.resources)
+        sandbox = await self._take_from_pool(key, image.content_hash)
         if sandbox is None:
             sandbox = await self._boot(driver_name, request.image, request.resources)
         sandbox.egress.update_rules(request.egress)
@@ -398,42 +411,55 @@ class SandboxManager:
 
     # -- warm pool -------------------------------------------------------------------------
 
-    async def _take_from_pool(
-        self, request: CreateRequest, driver_name: str, image_hash: str
-    ) -> Sandbox | None:
-        # Pool members are booted with default resources by the default driver; anything
-        # else is booted cold so that a request always gets exactly what it asked for.
-        if driver_name != self.default_driver or request.resources != Resources():
-            return None
-        pool = self._pools.get(request.image) or []
-        while pool:
+    async def _take_from_pool(self, key: BootKey, image_hash: str) -> Sandbox | None:
+        """A warm sandbox booted exactly as `key` says, never used, or None (then booted
+        cold); the pool is refilled behind it, and the key learned (`PoolTargets`)."""
+        for dropped in self.pool_targets.requested(key):
+            await self._drain(dropped)
+        pool = self._pools.get(key) or []
+        taken: Sandbox | None = None
+        while pool and taken is None:
             sandbox = pool.pop(0)
             if sandbox.image_hash == image_hash and sandbox.channel.connected:
-                self._refill_pool(request.image)
-                return sandbox
-            # Awaited, not left to a loose task: shutdown must never miss one.
-            await self._teardown(sandbox, reason="stale")
-        if self.warm_pool_sizes.get(request.image):
-            self._refill_pool(request.image)
-        return None
+                taken = sandbox
+                taken.warm = True
+            else:
+                # Awaited, not left to a loose task: shutdown must never miss one.
+                await self._teardown(sandbox, reason="stale")
+        if self.pool_targets.target(key):
+            self._refill_pool(key)
+        return taken
 
-    def _refill_pool(self, image: str) -> None:
-        running = self._pool_fill.get(image)
+    async def _drain(self, key: BootKey) -> None:
+        """Stop keeping `key` warm: its filling stops, its unused sandboxes go."""
+        task = self._pool_fill.pop(key, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for sandbox in self._pools.pop(key, []):
+            await self._teardown(sandbox, reason="pool no longer wanted")
+
+    def _refill_pool(self, key: BootKey) -> None:
+        running = self._pool_fill.get(key)
         if running is not None and not running.done():
             return
-        self._pool_fill[image] = asyncio.get_running_loop().create_task(
-            self._fill(image), name=f"pool-{image}"
+        self._pool_fill[key] = asyncio.get_running_loop().create_task(
+            self._fill(key), name=f"pool-{key.image}"
         )
 
-    async def _fill(self, image: str) -> None:
-        pool = self._pools.setdefault(image, [])
-        target = self.warm_pool_sizes.get(image, 0)
-        while len(pool) < target:
+    async def _fill(self, key: BootKey) -> None:
+        pool = self._pools.setdefault(key, [])
+        while len(pool) < self.pool_targets.target(key):
             try:
-                pool.append(await self._boot(self.default_driver, image, Resources()))
+                sandbox = await self._boot(key.driver, key.image, key.resources)
             except (SandboxError, ValueError) as exc:
-                log.warning("warm pool for %s could not start a sandbox: %s", image, exc)
+                log.warning("warm pool for %s could not start a sandbox: %s", key.image, exc)
                 return
+            if self._pools.get(key) is not pool:  # drained while this one booted
+                await self._teardown(sandbox, reason="pool no longer wanted")
+                return
+            pool.append(sandbox)
 
     def update_egress(
         self, sandbox_id: str, rules: EgressRules, services: ServiceSet | None = None
@@ -456,7 +482,8 @@ class SandboxManager:
         self.get(sandbox_id).egress.approvals.approver = approver
 
     def pool_status(self) -> dict[str, int]:
-        return {image: len(pool) for image, pool in self._pools.items()}
+        """Warm sandboxes ready, by pool (named by its image for a default-resources pool)."""
+        return {key.label(self.default_driver): len(pool) for key, pool in self._pools.items()}
 
     # -- the host's clock ------------------------------------------------------------------
 

@@ -1,0 +1,79 @@
+"""Which warm pools the sandbox manager keeps: pools keyed by what a sandbox is booted with.
+
+A sandbox is booted with a driver, an image and resources (`boot_key`, the one place that
+says what a sandbox is booted with: a packages layer joins the key there). Everything else a
+request brings — egress rules, services, lifetime, the egress approver — is applied when the
+manager hands the sandbox out, so one pool serves every policy that boots the same way.
+
+Two sources of targets, both bounded:
+- configured: `AAMP_WARM_POOL="base=2"` keeps that many sandboxes of the image, booted by the
+  default driver with default resources;
+- learned: with `AAMP_WARM_POOL_LEARN=N`, the boot keys of the N most recent requests that no
+  configured pool serves (a run's policy with its own resources, say) keep one warm sandbox
+  each; a key pushed out of the N is drained.
+
+A pooled sandbox is never reachable before it is handed out (the manager lists only handed-out
+ones), and a handed-out one is destroyed, never returned: nothing that ran for one policy or
+user is ever seen by another.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from aamp.policy import Resources
+
+
+@dataclass(frozen=True)
+class BootKey:
+    """What a sandbox is booted with; sandboxes of one key are interchangeable until used."""
+
+    driver: str
+    image: str
+    resources: Resources
+
+    def label(self, default_driver: str) -> str:
+        """A short name for status pages: the image alone for a configured-style pool."""
+        if self.driver == default_driver and self.resources == Resources():
+            return self.image
+        r = self.resources
+        return (
+            f"{self.image} ({self.driver}; cpus={r.cpus} memory_bytes={r.memory_bytes} "
+            f"pids={r.pids} disk_bytes={r.disk_bytes})"
+        )
+
+
+def boot_key(driver: str, image: str, resources: Resources) -> BootKey:
+    """The pool a sandbox of `driver`, `image` and `resources` comes from."""
+    return BootKey(driver, image, resources)
+
+
+class PoolTargets:
+    """How many warm sandboxes each boot key should have (configured, then learned)."""
+
+    def __init__(self, configured: dict[BootKey, int], learn: int = 0):
+        if learn < 0:
+            raise ValueError("the number of learned warm pools must be 0 or more")
+        self.configured = {k: n for k, n in configured.items() if n > 0}
+        self.learn = learn
+        self._learned: OrderedDict[BootKey, None] = OrderedDict()
+
+    def target(self, key: BootKey) -> int:
+        if key in self.configured:
+            return self.configured[key]
+        return 1 if key in self._learned else 0
+
+    def requested(self, key: BootKey) -> list[BootKey]:
+        """Note that `key` was asked for; returns the learned keys pushed out (to drain)."""
+        if key in self.configured or not self.learn:
+            return []
+        self._learned[key] = None
+        self._learned.move_to_end(key)
+        dropped: list[BootKey] = []
+        while len(self._learned) > self.learn:
+            dropped.append(self._learned.popitem(last=False)[0])
+        return dropped
+
+    def wanted(self) -> list[BootKey]:
+        return [*self.configured, *self._learned]

@@ -1,0 +1,144 @@
+"""Warm pools keyed by what a sandbox is booted with (`aamp.sandbox.warm_pool`), on real gVisor
+sandboxes: a learned pool serves the next request of the same boot key whatever its policy,
+and what is handed out has exactly the new request's rules and services and nothing of an
+earlier user."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from aamp.egress.ca import InstallationCA
+from aamp.egress.rules import EgressRules
+from aamp.egress.services import Bearer, Service, ServiceSet
+from aamp.policy import Resources
+from aamp.sandbox.gvisor import GVisorDriver
+from aamp.sandbox.images import ImageStore
+from aamp.sandbox.manager import CreateRequest, SandboxManager
+from aamp.sandbox.warm_pool import PoolTargets, boot_key
+
+pytestmark = pytest.mark.usefixtures("base_image")
+
+RESOURCES = Resources(pids=128)  # not the default: no configured pool serves these
+
+
+class UnreadSecretsForTests:
+    """A `SecretReader` that must never be read: no request here calls a service."""
+
+    async def reveal(self, name: str, *, purpose: str) -> str:
+        raise AssertionError(f"secret {name} read")
+
+    async def record_use(self, service: str, *, purpose: str, details: dict) -> None:
+        raise AssertionError(f"use of {service} recorded")
+
+
+class EventsForTests:
+    def __init__(self) -> None:
+        self.events: list[dict[str, object]] = []
+
+    async def record(self, **fields: object) -> None:
+        self.events.append(fields)
+
+
+def policy(host: str, service: Service) -> CreateRequest:
+    """What a policy makes: the same image and resources, its own rules and services."""
+    return CreateRequest(
+        image="base",
+        resources=RESOURCES,
+        egress=EgressRules.from_lists("block", allow=[host]),
+        services=ServiceSet([service]),
+    )
+
+
+def gvisor_manager(settings, **options) -> SandboxManager:
+    drivers = {"gvisor": GVisorDriver(settings.runtime_dir)}
+    return SandboxManager(settings, ImageStore(settings), drivers, "gvisor", **options)
+
+
+async def wait_for_pool(m: SandboxManager, label: str, size: int) -> None:
+    deadline = time.monotonic() + 60
+    while m.pool_status().get(label, 0) < size and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert m.pool_status().get(label, 0) == size
+
+
+async def test_two_policies_two_users_one_pool(settings, tmp_path):
+    events = EventsForTests()
+    m = gvisor_manager(
+        settings,
+        recorder=events,
+        secrets=UnreadSecretsForTests(),
+        ca=InstallationCA.load_or_create(tmp_path / "ca"),
+        learn_pools=1,
+    )
+    crm = Service("crm-api", "https://crm.test", Bearer("crm_token"))
+    erp = Service("erp", "https://erp.test", Bearer("erp_token"))
+    first, second = policy("a.test", crm), policy("b.test", erp)
+    label = boot_key("gvisor", "base", RESOURCES).label("gvisor")
+    await m.start()
+    try:
+        a = await m.create(first, actor="user:alice")
+        assert not a.warm  # nothing was warm for this boot key yet: it is learned now
+        async with m.use(a.id) as channel:
+            result, _, _ = await channel.run(["sh", "-c", "echo alice > /tmp/left-by-alice"])
+            assert result.exit_code == 0
+        await wait_for_pool(m, label, 1)
+        pooled = m._pools[boot_key("gvisor", "base", RESOURCES)][0]
+        assert pooled.id not in {s.id for s in m.list()}  # unreachable until handed out
+        await m.destroy(a.id, actor="user:alice")
+
+        b = await m.create(second, actor="user:bob")
+        assert b.warm and b.id == pooled.id and b.id != a.id
+        assert b.resources == RESOURCES
+        # Exactly the second policy's rules and services, none of the first's.
+        assert b.egress.rules == second.egress
+        assert b.egress.services.names == ("erp",)
+        assert b.egress.approvals.approver is None
+        assert b.egress.stats().bytes_up == 0 and b.egress.stats().attempts == 0
+        async with m.use(b.id) as channel:
+            result, out, _ = await channel.run(
+                ["sh", "-c", "ls /tmp; test ! -e /tmp/left-by-alice"]
+            )
+        assert result.exit_code == 0, out
+        created = [e for e in events.events if e["action"] == "sandbox.create"]
+        assert [(e["actor"], e["details"]["warm"]) for e in created] == [
+            ("user:alice", False),
+            ("user:bob", True),
+        ]
+        # The pool is refilled behind the hand-out, with a sandbox nobody has used.
+        await wait_for_pool(m, label, 1)
+        assert m._pools[boot_key("gvisor", "base", RESOURCES)][0].id not in {a.id, b.id}
+    finally:
+        await m.shutdown()
+
+
+async def test_a_default_request_does_not_take_a_learned_pools_sandbox(settings, tmp_path):
+    m = gvisor_manager(settings, learn_pools=1)
+    await m.start()
+    try:
+        first = await m.create(CreateRequest(image="base", resources=RESOURCES))
+        await wait_for_pool(m, boot_key("gvisor", "base", RESOURCES).label("gvisor"), 1)
+        other = await m.create(CreateRequest(image="base"))
+        assert not other.warm and other.resources == Resources()
+        await wait_for_pool(m, "base", 1)  # learned in its turn, pushing the first out
+        assert m.pool_status().get(boot_key("gvisor", "base", RESOURCES).label("gvisor")) is None
+        await m.destroy(first.id)
+    finally:
+        await m.shutdown()
+
+
+def test_learned_targets_are_bounded_and_configured_ones_stay():
+    base = boot_key("gvisor", "base", Resources())
+    keys = [boot_key("gvisor", "base", Resources(pids=100 + n)) for n in range(3)]
+    targets = PoolTargets({base: 2}, learn=2)
+    assert targets.requested(base) == [] and targets.target(base) == 2
+    assert targets.requested(keys[0]) == [] and targets.requested(keys[1]) == []
+    assert targets.requested(keys[0]) == []  # used again: the most recent now
+    assert targets.requested(keys[2]) == [keys[1]]  # the least recent one goes
+    assert [targets.target(k) for k in keys] == [1, 0, 1]
+    assert targets.wanted() == [base, keys[0], keys[2]]
+    assert PoolTargets({}, learn=0).requested(keys[0]) == []
+    with pytest.raises(ValueError, match="0 or more"):
+        PoolTargets({}, learn=-1)
