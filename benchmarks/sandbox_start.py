@@ -7,6 +7,8 @@ Prints a table (median and p95) and writes benchmarks/results/sandbox_start.json
   with the same flags aamp uses (the floor any runsc-based start can reach);
 - aamp cold: create a sandbox (boot, guest agent ready) and run `python3 -c pass` in it;
 - aamp warm pool: take a pre-started sandbox and run `true` in it;
+- a run's sandbox: a policy's request (its own resources and egress rules), cold, and from the
+  pool learned for its boot key (`AAMP_WARM_POOL_LEARN`), each followed by `true`;
 - host memory per idle sandbox: RSS and PSS of all its host processes (runsc sandbox + gofer);
 - N sandboxes started at once: wall time, and whether all answered.
 Needs root, runsc and a built base image (`aamp image build base`).
@@ -26,10 +28,13 @@ import time
 from pathlib import Path
 
 from aamp.config import Settings
+from aamp.egress.rules import EgressRules
+from aamp.policy import Resources
 from aamp.sandbox import procs
 from aamp.sandbox.gvisor import GVisorDriver
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.manager import CreateRequest, SandboxManager
+from aamp.sandbox.warm_pool import boot_key
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -148,6 +153,36 @@ async def aamp_figures(settings: Settings, runs: int, idle: int, burst: int) -> 
         out["warm"] = warm
     finally:
         await pooled.shutdown()
+
+    # A run's sandbox: what a policy with its own resources and rules asks for.
+    run_request = CreateRequest(
+        image="base",
+        resources=Resources(pids=128, memory_bytes=512 * 2**20),
+        egress=EgressRules.from_lists("block", allow=["example.test"]),
+    )
+    label = boot_key("gvisor", "base", run_request.resources).label("gvisor")
+    for kind, learn in (("run_cold", 0), ("run_warm", 1)):
+        manager = SandboxManager(
+            settings, ImageStore(settings), drivers, "gvisor", learn_pools=learn
+        )
+        await manager.start()
+        try:
+            if learn:  # the first request teaches the manager the policy's boot key
+                await manager.destroy((await manager.create(run_request)).id)
+            samples = []
+            for _ in range(runs):
+                while learn and manager.pool_status().get(label, 0) < 1:
+                    await asyncio.sleep(0.02)
+                started = time.perf_counter()
+                sb = await manager.create(run_request)
+                async with manager.use(sb.id) as channel:
+                    result, _, _ = await channel.run(["true"])
+                samples.append(time.perf_counter() - started)
+                assert result.exit_code == 0 and sb.warm == bool(learn)
+                await manager.destroy(sb.id)
+            out[kind] = samples
+        finally:
+            await manager.shutdown()
     return out
 
 
@@ -173,10 +208,12 @@ def main() -> int:
         ("raw: runsc run python3 -c pass", summary(raw_run)),
         ("aamp cold: create + python3 -c pass", summary(figures["cold"])),
         ("aamp warm pool: create + true", summary(figures["warm"])),
+        ("a run's sandbox, cold: create + true", summary(figures["run_cold"])),
+        ("a run's sandbox, learned pool: create + true", summary(figures["run_warm"])),
     ]
-    print(f"\n{'figure':42} {'median':>10} {'p95':>10}   n")
+    print(f"\n{'figure':46} {'median':>10} {'p95':>10}   n")
     for name, s in rows:
-        print(f"{name:42} {s['median_ms']:8.1f}ms {s['p95_ms']:8.1f}ms  {s['n']}")
+        print(f"{name:46} {s['median_ms']:8.1f}ms {s['p95_ms']:8.1f}ms  {s['n']}")
     ratio = rows[2][1]["median_ms"] / rows[1][1]["median_ms"]
     print(f"\ncold start vs raw runsc run (same command, same image): {ratio:.2f}x")
     rss = statistics.median(figures["idle_rss"]) / 2**20
@@ -192,6 +229,8 @@ def main() -> int:
         "baseline_runsc_run_python": summary(raw_run),
         "aamp_cold": summary(figures["cold"]),
         "aamp_warm": summary(figures["warm"]),
+        "run_sandbox_cold": summary(figures["run_cold"]),
+        "run_sandbox_warm": summary(figures["run_warm"]),
         "cold_vs_raw_ratio": ratio,
         "idle_rss_mib_median": rss,
         "idle_pss_mib_median": pss,
