@@ -88,6 +88,22 @@ async def test_bad_names_and_values_are_refused_without_echoing_values(
     assert await vault.list() == []
 
 
+async def test_a_use_record_names_its_purpose_and_counts_and_needs_a_purpose(
+    settings: Settings, store: Store, audit: AuditLog
+) -> None:
+    vault = Vault.open(settings, store, audit)
+    with pytest.raises(Exception, match="purpose"):
+        await vault.record_use("service:crm", purpose=" ", details={"requests": 1})
+    assert _audit_texts(store) == []  # refused: nothing recorded
+    await vault.record_use(
+        "service:crm", purpose="egress sb-1: connection 3", details={"requests": 4}
+    )
+    [text_] = _audit_texts(store)
+    assert text_.startswith("secret.use service:crm egress sb-1: connection 3")
+    assert text_.endswith('{"requests":4}')
+    assert verify(store, audit.signer.trusted_keys()).ok
+
+
 async def test_only_ciphertext_reaches_the_database(
     settings: Settings, store: Store, audit: AuditLog, request: pytest.FixtureRequest
 ) -> None:
