@@ -11,5 +11,6 @@ __all__, __getattr__ = surface(
     {
         "app": ("create_app",),
         "context": ("ControlPlane", "SandboxOwner"),
+        "guard": ("CSRF_HEADER", "SESSION_COOKIE"),
     },
 )
