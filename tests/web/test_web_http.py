@@ -57,6 +57,17 @@ async def test_every_page_and_api_answer_carries_the_security_headers(site: Site
     assert re.findall(r'(?:src|href)="(?!/|#|\?)', page) == []
 
 
+async def test_every_form_carries_the_sessions_csrf_token(site: Site) -> None:
+    admin = await site.signed_in()
+    token = admin.cookies["aamp_csrf"]
+    assert token
+    # The sign-in form has no session to tie a token to; the Origin check guards it (below).
+    for path in [p for p in EVERY_PAGE if p != "/login"]:
+        page = (await admin.get(path)).text
+        for form in re.findall(r'<form method="post".*?</form>', page, re.S):
+            assert f'name="csrf" value="{token}"' in form, (path, form[:200])
+
+
 async def test_a_form_without_the_csrf_token_is_refused_and_changes_nothing(site: Site) -> None:
     admin = await site.signed_in()
     form = {"username": "mallory", "role": "admin", "password": "mallory-password-1"}
