@@ -4,7 +4,8 @@
 an admin creates a builder and an operator, a policy, a model endpoint (the scripted model
 test double) and grants the agent its resources; the builder creates the agent in the form,
 publishes it and lets the operator run it; the operator starts a run with a CSV and sees its
-steps arrive while the run goes on (the scripted model's first answer is slow); the policy
+steps arrive while the run goes on (the scripted model's first answer is slow) and the screenshot the agent's browser tool took,
+inline; the policy
 asks a person before the artifact leaves, which the builder approves from the same live view;
 the operator downloads the artifact, byte-identical. Every request the browser made went to
 the installation itself.
@@ -41,7 +42,7 @@ print('total', total)
 """
 POLICY = """name: csv-reports
 egress: {default: block}
-image: base
+image: browser
 data:
   inbound: {max_bytes: 1MB, types: [csv]}
   outbound: {max_bytes: 1MB, types: [csv], approval: true}
@@ -67,10 +68,11 @@ async def _sign_in(browser, base: str, username: str, password: str):  # type: i
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed")
-async def test_the_whole_story_in_a_real_browser(tmp_path: Path, base_image) -> None:
+async def test_the_whole_story_in_a_real_browser(tmp_path: Path, browser_image) -> None:
     shots = os.environ.get("AAMP_UI_SCREENSHOTS")
     turns = [
         {"sleep": 4, "tool_calls": [{"name": "python", "arguments": {"code": COMPUTE}}]},
+        {"tool_calls": [{"name": "browser", "arguments": {"action": "screenshot"}}]},
         {"content": "Wrote out/report.csv"},
     ]
     with ScriptedModelServerForTests(turns) as model:
@@ -143,7 +145,7 @@ async def _story(browser, base, model_url, requests, shots) -> None:  # type: ig
     await builder.select_option("#f-endpoint", "llm")
     await builder.select_option("#f-model", "scripted")
     await builder.fill("#f-system_prompt", "You total the sales in the CSV you are given.")
-    for tool in ("shell", "python", "files"):
+    for tool in ("shell", "python", "files", "browser"):
         await builder.check(f"input[name=tools][value={tool}]")
     await builder.select_option("#f-policy", "csv-reports")
     await builder.fill("#f-max_steps", "5")
@@ -162,7 +164,7 @@ async def _story(browser, base, model_url, requests, shots) -> None:  # type: ig
 
     # The admin grants the agent what it uses.
     await admin.goto(agent_path)
-    for kind, name in (("policy", "csv-reports"), ("image", "base"), ("model-endpoint", "llm")):
+    for kind, name in (("policy", "csv-reports"), ("image", "browser"), ("model-endpoint", "llm")):
         await admin.select_option("#f-kind", kind)
         await admin.fill("#f-rname", name)
         await admin.click("text=Grant to this agent")
@@ -189,6 +191,10 @@ async def _story(browser, base, model_url, requests, shots) -> None:  # type: ig
     model_call = await operator.inner_text("li[data-type='model.call']")
     assert "prompt" in model_call and "completion tokens" in model_call
     assert "python" in await operator.inner_text("li[data-type='tool.call']")
+    # The agent's browser tool took a screenshot: it is on the page, inline.
+    shot = await operator.wait_for_selector("li[data-type='screenshot'] img", timeout=90_000)
+    assert (await shot.get_attribute("src")).startswith("data:image/png;base64,iVBOR")
+    assert await shot.evaluate("img => img.naturalWidth") > 0
     # The artifact waits for a person with edit on the agent; the operator is told so.
     await operator.wait_for_selector("li[data-type='approval.requested']", timeout=60_000)
     assert "A person with edit" in await operator.inner_text("li[data-type='approval.requested']")
