@@ -4,8 +4,8 @@
 an admin creates a builder and an operator, a policy, a model endpoint (the scripted model
 test double) and grants the agent its resources; the builder creates the agent in the form,
 publishes it and lets the operator run it; the operator starts a run with a CSV and sees its
-steps arrive while the run goes on (the scripted model's first answer is slow) and the screenshot the agent's browser tool took,
-inline; the policy
+steps arrive while the run goes on (the scripted model's first answer is slow) and the
+screenshot the agent's browser tool took, inline; the policy
 asks a person before the artifact leaves, which the builder approves from the same live view;
 the operator downloads the artifact, byte-identical. Every request the browser made went to
 the installation itself.
