@@ -94,19 +94,13 @@ async def runs(request: Request) -> Response:
     """Run history: filter by agent and status; pages by the last run shown (newest first)."""
     page = await Page.signed_in(request)
     agent, status = request.query_params.get("agent", ""), request.query_params.get("status", "")
-    before = request.query_params.get("before", "")
-    found = await page.get("/v1/runs")
-    rows = [
-        r
-        for r in found
-        if (not agent or r["agent_id"] == agent) and (not status or r["status"] == status)
-    ]
-    if before:
-        ids = [r["id"] for r in rows]
-        rows = rows[ids.index(before) + 1 :] if before in ids else rows
-    shown = rows[:PAGE_SIZE]
-    more = shown[-1]["id"] if len(rows) > PAGE_SIZE else None
-    agent_ids = sorted({r["agent_id"] for r in found})
+    query = {"agent": agent, "status": status, "limit": PAGE_SIZE}
+    query["before"] = request.query_params.get("before", "")
+    answer = await page.call("GET", "/v1/runs", query=query)
+    if not answer.ok:
+        raise PageError(answer, me=page.me)
+    shown, more = answer.json(), answer.headers.get("x-next-before")
+    agent_ids = [a["id"] for a in await page.get("/v1/agents")]
     return page.render(
         "runs.html",
         runs=shown,
