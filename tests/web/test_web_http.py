@@ -8,6 +8,7 @@ import hashlib
 import re
 from pathlib import Path
 
+from sqlalchemy import text
 from web_helpers import Site, csrf_of
 
 from aamp.web import CSP
@@ -215,3 +216,18 @@ async def test_bad_input_is_shown_at_the_field_with_what_was_typed(site: Site) -
         data={"name": "p1", "csrf": token, "source": "name: p1\negress: {default: maybe}\n"},
     )
     assert r.status_code == 400 and "egress.default" in r.text and "default: maybe" in r.text
+
+
+async def test_the_audit_page_verifies_the_chain_on_request_and_names_a_tampered_record(
+    site: Site,
+) -> None:
+    admin = await site.signed_in()
+    r = await admin.get("/admin/audit?verify=1")
+    result = re.search(r'<p class="(\w+)" role="status" id="verify-result">([^<]*)</p>', r.text)
+    assert result and result.group(1) == "notice", r.text
+    with site.plane.cp.store.engine.begin() as conn:
+        conn.execute(text("UPDATE audit_records SET reason = 'edited' WHERE seq = 2"))
+    r = await admin.get("/admin/audit?verify=1")
+    result = re.search(r'<p class="(\w+)" role="status" id="verify-result">([^<]*)</p>', r.text)
+    assert result and result.group(1) == "error" and "2" in result.group(2), r.text
+    assert "Chain check" not in (await admin.get("/admin/audit")).text  # only when asked

@@ -309,6 +309,7 @@ async def audit(request: Request) -> Response:
             export="",
         )
     data = answer.json()
+    verified = await page.get("/v1/audit/verify") if request.query_params.get("verify") else None
     export = urlencode({k: v for k, v in filters.items() if v})
     next_query = (
         urlencode({**{k: v for k, v in filters.items() if v}, "after_seq": data["next_after_seq"]})
@@ -322,6 +323,7 @@ async def audit(request: Request) -> Response:
         filters=filters,
         errors={},
         export=export,
+        verified=verified,
     )
 
 
