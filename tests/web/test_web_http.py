@@ -231,3 +231,20 @@ async def test_the_audit_page_verifies_the_chain_on_request_and_names_a_tampered
     result = re.search(r'<p class="(\w+)" role="status" id="verify-result">([^<]*)</p>', r.text)
     assert result and result.group(1) == "error" and "2" in result.group(2), r.text
     assert "Chain check" not in (await admin.get("/admin/audit")).text  # only when asked
+
+
+async def test_a_page_request_over_the_size_limit_is_refused_before_it_is_read(
+    site: Site,
+) -> None:
+    stranger = site.browser()
+    r = await stranger.post(
+        "/login",
+        content=b"x" * (2 * 1024 * 1024),
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
+    assert r.status_code == 413
+    admin = await site.signed_in()
+    r = await admin.post(
+        "/agents/ag-1/run", files={"inputs": ("big.csv", b"x" * 19_000_000)}, data={"task": "t"}
+    )
+    assert r.status_code == 413

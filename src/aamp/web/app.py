@@ -17,11 +17,21 @@ from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
+from aamp.api import DEFAULT_MAX_BODY_BYTES, MAX_EXEC_BODY_BYTES, BodyLimitMiddleware
 from aamp.web import admin_pages, builder_pages, identity_pages, run_pages
 from aamp.web.backend import Backend
 from aamp.web.page import LoginNeeded, PageError, error_page, render, to_login
 
 STATIC = Path(__file__).with_name("static")
+
+
+def body_limit(path: str) -> int:
+    """A page's request-size limit, checked before any form is parsed (so nobody, signed in
+    or not, can fill the disk with an upload): a run's input files may be as large as the
+    API's run request carries (base64 makes 3 bytes 4), any other form as the API's limit."""
+    if path.startswith("/agents/") and path.endswith("/run"):
+        return MAX_EXEC_BODY_BYTES * 3 // 4
+    return DEFAULT_MAX_BODY_BYTES
 
 
 def create_web(api: ASGIApp) -> Starlette:
@@ -58,4 +68,5 @@ def create_web(api: ASGIApp) -> Starlette:
         exception_handlers={LoginNeeded: login_needed, PageError: page_error, 404: not_found},
     )
     app.state.backend = Backend(api)
+    app.add_middleware(BodyLimitMiddleware, limit_for=body_limit)
     return app
