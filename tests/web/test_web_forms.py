@@ -143,3 +143,28 @@ async def test_an_input_the_policy_refuses_is_shown_at_the_field_and_starts_noth
         files={"inputs": ("big.xlsx", big, "application/octet-stream")},
     )
     assert r.status_code == 413 and "data.inbound.max_bytes" in r.text
+
+
+async def test_catalog_forms_keep_what_was_typed_and_register_when_right(site: Site) -> None:
+    admin = await site.signed_in()
+    token = csrf_of((await admin.get("/admin/catalog")).text)
+    bad = {
+        "name": "crm",
+        "upstream": "https://crm.example",
+        "auth": "magic",
+        "secrets": "crm_token",
+        "csrf": token,
+    }
+    r = await admin.post("/admin/services", data=bad)
+    assert r.status_code == 422 and 'value="https://crm.example"' in r.text
+    assert 'class="field-error"' in r.text
+    async with site.plane.client(site.plane.admin_token) as api:
+        assert (await api.get("/v1/services")).json() == []
+    r = await admin.post("/admin/services", data={**bad, "auth": "bearer"})
+    assert r.status_code == 303
+    assert "https://crm.example" in (await admin.get("/admin/catalog")).text
+    r = await admin.post(
+        "/admin/model-endpoints",
+        data={"name": "llm", "base_url": "llm.internal:8000", "models": "m", "csrf": token},
+    )
+    assert r.status_code == 400 and "llm.internal:8000" in r.text and "field-error" in r.text

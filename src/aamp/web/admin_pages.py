@@ -189,44 +189,67 @@ async def save_policy(request: Request) -> Response:
 # -- catalog lists, endpoints, agent resources ----------------------------------------------
 
 
-async def catalog(request: Request) -> Response:
-    page = await Page.signed_in(request)
+async def catalog(request: Request, status: int = 200, **context: Any) -> Response:
+    page = context.pop("page", None) or await Page.signed_in(request)
     return page.render(
         "admin_catalog.html",
+        status,
         services=await page.get("/v1/services"),
         endpoints=await page.get("/v1/model-endpoints"),
         images=await page.get("/v1/images"),
         agents=await page.get("/v1/agents"),
-        values={},
-        errors={},
+        values=context.get("values", {}),
+        errors=context.get("errors", {}),
+        form=context.get("form", ""),
+    )
+
+
+async def _save_to_catalog(
+    request: Request, page: Page, path: str, body: dict[str, Any], form: str, fields: tuple
+) -> Response:
+    """PUT a catalog entry; on failure the catalog page again, the form's values kept."""
+    answer = await page.call("PUT", path, json_body=body)
+    if answer.ok:
+        return back(f"/admin/catalog#{form}")
+    _refused(page, answer)
+    first = fields[1]
+    return await catalog(
+        request,
+        answer.status,
+        page=page,
+        form=form,
+        values={k: page.text(k) for k in fields},
+        errors=field_errors(answer.message) or {first: answer.message},
     )
 
 
 async def save_endpoint(request: Request) -> Response:
     page = await Page.signed_in(request)
     await page.form()
-    name = page.text("name").strip()
     body: dict[str, Any] = {
         "base_url": page.text("base_url").strip(),
         "models": [m.strip() for m in page.text("models").split(",") if m.strip()],
     }
     if page.text("api_key_secret").strip():
         body["api_key_secret"] = page.text("api_key_secret").strip()
-    answer = await page.call("PUT", f"/v1/model-endpoints/{name or '-'}", json_body=body)
-    if answer.ok:
-        return back("/admin/catalog#endpoints")
-    _refused(page, answer)
-    values = {k: page.text(k) for k in ("name", "base_url", "models", "api_key_secret")}
-    return page.render(
-        "admin_catalog.html",
-        answer.status,
-        services=await page.get("/v1/services"),
-        endpoints=await page.get("/v1/model-endpoints"),
-        images=await page.get("/v1/images"),
-        agents=await page.get("/v1/agents"),
-        values=values,
-        errors=field_errors(answer.message) or {"base_url": answer.message},
-    )
+    path = f"/v1/model-endpoints/{page.text('name').strip() or '-'}"
+    fields = ("name", "base_url", "models", "api_key_secret")
+    return await _save_to_catalog(request, page, path, body, "endpoints", fields)
+
+
+async def save_service(request: Request) -> Response:
+    page = await Page.signed_in(request)
+    await page.form()
+    body: dict[str, Any] = {
+        "upstream": page.text("upstream").strip(),
+        "auth": page.text("auth"),
+        "secrets": [n.strip() for n in page.text("secrets").split(",") if n.strip()],
+    }
+    if page.text("header_name").strip():
+        body["header_name"] = page.text("header_name").strip()
+    path = f"/v1/services/{page.text('name').strip() or '-'}"
+    fields = ("name", "upstream", "auth", "secrets", "header_name")
+    return await _save_to_catalog(request, page, path, body, "services", fields)
 
 
 async def grant_resource(request: Request) -> Response:
@@ -370,6 +393,7 @@ def routes() -> list[Route]:
         Route("/admin/policies/{name}", save_policy, methods=["POST"]),
         Route("/admin/catalog", catalog, methods=["GET"]),
         Route("/admin/model-endpoints", save_endpoint, methods=["POST"]),
+        Route("/admin/services", save_service, methods=["POST"]),
         Route("/admin/agent-resources", grant_resource, methods=["POST"]),
         Route("/admin/secrets", secrets, methods=["GET"]),
         Route("/admin/secrets", set_secret, methods=["POST"]),
