@@ -199,6 +199,13 @@ async def _story(browser, base, model_url, requests, shots) -> None:  # type: ig
     await operator.wait_for_selector("li[data-type='approval.requested']", timeout=60_000)
     assert "A person with edit" in await operator.inner_text("li[data-type='approval.requested']")
 
+    # Meanwhile the admin sees the run's sandbox among the live ones, with its time left.
+    created = await operator.inner_text("li[data-type='sandbox.created']")
+    sandbox_id = created.split('"sandbox": "')[1].split('"')[0]
+    await admin.goto("/sandboxes")
+    row = await admin.inner_text(f"tr:has-text('{sandbox_id}')")
+    assert "min" in row and "browser" in row
+
     await builder.goto(run_path)
     await builder.wait_for_selector("li[data-type='approval.requested'] button[value=approve]")
     await builder.click("li[data-type='approval.requested'] button[value=approve]")
