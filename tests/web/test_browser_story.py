@@ -1,8 +1,8 @@
 """The whole story through the pages alone, in a real browser (Playwright driving Debian's
 /usr/bin/chromium) against a real `aamp up`-like server on loopback with real gVisor sandboxes:
 
-an admin creates a builder and an operator, a policy, a model endpoint (the scripted model
-test double) and grants the agent its resources; the builder creates the agent in the form,
+an admin creates a builder and an operator, a policy, a secret (whose value no response
+to any of the browsers carries), a model endpoint (the scripted model test double) and grants the agent its resources; the builder creates the agent in the form,
 publishes it and lets the operator run it; the operator starts a run with a CSV and sees its
 steps arrive while the run goes on (the scripted model's first answer is slow) and the
 screenshot the agent's browser tool took, inline; the policy
@@ -33,6 +33,7 @@ playwright_api = pytest.importorskip("playwright.async_api")
 CHROMIUM = "/usr/bin/chromium"
 CSV = b"region,amount\nnorth,120\nsouth,80\neast,42\n"
 REPORT = b"total\n242\n"
+SECRET = "story-secret-value-0f9e8d7c"
 COMPUTE = """
 import csv
 rows = list(csv.DictReader(open('/workspace/in/sales.csv')))
@@ -107,8 +108,12 @@ async def test_the_whole_story_in_a_real_browser(tmp_path: Path, browser_image) 
 
 
 async def _story(browser, base, model_url, requests, shots) -> None:  # type: ignore[no-untyped-def]
+    responses: list = []
+
     def watch(context) -> None:  # type: ignore[no-untyped-def]
         context.on("request", lambda r: requests.append(r.url))
+        # Each body is asked for as it arrives, before a navigation can drop it.
+        context.on("response", lambda r: responses.append((r, asyncio.ensure_future(r.body()))))
 
     # The admin: users, a policy, the model endpoint.
     admin_ctx, admin = await _sign_in(browser, base, "admin", ADMIN_PASSWORD)
@@ -133,6 +138,13 @@ async def _story(browser, base, model_url, requests, shots) -> None:  # type: ig
     await admin.click("#endpoint-form button[type=submit]")
     await admin.wait_for_load_state()
     assert model_url in await admin.inner_text("table")
+
+    # A secret set in its form (write-only).
+    await admin.goto("/admin/secrets")
+    await admin.fill("#f-name", "crm_token")
+    await admin.fill("#f-value", SECRET)
+    await admin.click("form.card button[type=submit]")
+    await admin.wait_for_selector("td:has-text('crm_token')")
 
     # The builder: the agent in the form, published, shared with the operator.
     builder_ctx, builder = await _sign_in(browser, base, "bob", "bob-password-1")
@@ -226,3 +238,20 @@ async def _story(browser, base, model_url, requests, shots) -> None:  # type: ig
     width = await operator.evaluate("document.documentElement.scrollWidth")
     assert width <= 400
     shutil.rmtree(Path(saved).parent, ignore_errors=True)
+    # No response the browsers received carried the secret's value (the SSE streams and
+    # redirects, which have no body to read afterwards, carry none either: they are built
+    # from the run's events and the API's answers, which never hold it).
+    checked = 0
+    for response, body in responses:
+        if response.status in (301, 302, 303) or "event-stream" in (
+            response.headers.get("content-type", "")
+        ):
+            body.cancel()
+            continue
+        try:
+            data = await body
+        except Exception:
+            continue
+        checked += 1
+        assert SECRET.encode() not in data, response.url
+    assert checked > 20
