@@ -2,11 +2,12 @@
 /usr/bin/chromium) against a real `aamp up`-like server on loopback with real gVisor sandboxes:
 
 an admin creates a builder and an operator, a policy, a secret (whose value no response
-to any of the browsers carries), a model endpoint (the scripted model test double) and grants the agent its resources; the builder creates the agent in the form,
-publishes it and lets the operator run it; the operator starts a run with a CSV and sees its
-steps arrive while the run goes on (the scripted model's first answer is slow) and the
-screenshot the agent's browser tool took, inline; the policy
-asks a person before the artifact leaves, which the builder approves from the same live view;
+to any of the browsers carries), a model endpoint (the scripted model test double) and grants
+the agent its resources; the builder creates the agent in the form, publishes it and lets the
+operator run it; the operator starts a run with a CSV and sees its steps arrive while the run
+goes on (the scripted model's first answer is slow) and the screenshot the agent's browser
+tool took, inline; the admin sees the run's sandbox among the live ones; the policy asks a
+person before the artifact leaves, which the builder approves from the same live view;
 the operator downloads the artifact, byte-identical. Every request the browser made went to
 the installation itself.
 
