@@ -15,7 +15,6 @@ import logging
 import uvicorn
 
 from aamp.agents.registry import AgentRegistry
-from aamp.api.app import create_app
 from aamp.api.context import ControlPlane
 from aamp.audit import AuditLog
 from aamp.catalog import Catalog
@@ -34,6 +33,7 @@ from aamp.sandbox.images import ImageStore
 from aamp.sandbox.manager import SandboxManager
 from aamp.store import Store
 from aamp.vault import Vault
+from aamp.web import create_site
 
 log = logging.getLogger("aamp")
 KEEP_ALIVE_S = 75
@@ -125,7 +125,7 @@ def build_control_plane(
 def serve(settings: Settings) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     cp, password = build_control_plane(settings)
-    app = create_app(cp)
+    app = create_site(cp)
     if password is not None:
         print(
             f"created the first admin: user 'admin', password {password} (shown only now; "

@@ -122,6 +122,7 @@ EXPECTED: dict[tuple[str, str], dict[str, Expect]] = {
     ("DELETE", "/v1/secrets/{name}"): {"-": admin},
     ("POST", "/v1/vault/rotate"): {"-": admin},
     ("GET", "/v1/audit"): {"-": admin},
+    ("GET", "/v1/audit/verify"): {"-": admin},
     ("GET", "/v1/images"): {"-": signed_in},
     ("GET", "/v1/sandboxes"): {"-": signed_in},
     # A sandbox for an agent uses only what is granted to that agent, whoever asks; only

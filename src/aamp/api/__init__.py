@@ -10,6 +10,13 @@ __all__, __getattr__ = surface(
     __name__,
     {
         "app": ("create_app",),
-        "context": ("ControlPlane", "SandboxOwner"),
+        "context": (
+            "DEFAULT_MAX_BODY_BYTES",
+            "MAX_EXEC_BODY_BYTES",
+            "ControlPlane",
+            "SandboxOwner",
+        ),
+        "guard": ("CSRF_HEADER", "SESSION_COOKIE"),
+        "middleware": ("BodyLimitMiddleware",),
     },
 )

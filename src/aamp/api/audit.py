@@ -11,12 +11,17 @@ from sqlalchemy import select
 
 from aamp.api.errors import ApiError
 from aamp.api.guard import cp_of, rule
-from aamp.audit import ShownRecord
+from aamp.audit import ShownRecord, verify_installation
 from aamp.store import Store
 from aamp.store.tables import AuditRecordRow
 from aamp.store.timestamps import format_time
 
 _r = AuditRecordRow.__table__.c
+
+
+class AuditVerifyOut(BaseModel):
+    ok: bool
+    summary: str
 
 
 class AuditPageOut(BaseModel):
@@ -84,5 +89,15 @@ def router() -> APIRouter:
             "records": rows,
             "next_after_seq": rows[-1]["seq"] if len(rows) == limit else None,
         }
+
+    @r.get("/audit/verify", response_model=AuditVerifyOut)
+    @rule("audit.read")
+    async def verify_audit(request: Request) -> dict[str, object]:
+        """Check the whole chain, its signed checkpoints and the witness now (as `aamp audit
+        verify` does); the first problem is named. It reads every record: a button, not a
+        page load."""
+        cp = cp_of(request)
+        report = await cp.store.run(verify_installation, cp.store, cp.settings.home)
+        return {"ok": report.ok, "summary": report.summary()}
 
     return r

@@ -15,7 +15,9 @@ and token of a revoked or expired token, a disabled user, a session whose CSRF t
 missing), never as `anonymous`.
 
 Credentials: `Authorization: Bearer <API token>`, or the UI's session cookie; with a cookie,
-unsafe methods must also carry the session's CSRF token in `X-CSRF-Token`.
+unsafe methods must also carry the session's CSRF token in `X-CSRF-Token`. An unsafe request
+a browser sends from another origin (its `Origin` is not this installation's, or
+`Sec-Fetch-Site` says cross-site) is refused whatever its credentials, signing in included.
 
 Durability and group commit. Every request — read or action — waits until its decision
 record is committed before its route runs, so nothing is answered, and nothing is done, that
@@ -142,6 +144,20 @@ def _csrf_failure(request: Request, csrf_hash: str | None) -> str | None:
     return f"the {CSRF_HEADER} header is missing or wrong"
 
 
+def _origin_failure(request: Request) -> str | None:
+    """Why an unsafe request comes from another site's page, or None. Browsers send `Origin`
+    (and `Sec-Fetch-Site`) with every POST; other clients send neither."""
+    if request.method not in UNSAFE_METHODS:
+        return None
+    own = f"{request.url.scheme}://{request.headers.get('host', '')}"
+    origin = request.headers.get("origin")
+    if origin is not None and origin != own:
+        return f"cross-origin request refused: Origin {origin[:200]!r} is not {own!r}"
+    if request.headers.get("sec-fetch-site") in ("cross-site", "same-site"):
+        return "cross-origin request refused: Sec-Fetch-Site says another site sent it"
+    return None
+
+
 async def _record(
     cp: ControlPlane,
     request: Request,
@@ -179,6 +195,10 @@ async def guard(request: Request) -> Actor:
     except AuthenticationFailed as exc:
         await _record(cp, request, exc.claimed, action, action, Decision(False, exc.args[0]))
         raise ApiError(401, "unauthenticated", exc.args[0]) from None
+    origin_failure = _origin_failure(request)
+    if origin_failure is not None:
+        await _record(cp, request, actor, action, action, Decision(False, origin_failure))
+        raise ApiError(403, "cross_origin", origin_failure)
     csrf_failure = _csrf_failure(request, csrf_hash)
     if csrf_failure is not None:
         await _record(cp, request, actor, action, action, Decision(False, csrf_failure))

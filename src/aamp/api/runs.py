@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
@@ -262,13 +262,33 @@ def router() -> APIRouter:
 
     @r.get("/runs", response_model=list[RunInfo])
     @rule("run.list")
-    async def list_runs(request: Request) -> list[dict[str, Any]]:
-        """The runs you may see (yours; all of an agent you edit; all for an admin)."""
-        cp = cp_of(request)
-        runs = await cp.store.run(RunStore(cp.store).list)
+    async def list_runs(
+        request: Request,
+        response: Response,
+        agent: Annotated[str | None, Query(max_length=32)] = None,
+        status: Annotated[str | None, Query(max_length=32)] = None,
+        before: Annotated[str | None, Query(max_length=32)] = None,
+        limit: Annotated[int, Query(ge=1, le=200)] = 200,
+    ) -> list[dict[str, Any]]:
+        """The runs you may see (yours; all of an agent you edit; all for an admin), newest
+        first. A page read `limit` runs from the store; when it did, `X-Next-Before` names the
+        last one read, for `?before=` to go on (fewer may be shown: those you may not see)."""
+        cp, actor = cp_of(request), actor_of(request)
+        # Operators see their own runs only (they never have `edit`), so only those are read;
+        # `check` below still decides each one.
+        owner = (
+            actor.username if actor.role is not None and actor.role.value == "operator" else None
+        )
+        found = await cp.store.run(
+            lambda: RunStore(cp.store).list(
+                owner=owner, agent=agent, status=status, before=before, limit=limit
+            )
+        )
+        if len(found) == limit:
+            response.headers["x-next-before"] = found[-1].id
         return [
             run.to_dict()
-            for run in runs
+            for run in found
             if await check(
                 request, "run.view", Resource("run", run.id, owner=run.owner, agent=run.agent_id)
             )

@@ -23,7 +23,7 @@ from aamp.audit.record import (
     ShownRecord,
 )
 from aamp.audit.signing import SIGNING_KEY_FILENAME, CheckpointSigner
-from aamp.audit.verify import verify
+from aamp.audit.verify import verify, verify_installation
 from aamp.audit.witness import WITNESS_FILENAME, WitnessFile, WitnessReader
 
 __all__ = [
@@ -48,4 +48,5 @@ __all__ = [
     "export",
     "verify",
     "verify_export",
+    "verify_installation",
 ]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time as _time
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -152,3 +153,16 @@ def _witness_lags(
         "of the witness, or the host process stopped before writing them (it writes the head "
         "when it starts again)",
     )
+
+
+def verify_installation(store: Store, home: Path, witness_path: Path | None = None) -> VerifyReport:
+    """`verify` with the installation's own trusted keys (`$AAMP_HOME`'s signing key) and its
+    witness (or the copy at `witness_path`), as `aamp audit verify` and the UI run it."""
+    from aamp.audit.signing import SIGNING_KEY_FILENAME, CheckpointSigner
+    from aamp.audit.witness import WITNESS_FILENAME
+
+    key_path = home / SIGNING_KEY_FILENAME
+    keys = CheckpointSigner.load(key_path).trusted_keys() if key_path.exists() else {}
+    # Made before the chain's head is read: every line it holds is then in the chain.
+    witness = WitnessReader(witness_path or home / WITNESS_FILENAME, keys)
+    return verify(store, keys, witness=witness)

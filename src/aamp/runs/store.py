@@ -124,12 +124,33 @@ class RunStore:
             raise NotFound(f"no run {run_id!r}")
         return run
 
-    def list(self, *, owner: str | None = None, limit: int = 200) -> list[RunInfo]:
+    def list(
+        self,
+        *,
+        owner: str | None = None,
+        agent: str | None = None,
+        status: str | None = None,
+        before: str | None = None,
+        limit: int = 200,
+    ) -> list[RunInfo]:
+        """Newest first; `before` (a run id) continues after that run, by (created_at, id)."""
         with self.store.session() as s:
             q = select(RunRow)
             if owner is not None:
                 q = q.where(RunRow.owner == owner)
-            q = q.order_by(RunRow.created_at.desc()).limit(limit)
+            if agent is not None:
+                q = q.where(RunRow.agent_id == agent)
+            if status is not None:
+                q = q.where(RunRow.status == status)
+            if before is not None:
+                last = s.get(RunRow, before)
+                if last is None:
+                    raise NotFound(f"before: no run {before!r}")
+                q = q.where(
+                    (RunRow.created_at < last.created_at)
+                    | ((RunRow.created_at == last.created_at) & (RunRow.id < last.id))
+                )
+            q = q.order_by(RunRow.created_at.desc(), RunRow.id.desc()).limit(limit)
             return [_info(r) for r in s.scalars(q)]
 
     def update(self, run_id: str, **fields: Any) -> RunInfo:

@@ -10,6 +10,7 @@ from aamp.store.tables.base import Base
 from aamp.store.tables.catalog import ModelEndpointRow, PolicyRow, ServiceRow
 from aamp.store.tables.identity import ApiTokenRow, GrantRow, SessionRow, UserRow
 from aamp.store.tables.runs import (
+    RUN_STATUSES,
     AgentVersionRow,
     RunApprovalRow,
     RunArtifactRow,
@@ -21,6 +22,7 @@ from aamp.store.tables.vault import SecretRow
 metadata = Base.metadata
 
 __all__ = [
+    "RUN_STATUSES",
     "AgentResourceRow",
     "AgentRow",
     "AgentVersionRow",
