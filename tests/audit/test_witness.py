@@ -381,3 +381,34 @@ async def test_the_cli_names_the_missing_range(
     assert cut.stdout.startswith("FAILED at record 26 (removed): records 26..30 are missing")
     missing = _aamp(settings, "audit", "verify", "--witness", str(tmp_path / "nope"))
     assert missing.returncode == 1 and "no such file" in missing.stderr
+
+
+async def test_a_head_signed_before_an_older_checkpoint_is_witnessed_waits_for_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The writer committed a checkpoint at 20 that the time basis has not yet witnessed when
+    `sign_now` signs the head at 30: the witness gets 20, then 30, and raises no alarm."""
+    from aamp.audit.chain import Checkpoint
+    from aamp.audit.checkpointer import Checkpointer
+    from aamp.audit.witness import WitnessFile
+
+    def checkpoint(seq: int) -> Checkpoint:
+        return Checkpoint(seq, f"{seq:064x}", "k", "s", time="2026-12-01T00:00:00Z")
+
+    witness = WitnessFile(tmp_path / WITNESS_FILENAME)
+    witness.create()
+
+    async def sign_head() -> Checkpoint:
+        return checkpoint(30)
+
+    async def append(cp: Checkpoint) -> None:
+        await asyncio.to_thread(witness.append, cp)
+
+    checkpointer = Checkpointer(sign_head, append, seconds=60)
+    checkpointer.start()
+    checkpointer.records_committed([checkpoint(20)])
+    with caplog.at_level("WARNING", logger="aamp.audit"):
+        assert (await checkpointer.sign_now()).seq == 30
+        await checkpointer.stop()
+    assert witness_seqs(tmp_path / WITNESS_FILENAME) == [20, 30]
+    assert "not witnessed" not in caplog.text

@@ -66,6 +66,10 @@ class Checkpointer:
         self._unsigned_since: float | None = None  # loop time of the first unsigned record
         self._committed: list[Checkpoint] = []  # signed in a batch, not yet witnessed
         self._wake = asyncio.Event()
+        # Held while checkpoints go to the witness, so they reach it in the order of their
+        # seq: the time basis and `sign_now` may sign a head newer than a count-based
+        # checkpoint the writer committed a moment before, still waiting in `_committed`.
+        self._witnessing = asyncio.Lock()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
 
@@ -86,8 +90,7 @@ class Checkpointer:
         """Sign the head and witness it (start-up recovery, close, `AuditLog.checkpoint`)."""
         self._unsigned_since = None
         cp = await self.sign_head()
-        if cp is not None:
-            await self.witness(cp)
+        await self._witness_pending(cp, logged=False)
         return cp
 
     async def stop(self) -> None:
@@ -108,9 +111,7 @@ class Checkpointer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
             self._wake.clear()
-            committed, self._committed = self._committed, []
-            for cp in committed:
-                await self._witness_logged(cp)
+            await self._witness_pending(None, logged=True)
             if self._stopping:
                 return
             due = None if self._unsigned_since is None else self._unsigned_since + self.seconds
@@ -128,12 +129,28 @@ class Checkpointer:
             if self._unsigned_since is None:
                 self._unsigned_since = asyncio.get_running_loop().time()
             return
-        if cp is not None:
-            await self._witness_logged(cp)
+        await self._witness_pending(cp, logged=True)
 
-    async def _witness_logged(self, cp: Checkpoint) -> None:
-        try:
-            await self.witness(cp)
-        except Exception:
-            # The checkpoint is committed; the next one will be witnessed, which covers it.
-            log.exception("audit checkpoint at record %d not written to the witness", cp.seq)
+    async def _witness_pending(self, signed: Checkpoint | None, *, logged: bool) -> None:
+        """Witness the committed checkpoints not yet witnessed, and `signed`, oldest first.
+
+        Everything committed after the batch is taken has a higher seq than all of it, so
+        batches taken under the lock reach the witness in increasing order. With `logged`, a
+        failure is logged and the rest still go (the next checkpoint covers a missing one);
+        without, it is raised to the caller of `sign_now`.
+        """
+        async with self._witnessing:
+            batch, self._committed = self._committed, []
+            if signed is not None:
+                batch.append(signed)
+            for cp in sorted(batch, key=lambda c: c.seq):
+                if not logged:
+                    await self.witness(cp)
+                    continue
+                try:
+                    await self.witness(cp)
+                except Exception:
+                    # The checkpoint is committed; the next one witnessed covers it.
+                    log.exception(
+                        "audit checkpoint at record %d not written to the witness", cp.seq
+                    )
