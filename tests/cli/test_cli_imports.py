@@ -32,6 +32,10 @@ COMMAND_LINES = [
     ["user", "ls"],
     ["user", "add", "bea", "--role", "operator"],  # makes a password here
     ["token", "ls"],
+    ["token", "create", "--for", "bea", "--expires", "30d"],
+    ["login", "--username", "bea", "--password-stdin"],
+    ["logout", "--help"],
+    ["whoami"],
     ["grant", "ls", "reporter"],
     ["policy", "ls"],
     ["service", "ls"],

@@ -9,7 +9,8 @@ built on it — one client, not two.
 - `AsyncClient` (`aio.py`) — the same for asyncio, on the same sync core run in threads.
 - `ClientError` — every failure: the API's refusal (its `code`, `message`, HTTP `status`), or
   a control plane that cannot be reached, does not answer in time, or breaks off.
-- `Profiles` (`profiles.py`) — the login profiles file `aamp login` writes (0600).
+- `Profiles` (`profiles.py`) — the login profiles file `aamp login` writes (0600);
+  `login`/`logout` (`login.py`) — a password for an API token, through the API alone.
 - `transport` — one keep-alive HTTP/1.1 connection on the standard library's `http.client`.
 
 It imports nothing of the server side and no third-party package, so a CLI command starts in
@@ -25,6 +26,7 @@ __all__, __getattr__ = surface(
     {
         "api": ("Client", "find_credentials", "find_token"),
         "aio": ("AsyncClient",),
+        "login": ("login", "logout"),
         "profiles": ("Profiles",),
         "runs": ("Artifact", "Event", "Run"),
         "sandboxes": ("ExecResult", "Sandbox"),
