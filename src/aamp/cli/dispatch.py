@@ -70,6 +70,7 @@ COMMANDS: dict[str, Command] = {
     "login": Local("sign in with a password; the API token goes into a login profile", "login"),
     "logout": Local("sign out: revoke the login profile's token and forget it", "login"),
     "whoami": Api("who the CLI acts as, and where", "login"),
+    "mcp": Local("the MCP server over stdio, acting with the CLI's token", "mcp"),
     "sandbox": Api("sandboxes", "sandbox"),
     "user": Api("users", "identity"),
     "token": Api("API tokens", "identity"),

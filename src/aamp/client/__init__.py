@@ -25,7 +25,7 @@ __all__, __getattr__ = surface(
     __name__,
     {
         "api": ("Client", "find_credentials", "find_token"),
-        "aio": ("AsyncClient",),
+        "aio": ("AsyncClient", "AsyncSandbox"),
         "login": ("login", "logout"),
         "profiles": ("Profiles",),
         "runs": ("Artifact", "Event", "Run"),
