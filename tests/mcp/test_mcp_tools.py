@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import sys
 from typing import Any
 
 import httpx
 import httpx2
 from mcp import Client as McpClient
+from mcp import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from scripted_model import ScriptedModelServerForTests
 from test_cli_runs import WRITE, publish_agent, write_reporter  # tests/runs
@@ -182,3 +184,28 @@ def test_mcp_over_http_needs_a_bearer_token(live) -> None:
             return await refusal(client, "sandbox_list")
 
     assert asyncio.run(main()).startswith("refused (unauthenticated)")
+
+
+def test_aamp_mcp_over_stdio_acts_with_the_clis_token(live) -> None:
+    """`aamp mcp` as a desktop client starts it: the tools act as the CLI's token's holder
+    (here the login profile of a new user), and a refusal names the API's rule."""
+    with Client(live.url, live.admin_token) as admin:
+        body = {"username": "ines", "role": "operator", "password": "ines-password-1"}
+        admin.call("POST", "/v1/users", json=body)
+        token = admin.call("POST", "/v1/users/ines/tokens", json={"name": "desk"})["token"]
+    env = {k: v for k, v in live.env.items() if k.startswith(("AAMP_", "XDG_", "PYTHON", "PATH"))}
+    server = StdioServerParameters(
+        command=sys.executable, args=["-m", "aamp", "mcp"], env={**env, "AAMP_TOKEN": token}
+    )
+
+    async def main() -> None:
+        async with McpClient(server) as client:
+            assert {t.name for t in (await client.list_tools()).tools} == TOOLS
+            assert (await call(client, "sandbox_list"))["sandboxes"] == []
+            said = await refusal(client, "sandbox_create", image="base")
+            assert said.startswith("refused (forbidden): agent: a sandbox is made for an agent")
+
+    asyncio.run(main())
+    with Client(live.url, live.admin_token) as admin:
+        (record,) = audit_of(admin, "user:ines", "sandbox.create")
+        assert record["decision"] == "deny"
