@@ -90,7 +90,7 @@ def collect_exec(
         elif "error" in event:
             raise ClientError(str(event["error"]), str(event.get("message", event["error"])))
         else:
-            return ExecResult(
+            result = ExecResult(
                 event.get("exit_code"),
                 event.get("signal"),
                 bool(event.get("timed_out")),
@@ -98,6 +98,11 @@ def collect_exec(
                 bytes(err),
                 truncated,
             )
+            # Read on to the body's end (the result is its last line), so the connection
+            # stays usable for the next request instead of being closed and made again.
+            for _ in events:
+                pass
+            return result
     raise ClientError("transfer_failed", "the exec stream ended without a result")
 
 
