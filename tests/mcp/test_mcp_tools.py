@@ -100,6 +100,8 @@ async def the_whole_flow(client: McpClient, csv: bytes) -> None:
     assert sandbox in [s["id"] for s in (await call(client, "sandbox_list"))["sandboxes"]]
     await call(client, "sandbox_destroy", sandbox_id=sandbox)
     assert sandbox not in [s["id"] for s in (await call(client, "sandbox_list"))["sandboxes"]]
+    odd = await client.call_tool("sandbox_destroy", {"sandbox_id": "../users/admin"})
+    assert odd.is_error and "pattern" in odd.content[0].text  # refused before any request
     gone = await refusal(client, "sandbox_exec", sandbox_id=sandbox, argv=["true"])
     assert gone.startswith("refused (unknown_sandbox)")
 

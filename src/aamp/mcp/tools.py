@@ -29,8 +29,13 @@ Credentials = Callable[[Context], tuple[str, str]]
 MAX_OUTPUT_BYTES = 64 * 1024
 MAX_FILE_BYTES = 4 * 1024 * 1024  # one file through a tool, either way (base64 in JSON)
 
-SandboxId = Annotated[str, Field(description="a sandbox id, sb-…", min_length=1, max_length=64)]
-RunId = Annotated[str, Field(description="a run id, run-…", min_length=1, max_length=32)]
+ID_PATTERN = r"^[A-Za-z0-9_-]+$"  # an id is one path segment of the API's routes
+SandboxId = Annotated[
+    str, Field(description="a sandbox id, sb-…", min_length=1, max_length=64, pattern=ID_PATTERN)
+]
+RunId = Annotated[
+    str, Field(description="a run id, run-…", min_length=1, max_length=32, pattern=ID_PATTERN)
+]
 GuestPath = Annotated[
     str,
     Field(
@@ -270,8 +275,9 @@ def build_server(credentials: Credentials) -> MCPServer:
         ] = 0,
     ) -> dict[str, Any]:
         """A run's status (queued, running, waiting_approval, succeeded, failed, cancelled,
-        timed_out), its answer or reason once it ended, and its steps after `after_event`
-        (each with an id: pass the last one next time to get only new steps)."""
+        timed_out) and, once it has ended, its answer or reason and its steps after
+        `after_event` (each with an id: pass one to get only the steps after it). While it
+        runs, steps is empty: call again with wait_seconds to wait for the end."""
 
         async def status(client: AsyncClient) -> dict[str, Any]:
             run = await client.agents.get_run(run_id)
