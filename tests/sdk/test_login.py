@@ -123,3 +123,10 @@ def test_a_profiles_file_others_can_read_is_refused(live) -> None:
     assert (
         out.returncode == 1 and b"readable by others" in out.stderr and b"chmod 600" in out.stderr
     )
+
+
+def test_a_client_takes_a_url_and_token_or_a_profile_not_both() -> None:
+    with pytest.raises(ClientError, match="not both"):
+        Client("http://127.0.0.1:1", "t", profile="default")
+    with pytest.raises(ClientError, match="both the url and the token, or neither"):
+        Client("http://127.0.0.1:1")

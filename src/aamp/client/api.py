@@ -84,6 +84,8 @@ class Client:
             if base_url is not None or token is not None:
                 raise ClientError("invalid_request", "give both the url and the token, or neither")
             base_url, token = self._signed_in(profile)
+        elif profile is not None:
+            raise ClientError("invalid_request", "give a url and token, or a profile, not both")
         self.base = base_url
         self._token = token
         self._http = Connection(
