@@ -138,8 +138,10 @@ def serve(settings: Settings) -> None:
         f" default {cp.manager.default_driver}); admin API token in {settings.cli_token_path}",
         flush=True,
     )
+    from aamp.mcp import with_mcp  # /mcp beside the API, acting through it
+
     config = uvicorn.Config(
-        app,
+        with_mcp(app, settings.api_url, host=settings.listen_host),
         host=settings.listen_host,
         port=settings.listen_port,
         log_level="warning",

@@ -89,6 +89,7 @@ EXPECTED: dict[tuple[str, str], dict[str, Expect]] = {
     ("GET", "/v1/tokens"): {"-": signed_in},
     ("POST", "/v1/tokens"): {"-": signed_in},
     ("DELETE", "/v1/tokens/{token_id}"): {"own": signed_in, "other": admin},
+    ("POST", "/v1/users/{username}/tokens"): {"own": admin, "other": admin},
     ("GET", "/v1/agents"): {"-": signed_in},
     ("POST", "/v1/agents"): {"-": staff},
     ("GET", "/v1/agents/{agent_id}"): {"-": level("view")},
@@ -230,6 +231,7 @@ def request_for(
         ("PATCH", "/v1/users/{username}"): {"disabled": False},
         ("PUT", "/v1/users/{username}/password"): {"password": "a-new-password-1"},
         ("POST", "/v1/tokens"): {"name": "matrix"},
+        ("POST", "/v1/users/{username}/tokens"): {"name": "matrix"},
         ("POST", "/v1/agents"): {"name": f"agent-new{n}"},
         ("POST", "/v1/agents/{agent_id}/resources"): {"kind": "image", "name": "docs"},
         ("PUT", "/v1/services/{name}"): {

@@ -236,6 +236,27 @@ def router() -> APIRouter:
         )
         return {**info.to_dict(), "token": secret}
 
+    @r.post(
+        "/users/{username}/tokens", status_code=201, response_model=NewTokenOut, tags=["tokens"]
+    )
+    @rule("token.create_for", _path_user)
+    async def create_token_for(
+        username: Username, body: TokenIn, request: Request
+    ) -> dict[str, object]:
+        """A new API token for another user, with that user's role (admins); the secret is
+        shown only here, for the admin to hand over (`aamp token create --for USER`)."""
+        cp = cp_of(request)
+        info, secret = await cp.store.run(
+            lambda: cp.directory.create_token(username, body.name, days=body.expires_in_days)
+        )
+        await record_change(
+            request,
+            "token.created",
+            f"token:{info.id}",
+            {"expires_at": info.expires_at, "for": username},
+        )
+        return {**info.to_dict(), "token": secret}
+
     @r.delete("/tokens/{token_id}", response_model=TokenInfo, tags=["tokens"])
     @rule("token.revoke", _token_owner)
     async def revoke_token(

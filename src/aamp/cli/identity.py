@@ -33,11 +33,20 @@ def user_arguments(p: argparse.ArgumentParser) -> None:
 
 def token_arguments(p: argparse.ArgumentParser) -> None:
     token = actions(p)
-    tc = action(token, "create", "create a token for yourself (printed once)")
+    tc = action(token, "create", "create a token for yourself, or --for USER (printed once)")
     tc.add_argument("--name", default="api")
-    tc.add_argument("--expires-days", type=int)
+    tc.add_argument("--for", dest="for_user", metavar="USER", help="admins: a token for USER")
+    tc.add_argument("--expires", type=_days, metavar="DAYS", help="e.g. 30d (whole days)")
     action(token, "ls", "list tokens")
     action(token, "revoke", "revoke a token", "token_id")
+
+
+def _days(text: str) -> int:
+    """`30d` or `30`: tokens expire after whole days (the API's unit)."""
+    digits = text.removesuffix("d")
+    if not digits.isdigit() or int(digits) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole days, such as 30d")
+    return int(digits)
 
 
 def grant_arguments(p: argparse.ArgumentParser) -> None:
@@ -101,9 +110,10 @@ def _generated_password() -> str:
 def token(client: Client, args: argparse.Namespace) -> int:
     if args.action == "create":
         body: dict[str, Any] = {"name": args.name}
-        if args.expires_days:
-            body["expires_in_days"] = args.expires_days
-        made = client.call("POST", "/v1/tokens", json=body)
+        if args.expires:
+            body["expires_in_days"] = args.expires
+        path = f"/v1/users/{args.for_user}/tokens" if args.for_user else "/v1/tokens"
+        made = client.call("POST", path, json=body)
         print(f"{made['id']} {made['token']}")
         print("the token is shown only now; keep it safe", file=sys.stderr)
         return 0

@@ -1,4 +1,5 @@
-"""What a user types for an agent (its id or its name) → the agent's id; the one rule.
+"""What a user types for an agent (its id or its name) → the agent's id; the one rule, which
+the SDK holds (`client.agents.id_of`) and every command uses.
 
 `ag-…` is an agent's id and only ever an id; anything else is a name. Either is matched
 exactly against the agents the caller can see, and one that matches none is refused before
@@ -9,17 +10,17 @@ whatever the route it was meant for would have answered.
 
 from __future__ import annotations
 
+from aamp.client import ClientError
+
 TYPE_CHECKING = False  # typing's own costs ~15 ms of start-up: see aamp.cli
 if TYPE_CHECKING:
     from aamp.client import Client
 
-AGENT_ID_PREFIX = "ag-"
-
 
 def agent_id(client: Client, ref: str) -> str:
-    by_id = ref.startswith(AGENT_ID_PREFIX)
-    for agent in client.call("GET", "/v1/agents"):
-        if agent["id" if by_id else "name"] == ref:
-            return str(agent["id"])
-    what = "with id" if by_id else "named"
-    raise ValueError(f"no agent {what} {ref!r} that you can see")
+    try:
+        return client.agents.id_of(ref)
+    except ClientError as exc:
+        if exc.code != "not_found":
+            raise
+        raise ValueError(exc.message) from None

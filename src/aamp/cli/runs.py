@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from aamp.client import Client
 
 RUN_ACTIONS = ("ls", "show", "cancel", "artifacts")
-FINISHED = ("succeeded", "failed", "cancelled", "timed_out")
 # Which of `aamp run`'s options each form takes ("start" is `aamp run AGENT TASK`).
 RUN_OPTIONS = {
     "start": {"input", "version", "download", "no_follow"},
@@ -117,30 +116,14 @@ def _download(client: Client, run_id: str, dest: Path) -> None:
 
 
 def follow(client: Client, run_id: str) -> str:
-    """Print the run's steps as they happen; returns the status it ended with."""
-    last = 0
-    status = "unknown"
-    while status == "unknown":
-        headers = {"last-event-id": str(last)} if last else {}
-        with client.stream("GET", f"/v1/runs/{run_id}/events", headers=headers) as resp:
-            event: dict[str, str] = {}
-            for line in resp.iter_lines():
-                if line == "":
-                    if "event" in event:
-                        last = int(event.get("id", last))
-                        data = json.loads(event.get("data", "{}"))
-                        print(describe(event["event"], data), flush=True)
-                        if event["event"] == "run.finished":
-                            status = data.get("status", "failed")
-                    event = {}
-                elif not line.startswith(":"):
-                    key, _, value = line.partition(":")
-                    event[key] = value.lstrip(" ")
-        if status == "unknown":  # the stream ended early (a proxy, a restart): resume
-            run = client.call("GET", f"/v1/runs/{run_id}")
-            if run["status"] in FINISHED:
-                status = run["status"]
-    return status
+    """Print the run's steps as they happen; returns the status it ended with. (The SDK's
+    `Run.events` resumes after the last step shown when the stream breaks off.)"""
+    from aamp.client import Run
+
+    run = Run(client, {"id": run_id, "status": "unknown"})
+    for event in run.events():
+        print(describe(event.type, event.data), flush=True)
+    return run.status
 
 
 def describe(kind: str, d: dict[str, Any]) -> str:

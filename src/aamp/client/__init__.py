@@ -1,18 +1,35 @@
-"""The Python client of the control plane's /v1 API; the CLI is built on it.
+"""The Python SDK of the control plane's /v1 API (`from aamp import Client`); the CLI is
+built on it — one client, not two.
 
-- `Client` — the API as calls (`call`, `stream`, and the sandbox routes), signed in with a
-  bearer token; `Client.from_settings` finds the installation's address and the CLI's token.
+- `Client` (`api.py`) — signed in with a bearer token (given, or as the CLI finds one:
+  AAMP_TOKEN, the login profile, this host's installation): `client.sandboxes`
+  (`sandboxes.py`: a `Sandbox` is a context manager that destroys it on exit, `exec` streams
+  to callbacks, `files.write/read`), `client.agents` (`runs.py`: `run(...)` → a `Run` with
+  resumable `events()` and checked `artifacts()`), and generic `call`/`stream` for any route.
+- `AsyncClient` (`aio.py`) — the same for asyncio, on the same sync core run in threads.
 - `ClientError` — every failure: the API's refusal (its `code`, `message`, HTTP `status`), or
   a control plane that cannot be reached, does not answer in time, or breaks off.
+- `Profiles` (`profiles.py`) — the login profiles file `aamp login` writes (0600);
+  `login`/`logout` (`login.py`) — a password for an API token, through the API alone.
 - `transport` — one keep-alive HTTP/1.1 connection on the standard library's `http.client`.
 
 It imports nothing of the server side and no third-party package, so a CLI command starts in
 tens of milliseconds (its modules write `TYPE_CHECKING = False` rather than import `typing`,
-~15 ms, only to annotate; type checkers treat that name as typing's). It is the start of the
-SDK (`from aamp import Client`), not yet exported from `aamp` itself.
+~15 ms, only to annotate; type checkers treat that name as typing's), and names load on first
+use (`aamp.surface`): the CLI never loads asyncio or the SDK's resource classes.
 """
 
-from aamp.client.api import Client, find_token
-from aamp.client.transport import ClientError, Response
+from aamp.surface import surface
 
-__all__ = ["Client", "ClientError", "Response", "find_token"]
+__all__, __getattr__ = surface(
+    __name__,
+    {
+        "api": ("Client", "find_credentials", "find_token"),
+        "aio": ("AsyncClient", "AsyncSandbox"),
+        "login": ("login", "logout"),
+        "profiles": ("Profiles",),
+        "runs": ("Artifact", "Event", "Run"),
+        "sandboxes": ("ExecResult", "Sandbox"),
+        "transport": ("ClientError", "Response"),
+    },
+)

@@ -25,13 +25,15 @@ TYPE_CHECKING = False  # typing's own costs ~15 ms of start-up: see aamp.client
 if TYPE_CHECKING:
     from typing import Any
 
+    from aamp.client.runs import Agents
+    from aamp.client.sandboxes import Sandboxes
     from aamp.config import Settings
 
 TOKEN_ENV = "AAMP_TOKEN"
 
 
 def find_token(settings: Settings) -> str | None:
-    """The CLI's API token: AAMP_TOKEN if set, else what `aamp up` wrote to the token file."""
+    """AAMP_TOKEN if set, else what `aamp up` wrote to the installation's token file."""
     given = settings.env.get(TOKEN_ENV)
     if given:
         return given.strip() or None
@@ -41,28 +43,99 @@ def find_token(settings: Settings) -> str | None:
         return None
 
 
-class Client:
-    """A signed-in client of one control plane; close it (or use `with`) when done."""
+def find_credentials(settings: Settings) -> tuple[str, str]:
+    """The address and token a command signs in with, under one rule: AAMP_TOKEN (for
+    AAMP_HOST:AAMP_PORT) if set; else the login profile (AAMP_PROFILE, or the default one
+    `aamp login` made) with its own address; else this host's installation, as `aamp up`
+    left its admin token in $AAMP_HOME/cli-token."""
+    from aamp.client.profiles import PROFILE_ENV, Profiles
 
-    def __init__(self, base_url: str, token: str, *, timeout: float | None = 120.0):
+    if settings.env.get(TOKEN_ENV, "").strip():
+        return settings.api_url, settings.env[TOKEN_ENV].strip()
+    chosen = Profiles.load(settings.env).chosen(settings.env.get(PROFILE_ENV) or None)
+    if chosen is not None:
+        return chosen[1]["url"], chosen[1]["token"]
+    token = find_token(settings)
+    if token is None:
+        raise ClientError(
+            "no_token",
+            f"no API token: run `aamp login`, set AAMP_TOKEN, or run the control plane here "
+            f"(`aamp up` writes {settings.cli_token_path}) and check AAMP_HOME",
+        )
+    return settings.api_url, token
+
+
+class Client:
+    """A signed-in client of one control plane; close it (or use `with`) when done.
+
+    `Client(url, token)`; `Client()` signs in as the CLI would (`find_credentials`:
+    AAMP_TOKEN, the login profile, or this host's installation); `Client(profile="prod")`
+    uses that login profile."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        token: str | None = None,
+        *,
+        profile: str | None = None,
+        timeout: float | None = 120.0,
+    ):
+        if base_url is None or token is None:
+            if base_url is not None or token is not None:
+                raise ClientError("invalid_request", "give both the url and the token, or neither")
+            base_url, token = self._signed_in(profile)
+        elif profile is not None:
+            raise ClientError("invalid_request", "give a url and token, or a profile, not both")
         self.base = base_url
+        self._token = token
         self._http = Connection(
             base_url,
             {"authorization": f"Bearer {token}", "user-agent": f"aamp/{__version__}"},
             timeout=timeout,
         )
+        self._sandboxes: Sandboxes | None = None
+        self._agents: Agents | None = None
+
+    @staticmethod
+    def _signed_in(profile: str | None) -> tuple[str, str]:
+        from aamp.config import Settings
+
+        settings = Settings.from_env()
+        if profile is None:
+            return find_credentials(settings)
+        from aamp.client.profiles import Profiles
+
+        chosen = Profiles.load(settings.env).chosen(profile)
+        assert chosen is not None  # a named profile that is missing raised
+        return chosen[1]["url"], chosen[1]["token"]
 
     @classmethod
     def from_settings(cls, settings: Settings, *, timeout: float | None = 120.0) -> Client:
-        """The installation's API (AAMP_HOST, AAMP_PORT) as the CLI token's holder."""
-        token = find_token(settings)
-        if token is None:
-            raise ClientError(
-                "no_token",
-                f"no API token: set AAMP_TOKEN, or run the control plane here (`aamp up` writes "
-                f"{settings.cli_token_path}) and check AAMP_HOME",
-            )
-        return cls(settings.api_url, token, timeout=timeout)
+        """Signed in as `find_credentials` says for these settings."""
+        url, token = find_credentials(settings)
+        return cls(url, token, timeout=timeout)
+
+    @property
+    def sandboxes(self) -> Sandboxes:
+        """Make, list and find sandboxes (`aamp.client.sandboxes`)."""
+        if self._sandboxes is None:
+            from aamp.client.sandboxes import Sandboxes
+
+            self._sandboxes = Sandboxes(self)
+        return self._sandboxes
+
+    @property
+    def agents(self) -> Agents:
+        """The agents you can see, and runs of them (`aamp.client.runs`)."""
+        if self._agents is None:
+            from aamp.client.runs import Agents
+
+            self._agents = Agents(self)
+        return self._agents
+
+    def whoami(self) -> dict[str, Any]:
+        """Who the token is: username, role, how signed in, the agents you can reach."""
+        return self.call("GET", "/v1/me")
 
     def __enter__(self) -> Client:
         return self
@@ -72,6 +145,11 @@ class Client:
 
     def close(self) -> None:
         self._http.close()
+
+    def abort(self) -> None:
+        """Cut the connection, from any thread: a request under way fails at once, and so
+        does every later one (a client cut this way is done)."""
+        self._http.abort()
 
     def call(self, method: str, path: str, **kw: Any) -> Any:
         """One JSON request; the decoded body (None for an empty one). `kw`: params, json,

@@ -23,6 +23,7 @@ import contextlib
 import http.client
 import json
 import select
+import socket
 from collections.abc import Iterable, Iterator
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -116,12 +117,22 @@ class Connection:
         self.base = base_url
         self.timeout = timeout
         self._headers = headers
+        self._aborted = False
         self._conn = http.client.HTTPConnection(
             parts.hostname, parts.port or 80, timeout=CONNECT_TIMEOUT
         )
 
     def close(self) -> None:
         self._conn.close()
+
+    def abort(self) -> None:
+        """Shut the socket down (a read blocked in another thread returns), and refuse every
+        later request: for a reader that is no longer wanted."""
+        self._aborted = True
+        sock = self._conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def send(self, method: str, path: str, **kw: Any) -> Response:
         """One request whose body is read before it returns; a refusal is a ClientError."""
@@ -152,6 +163,8 @@ class Connection:
         headers: dict[str, str] | None = None,
         timeout: Timeout = USE_CLIENT_DEFAULT,
     ) -> Response:
+        if self._aborted:
+            raise ClientError("aborted", "this connection was cut (abort); make a new client")
         target = quote(path, safe=PATH_SAFE)
         if params:
             target += "?" + urlencode(params)

@@ -235,6 +235,7 @@ RULES: dict[str, Rule] = {
     "image.list": _signed_in,
     "sandbox.list": _signed_in,
     "token.revoke": _owner_or_admin,
+    "token.create_for": _admin_only,
     # users
     "user.list": _admin_only,
     "user.create": _admin_only,

@@ -1,0 +1,15 @@
+"""The MCP server (the official `mcp` package): aamp's sandboxes and agent runs as tools for
+outside agents, under the caller's own grants, policies and audit.
+
+- `tools` — the tools, each one call (or a few) of the /v1 API through the SDK with the
+  caller's token: no second authorisation path (`build_server`);
+- `http` — `/mcp` over streamable HTTP beside the API in `aamp up` (`with_mcp`);
+- `stdio` — `aamp mcp`, over stdio (`serve_stdio`).
+"""
+
+from aamp.surface import surface
+
+__all__, __getattr__ = surface(
+    __name__,
+    {"http": ("MCP_PATH", "with_mcp"), "stdio": ("serve_stdio",), "tools": ("build_server",)},
+)

@@ -1,0 +1,213 @@
+"""The MCP server with the official MCP client, in-process and over real HTTP (`/mcp` on a
+real `aamp up`): it lists the tools, makes a sandbox, runs Python, writes and reads a file,
+starts a run with the scripted model double and fetches its artifact. An operator's token
+cannot do through a tool what the API refuses it, and the refusal is in the audit log in the
+very shape of the API's own."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import sys
+from typing import Any
+
+import httpx
+import httpx2
+from mcp import Client as McpClient
+from mcp import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+from scripted_model import ScriptedModelServerForTests
+from test_cli_runs import WRITE, publish_agent, write_reporter  # tests/runs
+
+from aamp import Client
+from aamp.mcp import build_server
+
+TOOLS = {
+    "sandbox_create",
+    "sandbox_exec",
+    "sandbox_write_file",
+    "sandbox_read_file",
+    "sandbox_list",
+    "sandbox_destroy",
+    "run_start",
+    "run_status",
+    "run_artifacts",
+    "run_fetch_artifact",
+}
+
+
+def over_http(url: str, token: str) -> McpClient:
+    headers = {"authorization": f"Bearer {token}"}
+    http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(300))
+    return McpClient(streamable_http_client(f"{url}/mcp", http_client=http))
+
+
+async def call(client: McpClient, tool: str, **arguments: Any) -> dict[str, Any]:
+    result = await client.call_tool(tool, arguments)
+    assert not result.is_error, (tool, result.content)
+    return result.structured_content
+
+
+async def refusal(client: McpClient, tool: str, **arguments: Any) -> str:
+    result = await client.call_tool(tool, arguments)
+    assert result.is_error, (tool, result.structured_content)
+    text = result.content[0].text
+    prefix = f"Error executing tool {tool}: "  # the MCP SDK's own framing of a ToolError
+    assert text.startswith(prefix), text
+    return text.removeprefix(prefix)
+
+
+async def the_whole_flow(client: McpClient, csv: bytes) -> None:
+    listed = await client.list_tools()
+    by_name = {t.name: t for t in listed.tools}
+    assert set(by_name) == TOOLS
+    schema = by_name["sandbox_exec"].input_schema
+    assert set(schema["required"]) == {"sandbox_id", "argv"}
+    assert schema["properties"]["argv"]["type"] == "array"
+    assert all(t.description for t in listed.tools)
+
+    made = await call(client, "sandbox_create", image="base", ttl_seconds=300)
+    sandbox = made["id"]
+    assert sandbox.startswith("sb-") and made["expires_in"] <= 300
+    ran = await call(
+        client, "sandbox_exec", sandbox_id=sandbox, argv=["python3", "-c", "print(6*7)"]
+    )
+    assert (ran["exit_code"], ran["stdout"], ran["timed_out"]) == (0, "42\n", False)
+    big = await call(
+        client, "sandbox_exec", sandbox_id=sandbox, argv=["python3", "-c", "print('x'*100000)"]
+    )
+    assert len(big["stdout"]) == 64 * 1024 and "cut at 65536 bytes" in big["note"]
+    slow = await call(
+        client, "sandbox_exec", sandbox_id=sandbox, argv=["sleep", "9"], timeout_seconds=1
+    )
+    assert slow["timed_out"]
+    await call(client, "sandbox_write_file", sandbox_id=sandbox, path="in/a.txt", content="héllo")
+    back = await call(client, "sandbox_read_file", sandbox_id=sandbox, path="in/a.txt")
+    assert (back["content"], back["bytes"]) == ("héllo", 6)
+    raw = bytes(range(256))
+    await call(
+        client,
+        "sandbox_write_file",
+        sandbox_id=sandbox,
+        path="b.bin",
+        content=base64.b64encode(raw).decode(),
+        encoding="base64",
+    )
+    got = await call(
+        client, "sandbox_read_file", sandbox_id=sandbox, path="b.bin", encoding="base64"
+    )
+    assert base64.b64decode(got["content"]) == raw
+    assert sandbox in [s["id"] for s in (await call(client, "sandbox_list"))["sandboxes"]]
+    await call(client, "sandbox_destroy", sandbox_id=sandbox)
+    assert sandbox not in [s["id"] for s in (await call(client, "sandbox_list"))["sandboxes"]]
+    odd = await client.call_tool("sandbox_destroy", {"sandbox_id": "../users/admin"})
+    assert odd.is_error and "pattern" in odd.content[0].text  # refused before any request
+    gone = await refusal(client, "sandbox_exec", sandbox_id=sandbox, argv=["true"])
+    assert gone.startswith("refused (unknown_sandbox)")
+
+    inputs = [{"name": "a.csv", "content_base64": base64.b64encode(csv).decode()}]
+    run = await call(client, "run_start", agent="reporter", task="count", inputs=inputs)
+    status = await call(client, "run_status", run_id=run["id"], wait_seconds=240)
+    assert status["status"] == "succeeded", status
+    kinds = [s["type"] for s in status["steps"]]
+    assert "tool.call" in kinds and kinds[-1] == "run.finished"
+    later = await call(
+        client, "run_status", run_id=run["id"], after_event=status["steps"][-2]["id"]
+    )
+    assert [s["type"] for s in later["steps"]] == ["run.finished"]
+    (artifact,) = (await call(client, "run_artifacts", run_id=run["id"]))["artifacts"]
+    assert (artifact["name"], artifact["size"]) == ("n.txt", 1)
+    fetched = await call(client, "run_fetch_artifact", run_id=run["id"], name="n.txt")
+    assert fetched["content"] == "8"
+
+
+def test_in_process_and_over_http(live, tmp_path) -> None:
+    turns = [
+        {"tool_calls": [{"name": "python", "arguments": {"code": WRITE}}]},
+        {"content": "Counted."},
+    ] * 2
+    with ScriptedModelServerForTests(turns) as model:
+        csv = write_reporter(tmp_path)
+        publish_agent(live, tmp_path, "reporter", "files-only", model.base_url)
+
+        async def main() -> None:
+            server = build_server(lambda _ctx: (live.url, live.admin_token))
+            async with McpClient(server) as in_process:
+                await the_whole_flow(in_process, csv.read_bytes())
+            async with over_http(live.url, live.admin_token) as remote:
+                await the_whole_flow(remote, csv.read_bytes())
+
+        asyncio.run(main())
+
+
+def audit_of(admin: Client, actor: str, action: str) -> list[dict[str, Any]]:
+    page = admin.call("GET", "/v1/audit", params={"actor": actor, "action": action})
+    return page["records"]
+
+
+def test_an_operator_is_refused_over_mcp_what_the_api_refuses(live) -> None:
+    with Client(live.url, live.admin_token) as admin:
+        body = {"username": "olga", "role": "operator", "password": "olga-password-1"}
+        admin.call("POST", "/v1/users", json=body)
+        token = admin.call("POST", "/v1/users/olga/tokens", json={"name": "mcp"})["token"]
+
+        # The API's own answer to the same request, and its audit record.
+        direct = httpx.post(
+            f"{live.url}/v1/sandboxes",
+            json={"image": "base"},
+            headers={"authorization": f"Bearer {token}"},
+        )
+        assert direct.status_code == 403
+        (api_record,) = audit_of(admin, "user:olga", "sandbox.create")
+
+        async def main() -> str:
+            async with over_http(live.url, token) as client:
+                text = await refusal(client, "sandbox_create", image="base")
+                assert (await call(client, "sandbox_list"))["sandboxes"] == []
+                return text
+
+        said = asyncio.run(main())
+        assert said == f"refused (forbidden): {direct.json()['message']}"
+        records = audit_of(admin, "user:olga", "sandbox.create")
+        assert len(records) == 2
+        mcp_record = records[-1]
+        same = ("actor", "action", "resource", "decision", "reason", "details")
+        assert {k: mcp_record[k] for k in same} == {k: api_record[k] for k in same}
+        assert mcp_record["decision"] == "deny" and set(mcp_record) == set(api_record)
+        assert admin.list_sandboxes() == []  # nothing was made
+
+
+def test_mcp_over_http_needs_a_bearer_token(live) -> None:
+    bare = httpx.post(f"{live.url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    assert bare.status_code == 401 and bare.json()["code"] == "unauthenticated"
+
+    async def main() -> str:
+        async with over_http(live.url, "aamp_not-a-token") as client:
+            return await refusal(client, "sandbox_list")
+
+    assert asyncio.run(main()).startswith("refused (unauthenticated)")
+
+
+def test_aamp_mcp_over_stdio_acts_with_the_clis_token(live) -> None:
+    """`aamp mcp` as a desktop client starts it: the tools act as the CLI's token's holder
+    (here the login profile of a new user), and a refusal names the API's rule."""
+    with Client(live.url, live.admin_token) as admin:
+        body = {"username": "ines", "role": "operator", "password": "ines-password-1"}
+        admin.call("POST", "/v1/users", json=body)
+        token = admin.call("POST", "/v1/users/ines/tokens", json={"name": "desk"})["token"]
+    env = {k: v for k, v in live.env.items() if k.startswith(("AAMP_", "XDG_", "PYTHON", "PATH"))}
+    server = StdioServerParameters(
+        command=sys.executable, args=["-m", "aamp", "mcp"], env={**env, "AAMP_TOKEN": token}
+    )
+
+    async def main() -> None:
+        async with McpClient(server) as client:
+            assert {t.name for t in (await client.list_tools()).tools} == TOOLS
+            assert (await call(client, "sandbox_list"))["sandboxes"] == []
+            said = await refusal(client, "sandbox_create", image="base")
+            assert said.startswith("refused (forbidden): agent: a sandbox is made for an agent")
+
+    asyncio.run(main())
+    with Client(live.url, live.admin_token) as admin:
+        (record,) = audit_of(admin, "user:ines", "sandbox.create")
+        assert record["decision"] == "deny"
