@@ -18,7 +18,7 @@ import pytest
 from aamp.cli.dispatch import COMMANDS
 
 # The commands that act on this host itself and may load the server side, inside themselves.
-LOCAL = {"up", "doctor", "model", "image", "audit"}
+LOCAL = {"up", "doctor", "model", "image", "audit", "bundle"}
 ALLOWED_AAMP = ("aamp", "aamp.config", "aamp.cli", "aamp.client")
 COMMAND_MODULES = {f"aamp.cli.{command.module}" for command in COMMANDS.values()}
 

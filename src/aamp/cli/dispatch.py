@@ -67,6 +67,9 @@ COMMANDS: dict[str, Command] = {
     "doctor": Local("say which isolation drivers work on this host and why not"),
     "model": OwnWords("the optional local model: model serve [--port N] | model path"),
     "image": Local("guest images"),
+    "bundle": OwnWords(
+        "offline bundles: bundle create OUT [--sign KEY] | bundle verify PATH [--trust PUB]"
+    ),
     "sandbox": Api("sandboxes", "sandbox"),
     "user": Api("users", "identity"),
     "token": Api("API tokens", "identity"),
