@@ -55,6 +55,9 @@ class Settings:
     firecracker_binary: Path | None = None
     # A directory of downloaded packages kept across builds (outside the clone in CI).
     download_cache: Path | None = None
+    # An offline bundle (scripts/bundle): image builds and Firecracker take everything from
+    # it and nothing from the network.
+    bundle: Path | None = None
     env: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -70,6 +73,12 @@ class Settings:
         )
         fc = env.get("AAMP_FIRECRACKER_BIN")
         cache = env.get("AAMP_DOWNLOAD_CACHE")
+        bundle = env.get("AAMP_BUNDLE")
+        if bundle and env.get("AAMP_DEBIAN_MIRROR"):
+            raise ConfigError(
+                "AAMP_BUNDLE and AAMP_DEBIAN_MIRROR are both set: an offline installation takes "
+                "its Debian packages from the bundle only; unset one of them"
+            )
         return cls(
             home=home,
             runtime_dir=runtime_dir,
@@ -80,6 +89,7 @@ class Settings:
             debian_mirror=env.get("AAMP_DEBIAN_MIRROR") or None,
             firecracker_binary=Path(fc).resolve() if fc else None,
             download_cache=Path(cache).resolve() if cache else None,
+            bundle=Path(bundle).resolve() if bundle else None,
             env=env,
         )
 

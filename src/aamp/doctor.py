@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 
+from aamp.bundle import offline_status
 from aamp.config import Settings
 from aamp.sandbox.drivers import probe_all
 
@@ -21,14 +22,17 @@ def report(settings: Settings) -> tuple[str, bool]:
             f"{'ok  ' if found else 'no  '}{tool}: "
             + (found if found else f"missing; install the Debian package `{package}`")
         )
+    built_names: set[str] = set()
     try:
         from aamp.sandbox.images import ImageStore
 
         built = ImageStore(settings).list()
+        built_names = {i.name for i in built}
         names = ", ".join(f"{i.name} ({i.content_hash[:12]})" for i in built) or "none yet"
         lines.append(f"images built: {names}")
     except Exception as exc:  # the doctor reports, it never fails on a broken store
         lines.append(f"images: cannot read the image store: {exc}")
+    lines += offline_status(settings, built_names)[1]
     usable = [s.name for s in statuses if s.usable]
     lines.append("")
     lines.append(

@@ -18,7 +18,7 @@ import pytest
 from aamp.cli.dispatch import COMMANDS
 
 # The commands that act on this host itself and may load the server side, inside themselves.
-LOCAL = {"up", "doctor", "model", "image", "audit", "mcp"}  # mcp: the `mcp` package
+LOCAL = {"up", "doctor", "model", "image", "audit", "mcp", "bundle"}  # mcp: the `mcp` package
 ALLOWED_AAMP = ("aamp", "aamp.config", "aamp.cli", "aamp.client")
 COMMAND_MODULES = {f"aamp.cli.{command.module}" for command in COMMANDS.values()}
 

@@ -6,7 +6,7 @@ import pytest
 
 from aamp.cli.dispatch import COMMANDS, build_parser, functions, main
 
-TAKE_NO_ARGUMENTS = {"up", "doctor", "model", "whoami", "mcp"}
+TAKE_NO_ARGUMENTS = {"up", "doctor", "model", "whoami", "mcp", "bundle"}
 
 
 @pytest.mark.parametrize("name", COMMANDS)

@@ -9,7 +9,7 @@ import pytest
 from aamp.config import Settings
 from aamp.sandbox.debian_mirror import (
     MirrorNotFound,
-    debian_mirror,
+    mirror_url,
     parse_deb822,
     parse_one_line,
     read_apt_sources,
@@ -53,13 +53,13 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 
 def test_deb822_picks_the_plain_suite_not_security_or_updates(tmp_path: Path) -> None:
     apt = _apt_dir(tmp_path, debian__sources=DEB822_STOCK)
-    assert debian_mirror(_settings(tmp_path), apt_dir=apt) == "http://mirror.test/debian"
+    assert mirror_url(_settings(tmp_path), apt_dir=apt) == "http://mirror.test/debian"
 
 
 def test_security_listed_first_is_still_skipped(tmp_path: Path) -> None:
     text = "\n".join(reversed(DEB822_STOCK.split("\n\n")))
     apt = _apt_dir(tmp_path, debian__sources=text)
-    assert debian_mirror(_settings(tmp_path), apt_dir=apt) == "http://mirror.test/debian"
+    assert mirror_url(_settings(tmp_path), apt_dir=apt) == "http://mirror.test/debian"
 
 
 def test_one_line_format_with_options_and_comments(tmp_path: Path) -> None:
@@ -71,7 +71,7 @@ deb [ arch=amd64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg ] http
 deb http://two.test/debian bookworm main
 """  # noqa: E501
     apt = _apt_dir(tmp_path, main)
-    assert debian_mirror(_settings(tmp_path), apt_dir=apt) == "http://one.test/debian"
+    assert mirror_url(_settings(tmp_path), apt_dir=apt) == "http://one.test/debian"
     sources = parse_one_line(main, "sources.list")
     assert [s.uri for s in sources if s.type == "deb"] == [
         "http://sec.test/debian-security",
@@ -88,7 +88,7 @@ def test_suite_without_main_is_not_chosen(tmp_path: Path) -> None:
         "deb http://contrib-only.test/debian bookworm contrib non-free\n"
         "deb http://full.test/debian bookworm main\n",
     )
-    assert debian_mirror(_settings(tmp_path), apt_dir=apt) == "http://full.test/debian"
+    assert mirror_url(_settings(tmp_path), apt_dir=apt) == "http://full.test/debian"
 
 
 def test_deb822_inline_key_disabled_stanza_and_multiple_uris() -> None:
@@ -133,13 +133,13 @@ def test_files_apt_ignores_are_ignored_and_order_is_apts(tmp_path: Path) -> None
     assert "http://disabled.test/debian" not in uris
     assert "http://saved.test/debian" not in uris
     assert uris[0] == "http://real.test/debian"
-    assert debian_mirror(_settings(tmp_path), apt_dir=apt) == "http://real.test/debian"
+    assert mirror_url(_settings(tmp_path), apt_dir=apt) == "http://real.test/debian"
 
 
 def test_setting_overrides_the_host(tmp_path: Path) -> None:
     apt = _apt_dir(tmp_path, debian__sources=DEB822_STOCK)
     settings = _settings(tmp_path, mirror="http://override.test/debian/")
-    assert debian_mirror(settings, apt_dir=apt) == "http://override.test/debian"
+    assert mirror_url(settings, apt_dir=apt) == "http://override.test/debian"
 
 
 def test_no_source_is_a_clear_error(tmp_path: Path) -> None:
@@ -147,7 +147,7 @@ def test_no_source_is_a_clear_error(tmp_path: Path) -> None:
         tmp_path, "deb http://old.test/debian bullseye main\n", x__sources="Types: deb\n"
     )
     with pytest.raises(MirrorNotFound) as err:
-        debian_mirror(_settings(tmp_path), apt_dir=apt)
+        mirror_url(_settings(tmp_path), apt_dir=apt)
     message = str(err.value)
     assert "bookworm" in message
     assert "AAMP_DEBIAN_MIRROR" in message
@@ -156,4 +156,4 @@ def test_no_source_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_missing_apt_directory_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(MirrorNotFound, match="AAMP_DEBIAN_MIRROR"):
-        debian_mirror(_settings(tmp_path), apt_dir=tmp_path / "nothing")
+        mirror_url(_settings(tmp_path), apt_dir=tmp_path / "nothing")

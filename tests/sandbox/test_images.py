@@ -29,7 +29,7 @@ import pytest
 import aamp
 from aamp.config import Settings
 from aamp.sandbox import image_recipes
-from aamp.sandbox.debian_mirror import debian_mirror
+from aamp.sandbox.debian_mirror import mirror_url
 from aamp.sandbox.images import (
     BuiltImage,
     ImageBuildError,
@@ -216,8 +216,8 @@ def test_missing_tool_names_the_debian_package(tmp_path: Path, monkeypatch) -> N
 def test_no_debian_mirror_is_a_clear_build_error(tmp_path: Path, monkeypatch) -> None:
     # A host whose apt has no bookworm source (simulated by an empty apt directory).
     monkeypatch.setattr(
-        "aamp.sandbox.image_recipes.debian_mirror",
-        lambda settings, suite: debian_mirror(settings, apt_dir=tmp_path / "no-apt", suite=suite),
+        "aamp.sandbox.image_recipes.mirror_url",
+        lambda settings, suite: mirror_url(settings, apt_dir=tmp_path / "no-apt", suite=suite),
     )
     store = ImageStore(_settings(tmp_path / "images"), guest_dir=_guest_copy(tmp_path / "g"))
     with pytest.raises(ImageBuildError, match="AAMP_DEBIAN_MIRROR"):

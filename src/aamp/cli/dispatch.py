@@ -71,6 +71,9 @@ COMMANDS: dict[str, Command] = {
     "logout": Local("sign out: revoke the login profile's token and forget it", "login"),
     "whoami": Api("who the CLI acts as, and where", "login"),
     "mcp": Local("the MCP server over stdio, acting with the CLI's token", "mcp"),
+    "bundle": OwnWords(
+        "offline bundles: bundle create OUT [--sign KEY] | bundle verify PATH [--trust PUB]"
+    ),
     "sandbox": Api("sandboxes", "sandbox"),
     "user": Api("users", "identity"),
     "token": Api("API tokens", "identity"),

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from aamp.cli.command import EXIT_ERROR, CommandError
+from aamp.cli.command import EXIT_ERROR, EXIT_USAGE, CommandError
 from aamp.cli.output import size, table
 from aamp.cli.parsing import action, actions
 
@@ -49,6 +49,20 @@ def model(words: list[str]) -> int:
     from aamp.agents.local_model import main
 
     return main(words)
+
+
+def bundle(words: list[str]) -> int:
+    """`aamp bundle create|verify ...`: scripts/bundle's and the install's own command lines."""
+    if words and words[0] == "create":
+        from aamp.bundle import main
+
+        return main(words[1:])
+    if words and words[0] == "verify":
+        from aamp.bundle import check_main
+
+        return check_main(words[1:])
+    print("usage: aamp bundle create OUT [--sign KEY] | aamp bundle verify PATH [--trust PUB]")
+    return EXIT_USAGE
 
 
 def image_arguments(p: argparse.ArgumentParser) -> None:

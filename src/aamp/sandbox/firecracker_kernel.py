@@ -39,10 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aamp.config import Settings
+from aamp.sandbox.debian_mirror import bundle_repository
 from aamp.sandbox.driver import DriverError
+from aamp.sandbox.kernel_packages import BUSYBOX_PACKAGE, KERNEL_META_PACKAGE
 
-KERNEL_META_PACKAGE = "linux-image-cloud-amd64"
-BUSYBOX_PACKAGE = "busybox-static"
 ELF_MAGIC = b"\x7fELF"
 LZ4_LEGACY_MAGIC = 0x184C2102
 LZ4_LEGACY_BLOCK = 8 << 20  # the legacy format's fixed uncompressed block size
@@ -299,23 +299,26 @@ class Apt:
         self.settings = settings
         self._shown: dict[str, dict[str, str]] = {}
         self.options: list[str] = []
-        if settings.debian_mirror:
+        local = bundle_repository(settings)
+        if local is not None:  # checked by the bundle's manifest, not by an index signature
+            self.options = self._mirror_options(local.as_uri(), "[trusted=yes] ")
+        elif settings.debian_mirror:
             self.options = self._mirror_options(settings.debian_mirror)
 
-    def _mirror_options(self, mirror: str) -> list[str]:
+    def _mirror_options(self, mirror: str, options: str = "") -> list[str]:
         state = kernel_cache_dir(self.settings) / "apt"
         lists = state / "lists"
         (lists / "partial").mkdir(parents=True, exist_ok=True)
         sources = state / "sources.list"
         suite = _os_release().get("VERSION_CODENAME", "bookworm")
-        sources.write_text(f"deb {mirror.rstrip('/')} {suite} main\n")
+        sources.write_text(f"deb {options}{mirror.rstrip('/')} {suite} main\n")
         opts = [
             f"-oDir::Etc::SourceList={sources}",
             "-oDir::Etc::SourceParts=/dev/null",
             f"-oDir::State::Lists={lists}",
             f"-oDir::Cache={state / 'cache'}",
         ]
-        if not any(lists.glob("*Packages*")):
+        if options or not any(lists.glob("*Packages*")):  # a local repository: always current
             self._run(["apt-get", *opts, "-q", "update"], "apt-get update")
         return opts
 

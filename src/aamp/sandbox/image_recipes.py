@@ -37,7 +37,7 @@ from pathlib import Path
 
 from aamp.config import Settings
 from aamp.sandbox import browser_quiet
-from aamp.sandbox.debian_mirror import MirrorNotFound, debian_mirror
+from aamp.sandbox.debian_mirror import MirrorNotFound, bundle_repository, mirror_url
 
 # The guest's interpreter is Debian bookworm's python3, so wheels are chosen for it.
 GUEST_PYTHON_VERSION = "3.11"
@@ -152,6 +152,21 @@ def resolve(name: str) -> ResolvedRecipe | None:
         tuple(pip),
         tuple(sorted(files.items())),
     )
+
+
+_PIP = (sys.executable, "-m", "pip")
+
+
+def guest_pip_target_args() -> list[str]:
+    """pip options choosing wheels for the guest's interpreter, whatever the host runs."""
+    abi = "cp" + GUEST_PYTHON_VERSION.replace(".", "")
+    return [
+        "--only-binary=:all:",
+        f"--python-version={GUEST_PYTHON_VERSION}",
+        f"--platform={WHEEL_PLATFORM}",
+        "--implementation=cp",
+        f"--abi={abi}",
+    ]
 
 
 # Bump when the builder changes what it puts into an image, so old caches are not reused.
@@ -356,7 +371,7 @@ def preflight(settings: Settings, recipe: ResolvedRecipe) -> str:
     if os.geteuid() != 0:
         raise ImageBuildError("building images needs root (debootstrap, chroot): run as root")
     try:
-        return debian_mirror(settings, suite=recipe.suite)
+        return mirror_url(settings, suite=recipe.suite)
     except MirrorNotFound as exc:
         raise ImageBuildError(str(exc)) from None
 
@@ -435,6 +450,9 @@ class TreeBuilder:
             f"--include={','.join(self.recipe.bootstrap)}",
             "--components=main",
         ]
+        if bundle_repository(self.settings) is not None:
+            # The bundle's index is unsigned; its manifest is what was verified (debian_mirror.py).
+            argv.append("--no-check-gpg")
         if self.settings.download_cache is not None:
             cache = (self.settings.download_cache / "debootstrap").resolve()
             cache.mkdir(parents=True, exist_ok=True)
@@ -463,63 +481,79 @@ class TreeBuilder:
         policy.chmod(0o755)
         shutil.copyfile("/etc/resolv.conf", root / "etc/resolv.conf")  # replaced in trim()
         archives = ""
+        local = bundle_repository(self.settings)
+        repo = ""
+        made: list[Path] = []  # directories made in the tree for the bind, removed after
+        if local is not None:
+            # The tree's sources.list names file://BUNDLE/debian: the repository is bound in
+            # at that path, read-only, and trusted (unsigned index, verified manifest) for
+            # this apt run only, through a list that is removed with the bind.
+            repo = str(local.resolve())
+            mount_point = root / repo.lstrip("/")
+            made = [p for p in (mount_point, *mount_point.parents) if not p.exists()]
+            mount_point.mkdir(parents=True)
+            (root / "run/aamp-bundle.list").write_text(
+                f"deb [trusted=yes] {local.resolve().as_uri()} {self.recipe.suite} main\n"
+            )
         if self.settings.download_cache is not None:
             cache = (self.settings.download_cache / "apt").resolve()
             (cache / "partial").mkdir(parents=True, exist_ok=True)
             archives = str(cache)
         script = (
-            'set -e; root=$1; archives=$2; shift 2; mount -t proc proc "$root/proc"; '
+            'set -e; root=$1; archives=$2; repo=$3; shift 3; mount -t proc proc "$root/proc"; '
             'if [ -n "$archives" ]; then '
             'mount --bind "$archives" "$root/var/cache/apt/archives"; fi; '
-            'chroot "$root" apt-get -q -o APT::Sandbox::User=root -o Acquire::Languages=none '
+            'src=""; if [ -n "$repo" ]; then '
+            'mount --bind -o ro "$repo" "$root$repo"; '
+            "src='-o Dir::Etc::SourceList=/run/aamp-bundle.list "
+            "-o Dir::Etc::SourceParts=/nonexistent'; fi; "
+            'chroot "$root" apt-get -q $src -o APT::Sandbox::User=root -o Acquire::Languages=none '
             "update; "
-            'chroot "$root" apt-get -q -y -o APT::Sandbox::User=root -o Dpkg::Use-Pty=0 '
+            'chroot "$root" apt-get -q -y $src -o APT::Sandbox::User=root -o Dpkg::Use-Pty=0 '
             '--no-install-recommends install "$@"'
         )
         try:
             _run(
-                ["sh", "-c", script, "sh", str(root), archives, *self.recipe.debian],
+                ["sh", "-c", script, "sh", str(root), archives, repo, *self.recipe.debian],
                 label="apt-get install",
                 progress=self.progress,
                 isolate=True,
             )
         finally:
             policy.unlink(missing_ok=True)
-
-    def _pip_target_args(self) -> list[str]:
-        abi = "cp" + GUEST_PYTHON_VERSION.replace(".", "")
-        return [
-            "--only-binary=:all:",
-            f"--python-version={GUEST_PYTHON_VERSION}",
-            f"--platform={WHEEL_PLATFORM}",
-            "--implementation=cp",
-            f"--abi={abi}",
-        ]
+            (root / "run/aamp-bundle.list").unlink(missing_ok=True)
+            for directory in made:  # innermost first; the bind died with its namespace
+                directory.rmdir()
 
     def pip_install(self) -> None:
+        if self.settings.bundle is not None:  # an offline installation: the bundle's wheels
+            self._pip_install_from(self.settings.bundle / "wheels" / "guest")
+            return
         if self.settings.download_cache is not None:
             wheels = (self.settings.download_cache / "wheels").resolve()
         else:
             wheels = self.tmp / "wheels"
         wheels.mkdir(parents=True, exist_ok=True)
-        pip = [sys.executable, "-m", "pip"]
         _run(
-            [*pip, "download", *self._pip_target_args(), "--progress-bar=off",
+            [*_PIP, "download", *guest_pip_target_args(), "--progress-bar=off",
              f"--dest={wheels}", *self.recipe.pip],
             label="pip download",
             progress=self.progress,
         )  # fmt: skip
+        self._pip_install_from(wheels)
+        if self.tmp / "wheels" == wheels:
+            shutil.rmtree(wheels)
+
+    def _pip_install_from(self, wheels: Path) -> None:
         target = self.rootfs / GUEST_SITE_PACKAGES.lstrip("/")
         _run(
-            [*pip, "install", *self._pip_target_args(), "--no-index", f"--find-links={wheels}",
+            [*_PIP, "install", *guest_pip_target_args(), "--no-index", f"--find-links={wheels}",
              f"--target={target}", "--no-compile", "--no-warn-script-location", *self.recipe.pip],
             label="pip install",
             progress=self.progress,
         )  # fmt: skip
         # Console scripts carry the host interpreter's path; in the guest use `python3 -m`.
         shutil.rmtree(target / "bin", ignore_errors=True)
-        if self.tmp / "wheels" == wheels:
-            shutil.rmtree(wheels)
 
     def write_files(self) -> None:
         for path, text in self.recipe.files:
