@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from guest_helpers import AgentStarter, make_channel
 
-from aamp.sandbox.channel import GuestChannel
+from aamp.sandbox import GuestChannel
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "aamp"
 

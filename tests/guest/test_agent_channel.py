@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from guest_helpers import AgentStarter, MiB, make_channel, pids_gone_within
 
-from aamp.sandbox.channel import (
+from aamp.sandbox import (
     ExecResult,
     FileTooLargeError,
     GuestChannel,

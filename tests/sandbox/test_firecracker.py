@@ -770,7 +770,7 @@ async def test_guest_agent_dials_the_vsock_channel_and_runs_a_command(
     runtime_dir: Path,
 ) -> None:
     _need_booting_guest()
-    from aamp.sandbox.channel import GuestChannel
+    from aamp.sandbox import GuestChannel
 
     image = request.getfixturevalue("base_image")
     driver = FirecrackerDriver(cache_settings, binaries=binaries, kernel=kernel)

@@ -6,8 +6,8 @@ manager that owns every live sandbox on this host.
 - `Driver` and `SandboxSpec` — the isolation contract (`driver.py`), `GVisorDriver`,
   `FirecrackerDriver`, and which of them work here (`drivers.py`);
 - `ImageStore` — guest images by content hash (`images.py`, recipes in `image_recipes.py`);
-- `GuestChannel` — exec and files inside a running sandbox, and its errors (`channel.py`);
-  `workspace_path`, the one rule for paths a caller may name.
+- `GuestChannel` — exec and files inside a running sandbox, and its errors (`channel/`);
+  `workspace_path`, the one rule for paths a caller may name (`channel/workspace.py`).
 
 Names load on first use (`aamp.surface`): building an image loads no driver or proxy.
 """
@@ -17,17 +17,18 @@ from aamp.surface import surface
 __all__, __getattr__ = surface(
     __name__,
     {
-        "channel": (
+        "channel.errors": (
             "ChannelError",
             "FileTooLargeError",
-            "GuestChannel",
             "GuestError",
             "GuestProtocolError",
             "GuestTimeout",
             "GuestUnavailable",
-            "PathEscapeError",
-            "workspace_path",
         ),
+        "channel.downloads": ("GetStream",),
+        "channel.exec_session": ("ExecResult", "ExecSession", "Output"),
+        "channel.guest_channel": ("GuestChannel",),
+        "channel.workspace": ("PathEscapeError", "workspace_path"),
         "driver": (
             "SANDBOX_ID_RE",
             "Driver",

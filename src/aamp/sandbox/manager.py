@@ -42,7 +42,7 @@ from aamp.egress.rules import EgressRules
 from aamp.egress.services import SecretReader, ServiceSet
 from aamp.errors import AampError
 from aamp.policy import Resources
-from aamp.sandbox.channel import GuestChannel
+from aamp.sandbox.channel.guest_channel import GuestChannel
 from aamp.sandbox.driver import SANDBOX_ID_RE, Driver, DriverError, SandboxHandle, SandboxSpec
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.runtime_dir import RuntimeDir, RuntimeDirBusy
