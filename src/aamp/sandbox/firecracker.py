@@ -184,34 +184,7 @@ class FirecrackerDriver(Driver):
                 boot["initrd_path"] = "initrd"
             async with self._api(handle) as api:
                 await self._observe(api)
-                await api.call(
-                    "PUT",
-                    "/machine-config",
-                    {"vcpu_count": vcpus, "mem_size_mib": res.memory_bytes // MiB, "smt": False},
-                )
-                await api.call("PUT", "/boot-source", boot)
-                await api.call(
-                    "PUT",
-                    "/drives/rootfs",
-                    {
-                        "drive_id": "rootfs",
-                        "path_on_host": "rootfs.ext4",
-                        "is_root_device": True,
-                        "is_read_only": True,
-                    },
-                )
-                await api.call(
-                    "PUT",
-                    "/drives/scratch",
-                    {
-                        "drive_id": "scratch",
-                        "path_on_host": "scratch.ext4",
-                        "is_root_device": False,
-                        "is_read_only": False,
-                    },
-                )
-                await api.call("PUT", "/vsock", {"guest_cid": GUEST_CID, "uds_path": VSOCK})
-                await api.call("PUT", "/actions", {"action_type": "InstanceStart"})
+                await api.boot(vcpus, res.memory_bytes // MiB, boot, GUEST_CID, VSOCK)
                 handle.details["timings"] = dict(api.timings)
         except BaseException:
             await self._teardown(handle, remove_state_dir=False)

@@ -1,5 +1,5 @@
 """Firecracker's API socket, as a tiny client: every call has a deadline, every refusal is a
-`DriverError` with Firecracker's own words."""
+`DriverError` with Firecracker's own words; `boot` is the sequence that starts a fresh VM."""
 
 from __future__ import annotations
 
@@ -55,3 +55,37 @@ class FirecrackerApi:
                 fault = response.text
             raise DriverError(f"firecracker refused {method} {path}: {fault}")
         return response.json() if response.content else None
+
+    async def boot(
+        self, vcpus: int, memory_mib: int, boot_source: dict[str, Any], guest_cid: int, vsock: str
+    ) -> None:
+        """Configure a fresh VM from the files in its root (rootfs.ext4 read-only, scratch.ext4
+        writable, the kernel in `boot_source`) and start it."""
+        await self.call(
+            "PUT",
+            "/machine-config",
+            {"vcpu_count": vcpus, "mem_size_mib": memory_mib, "smt": False},
+        )
+        await self.call("PUT", "/boot-source", boot_source)
+        await self.call(
+            "PUT",
+            "/drives/rootfs",
+            {
+                "drive_id": "rootfs",
+                "path_on_host": "rootfs.ext4",
+                "is_root_device": True,
+                "is_read_only": True,
+            },
+        )
+        await self.call(
+            "PUT",
+            "/drives/scratch",
+            {
+                "drive_id": "scratch",
+                "path_on_host": "scratch.ext4",
+                "is_root_device": False,
+                "is_read_only": False,
+            },
+        )
+        await self.call("PUT", "/vsock", {"guest_cid": guest_cid, "uds_path": vsock})
+        await self.call("PUT", "/actions", {"action_type": "InstanceStart"})
