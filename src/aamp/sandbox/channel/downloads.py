@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from types import TracebackType
-
 from aamp.guest import wire
 from aamp.sandbox.channel.errors import GuestProtocolError
 from aamp.sandbox.channel.messages import control, raise_if_error
-from aamp.sandbox.channel.pool import Conn, ConnectionPool
+from aamp.sandbox.channel.pool import Conn, ConnectionPool, HoldsConnection
 
 
-class GetStream:
+class GetStream(HoldsConnection):
     """A file coming out of the guest: `size` is known and checked against the limit before
     the first chunk; iteration yields chunks and fails if the guest sends more or fewer bytes
     than it announced. Use as `async with` (or call `aclose`) to drop the connection early."""
@@ -63,14 +61,3 @@ class GetStream:
     async def aclose(self) -> None:
         self._done = True
         self._conn.close(abort=True)
-
-    async def __aenter__(self) -> GetStream:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Literal
 
 from aamp.guest import wire
@@ -21,7 +20,7 @@ from aamp.sandbox.channel.errors import (
     GuestUnavailable,
 )
 from aamp.sandbox.channel.messages import control, field, raise_if_error
-from aamp.sandbox.channel.pool import Conn, ConnectionPool
+from aamp.sandbox.channel.pool import Conn, ConnectionPool, HoldsConnection
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +39,7 @@ class ExecResult:
     truncated: bool = False
 
 
-class ExecSession:
+class ExecSession(HoldsConnection):
     """One running command. Iterate it for `Output` as it arrives; when iteration ends,
     `result` is set. Leaving the `async with` block early kills the command."""
 
@@ -171,15 +170,8 @@ class ExecSession:
         assert self.result is not None
         return self.result
 
-    async def __aenter__(self) -> ExecSession:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def aclose(self) -> None:
+        """Let the connection go; a command still running is killed (process group)."""
         if self.result is None and not self._conn.closed:
             # Closing the connection makes the guest kill the process group too.
             self._send_kill()

@@ -15,7 +15,8 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
 from aamp.guest import wire
 from aamp.sandbox.channel.errors import (
@@ -72,6 +73,25 @@ class Conn:
                 # A guest that stopped reading must not keep the transport alive forever.
                 asyncio.get_running_loop().call_later(_CLOSE_LINGER, transport.abort)
         self._on_close(self)
+
+
+class HoldsConnection:
+    """What holds one request's connection (a running command, a file coming out): leaving
+    its `async with` block calls `aclose`, which lets the connection go."""
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
 
 
 class ConnectionPool:
