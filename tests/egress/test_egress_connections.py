@@ -15,7 +15,8 @@ from egress_upstream import UpstreamServer
 from aamp.egress.proxy import EgressProxy, ProxyLimits
 from aamp.egress.resolver import StaticResolver
 from aamp.egress.rules import EgressRules
-from aamp.guest.agent import Forwarder, parse_endpoint
+from aamp.guest.endpoint import parse_endpoint
+from aamp.guest.forwarder import Forwarder
 
 SANDBOX = "sb-0000000000cn"
 NAMES = {"a.test": ["127.0.0.10"], "b.test": ["127.0.0.11"]}

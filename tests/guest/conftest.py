@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from guest_helpers import AgentStarter, make_channel
 
-from aamp.sandbox.channel import GuestChannel
+from aamp.sandbox import GuestChannel
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "aamp"
 
@@ -25,8 +25,8 @@ def agent_install(tmp_path_factory: pytest.TempPathFactory) -> Path:
     guest = root / "lib" / "aamp" / "guest"
     guest.mkdir(parents=True)
     shutil.copy(SRC / "__init__.py", root / "lib" / "aamp" / "__init__.py")
-    for name in ("__init__.py", "wire.py", "agent.py"):
-        shutil.copy(SRC / "guest" / name, guest / name)
+    for module in (SRC / "guest").glob("*.py"):  # every module, as the image builder copies
+        shutil.copy(module, guest / module.name)
     launcher = (SRC / "guest" / "launcher.py").read_text()
     assert launcher.count('"/opt/aamp/lib"') == 1
     assert launcher.startswith("#!/usr/bin/python3 -IS\n")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from aamp.guest import wire
-from aamp.sandbox.channel import GuestChannel
+from aamp.sandbox import GuestChannel
 
 MiB = 1024 * 1024
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from guest_helpers import AgentStarter, MiB, make_channel, pids_gone_within
 
-from aamp.sandbox.channel import (
+from aamp.sandbox import (
     ExecResult,
     FileTooLargeError,
     GuestChannel,
@@ -526,7 +526,7 @@ async def test_init_mounts_and_hostname_in_private_namespaces(agent_install: Pat
 
 
 def test_agent_arguments_are_checked():
-    from aamp.guest.agent import UsageError, parse_args
+    from aamp.guest.args import UsageError, parse_args
 
     opts = parse_args(["--connect", "unix:/x", "--egress=vsock:2:5001", "--init"])
     assert (opts["connect"], opts["egress"], opts["init"]) == ("unix:/x", "vsock:2:5001", True)

@@ -12,7 +12,7 @@ import pytest
 from guest_helpers import HostileGuestForTests, make_channel
 
 from aamp.guest import wire
-from aamp.sandbox.channel import GuestChannel, GuestError, GuestProtocolError, GuestTimeout
+from aamp.sandbox import GuestChannel, GuestError, GuestProtocolError, GuestTimeout
 
 pytestmark = pytest.mark.timeout(30)
 

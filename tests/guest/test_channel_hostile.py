@@ -15,7 +15,7 @@ import pytest
 from guest_helpers import AgentStarter, HostileGuestForTests, MiB, make_channel
 
 from aamp.guest import wire
-from aamp.sandbox.channel import (
+from aamp.sandbox import (
     GuestChannel,
     GuestError,
     GuestProtocolError,

@@ -32,14 +32,10 @@ import pytest
 from aamp.config import Settings
 from aamp.policy import GiB, MiB, Resources
 from aamp.sandbox import procs
+from aamp.sandbox.cgroups import CGROUP_ROOT
 from aamp.sandbox.driver import DriverError, SandboxSpec
-from aamp.sandbox.firecracker import (
-    CGROUP_PARENT,
-    CGROUP_ROOT,
-    FirecrackerApi,
-    FirecrackerDriver,
-    JailerConfig,
-)
+from aamp.sandbox.firecracker import FirecrackerDriver
+from aamp.sandbox.firecracker_api import FirecrackerApi
 from aamp.sandbox.firecracker_binary import (
     PINNED_SHA256,
     WHEEL_BIN_DIR,
@@ -49,6 +45,7 @@ from aamp.sandbox.firecracker_binary import (
     extract_from_wheel,
     sha256_file,
 )
+from aamp.sandbox.firecracker_jail import CGROUP_PARENT, JailerConfig
 from aamp.sandbox.firecracker_kernel import (
     INITRD_MODULES,
     GuestKernel,
@@ -770,7 +767,7 @@ async def test_guest_agent_dials_the_vsock_channel_and_runs_a_command(
     runtime_dir: Path,
 ) -> None:
     _need_booting_guest()
-    from aamp.sandbox.channel import GuestChannel
+    from aamp.sandbox import GuestChannel
 
     image = request.getfixturevalue("base_image")
     driver = FirecrackerDriver(cache_settings, binaries=binaries, kernel=kernel)

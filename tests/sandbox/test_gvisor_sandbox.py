@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from aamp.policy import MiB, Resources
-from aamp.sandbox import procs
-from aamp.sandbox.channel import ChannelError
+from aamp.sandbox import ChannelError, procs
 from aamp.sandbox.gvisor import GVisorDriver
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.manager import (

@@ -32,7 +32,7 @@ from aamp.agents.browser_settings import BrowserSettings
 from aamp.agents.observation import ModelImage, Observation
 from aamp.egress.ledger import EgressEvent
 from aamp.egress.recent import EgressView
-from aamp.sandbox.channel import GuestChannel
+from aamp.sandbox import GuestChannel
 
 Borrow = Callable[[], AbstractAsyncContextManager[GuestChannel]]
 

@@ -17,8 +17,14 @@ from aamp.agents import guest_scripts
 from aamp.agents.browser_tool import BrowserTool
 from aamp.agents.observation import Observation
 from aamp.agents.tools import SERVICE_PREFIX
-from aamp.sandbox import channel as ch
-from aamp.sandbox.channel import GuestChannel
+from aamp.sandbox import (
+    FileTooLargeError,
+    GuestChannel,
+    GuestError,
+    GuestTimeout,
+    PathEscapeError,
+    workspace_path,
+)
 
 Borrow = Callable[[], AbstractAsyncContextManager[GuestChannel]]
 MAX_OUTPUT = 1_000_000
@@ -63,9 +69,9 @@ class SandboxTools:
                 return await self.browser.run(args)
             if name.startswith(SERVICE_PREFIX) and name in self.services:
                 return await self._service(self.services[name], args)
-        except (ch.PathEscapeError, ch.FileTooLargeError, ch.GuestError) as exc:
+        except (PathEscapeError, FileTooLargeError, GuestError) as exc:
             return Observation(f"error: {exc}", ok=False)
-        except ch.GuestTimeout as exc:
+        except GuestTimeout as exc:
             return Observation(f"error: the sandbox did not answer in time: {exc}", ok=False)
         raise ValueError(f"no executor for tool {name!r}")
 
@@ -96,7 +102,7 @@ class SandboxTools:
         return Observation(text, ok=ok, detail=detail)
 
     async def _files(self, args: dict[str, Any]) -> Observation:
-        path = ch.workspace_path(args["path"])
+        path = workspace_path(args["path"])
         action = args["action"]
         async with self.borrow() as channel:
             if action == "write":

@@ -25,7 +25,7 @@ from aamp.api.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from aamp.audit import AuditInputError
 from aamp.errors import AampError
 from aamp.policy import PolicyError
-from aamp.sandbox.channel import (
+from aamp.sandbox import (
     FileTooLargeError,
     GuestError,
     GuestProtocolError,

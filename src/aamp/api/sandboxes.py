@@ -25,7 +25,7 @@ from aamp.egress.services import ServiceSet
 from aamp.errors import NotFound
 from aamp.identity.model import Actor, Resource
 from aamp.policy import MiB, Policy, PolicyError, Resources, problems
-from aamp.sandbox import channel as ch
+from aamp.sandbox import GuestTimeout, workspace_path
 from aamp.sandbox.manager import (
     DEFAULT_IDLE_SECONDS,
     DEFAULT_TTL_SECONDS,
@@ -314,7 +314,7 @@ def router() -> APIRouter:
                         async for out in session:
                             data = base64.b64encode(out.data).decode()
                             yield _line({"stream": out.stream, "data": data})
-                    except ch.GuestTimeout as exc:
+                    except GuestTimeout as exc:
                         await _audit(
                             request,
                             "sandbox.exec_result",
@@ -345,7 +345,7 @@ def router() -> APIRouter:
     ) -> None:
         """Upload a file into the sandbox's workspace; its size and SHA-256 are audited."""
         manager = cp_of(request).manager
-        guest_path = ch.workspace_path(path)
+        guest_path = workspace_path(path)
         size = _content_length(request, manager.settings.max_file_bytes)
         digest = hashlib.sha256()
         seen = 0
@@ -383,7 +383,7 @@ def router() -> APIRouter:
     ) -> StreamingResponse:
         """Download a file; its record (size, SHA-256) is durable before the last chunk leaves."""
         manager = cp_of(request).manager
-        guest_path = ch.workspace_path(path)
+        guest_path = workspace_path(path)
         manager.get(sandbox_id)
         use = manager.use(sandbox_id)
         channel = await use.__aenter__()

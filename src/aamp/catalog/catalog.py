@@ -32,7 +32,7 @@ from aamp.egress.services import Service as EgressService
 from aamp.errors import Conflict, InvalidInput, NotFound, matching
 from aamp.policy import Policy, PolicyError, parse_policy, policy_from_dict
 from aamp.policy.model import IMAGE_RE, NAME_RE, SERVICE_RE
-from aamp.store import Store, existing, value_of
+from aamp.store import Store, existing, locked, locked_or_new, value_of
 from aamp.store.tables import (
     AgentResourceRow,
     AgentRow,
@@ -170,12 +170,12 @@ class Catalog:
         _check_policy_name(name, policy)
         stamp = now()
         with self.store.write_session() as s:
-            row = s.scalars(
-                select(PolicyRow).where(PolicyRow.name == name).with_for_update()
-            ).first()
-            if row is None:
-                row = PolicyRow(name=name, created_at=stamp, created_by=by)
-                s.add(row)
+            row = locked_or_new(
+                s,
+                PolicyRow.name,
+                name,
+                lambda: PolicyRow(name=name, created_at=stamp, created_by=by),
+            )
             row.source, row.format, row.updated_at, row.updated_by = source, fmt, stamp, by
             s.flush()
             return self._policy(row)
@@ -242,12 +242,12 @@ class Catalog:
             raise InvalidInput(f"header_name: only auth header takes a header name, not {auth}")
         stamp = now()
         with self.store.write_session() as s:
-            row = s.scalars(
-                select(ServiceRow).where(ServiceRow.name == name).with_for_update()
-            ).first()
-            if row is None:
-                row = ServiceRow(name=name, created_at=stamp, created_by=by)
-                s.add(row)
+            row = locked_or_new(
+                s,
+                ServiceRow.name,
+                name,
+                lambda: ServiceRow(name=name, created_at=stamp, created_by=by),
+            )
             row.upstream, row.auth_kind, row.header_name = origin, auth, header_name
             row.secret_names = json.dumps(list(secrets))
             row.updated_at, row.updated_by = stamp, by
@@ -312,12 +312,12 @@ class Catalog:
         served = check_models(models)
         stamp = now()
         with self.store.write_session() as s:
-            row = s.scalars(
-                select(ModelEndpointRow).where(ModelEndpointRow.name == name).with_for_update()
-            ).first()
-            if row is None:
-                row = ModelEndpointRow(name=name, created_at=stamp, created_by=by)
-                s.add(row)
+            row = locked_or_new(
+                s,
+                ModelEndpointRow.name,
+                name,
+                lambda: ModelEndpointRow(name=name, created_at=stamp, created_by=by),
+            )
             row.base_url, row.api_key_secret = url.url, secret
             row.models = json.dumps(list(served))
             row.confirmed, row.confirmed_at, row.confirmed_by = True, stamp, by
@@ -329,9 +329,7 @@ class Catalog:
         """Confirm an endpoint as it stands (one migration 0005 made from an agent's inline
         URL); its URL must be one that `put` would accept."""
         with self.store.write_session() as s:
-            row = s.scalars(
-                select(ModelEndpointRow).where(ModelEndpointRow.name == name).with_for_update()
-            ).first()
+            row = locked(s, ModelEndpointRow.name, name)
             if row is None:
                 raise NotFound(f"no model endpoint named {name!r}")
             try:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aamp.policy.model import DataRule
-from aamp.sandbox.channel import GuestChannel
+from aamp.sandbox import GuestChannel
 
 WORKSPACE = "/workspace"
 OUT_DIR = "/workspace/out"

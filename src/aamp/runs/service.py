@@ -45,7 +45,7 @@ from aamp.runs.bus import EventBus
 from aamp.runs.steps import StepLog
 from aamp.runs.store import RunEvent, RunInfo, RunStore
 from aamp.runs.waiting import ApprovalGate, LiveRun
-from aamp.sandbox.channel import ChannelError
+from aamp.sandbox import ChannelError
 from aamp.sandbox.manager import CreateRequest, SandboxError, SandboxManager, UnknownSandbox
 from aamp.store import Store
 from aamp.store.timestamps import now

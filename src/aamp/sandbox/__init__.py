@@ -9,8 +9,8 @@ manager that owns every live sandbox on this host.
   what an offline bundle carries for them: `RECIPES`, the mirror (`debian_mirror.py`), the
   pinned Firecracker wheel (`firecracker_wheel.py`) and the guest kernel's packages
   (`kernel_packages.py`), all standard library only;
-- `GuestChannel` — exec and files inside a running sandbox, and its errors (`channel.py`);
-  `workspace_path`, the one rule for paths a caller may name.
+- `GuestChannel` — exec and files inside a running sandbox, and its errors (`channel/`);
+  `workspace_path`, the one rule for paths a caller may name (`channel/workspace.py`).
 
 Names load on first use (`aamp.surface`): building an image loads no driver or proxy.
 """
@@ -20,17 +20,18 @@ from aamp.surface import surface
 __all__, __getattr__ = surface(
     __name__,
     {
-        "channel": (
+        "channel.errors": (
             "ChannelError",
             "FileTooLargeError",
-            "GuestChannel",
             "GuestError",
             "GuestProtocolError",
             "GuestTimeout",
             "GuestUnavailable",
-            "PathEscapeError",
-            "workspace_path",
         ),
+        "channel.downloads": ("GetStream",),
+        "channel.exec_session": ("ExecResult", "ExecSession", "Output"),
+        "channel.guest_channel": ("GuestChannel",),
+        "channel.workspace": ("PathEscapeError", "workspace_path"),
         "driver": (
             "SANDBOX_ID_RE",
             "Driver",

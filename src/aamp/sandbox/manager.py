@@ -42,7 +42,7 @@ from aamp.egress.rules import EgressRules
 from aamp.egress.services import SecretReader, ServiceSet
 from aamp.errors import AampError
 from aamp.policy import Resources
-from aamp.sandbox.channel import GuestChannel
+from aamp.sandbox.channel.guest_channel import GuestChannel
 from aamp.sandbox.driver import SANDBOX_ID_RE, Driver, DriverError, SandboxHandle, SandboxSpec
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.runtime_dir import RuntimeDir, RuntimeDirBusy
@@ -213,6 +213,8 @@ class SandboxManager:
         )
         self.tick = tick
         self._sandboxes: dict[str, Sandbox] = {}
+        # Destroyed but still being torn down: listed (they are still on the host), not usable.
+        self._stopping: dict[str, Sandbox] = {}
         self._pools: dict[BootKey, list[Sandbox]] = {}
         self._pool_fill: dict[BootKey, asyncio.Task[None]] = {}
         self._lifetime_task: asyncio.Task[None] | None = None
@@ -278,7 +280,8 @@ class SandboxManager:
     # -- sandboxes -------------------------------------------------------------------------
 
     def list(self) -> list[Sandbox]:
-        return sorted(self._sandboxes.values(), key=lambda s: s.created_at)
+        every = [*self._sandboxes.values(), *self._stopping.values()]
+        return sorted(every, key=lambda s: s.created_at)
 
     def get(self, sandbox_id: str) -> Sandbox:
         sandbox = self._sandboxes.get(sandbox_id) if SANDBOX_ID_RE.match(sandbox_id) else None
@@ -332,14 +335,20 @@ class SandboxManager:
     ) -> None:
         sandbox = self.get(sandbox_id)
         del self._sandboxes[sandbox_id]
-        await self._teardown(sandbox, reason=reason)
-        await self.recorder.record(
-            actor=actor,
-            action="sandbox.destroy",
-            resource=f"sandbox:{sandbox_id}",
-            decision="info",
-            reason=reason,
-        )
+        # Listed until its teardown is done and recorded (the driver's removal runs off the
+        # event loop): a sandbox gone from `list` has left nothing behind.
+        self._stopping[sandbox_id] = sandbox
+        try:
+            await self._teardown(sandbox, reason=reason)
+            await self.recorder.record(
+                actor=actor,
+                action="sandbox.destroy",
+                resource=f"sandbox:{sandbox_id}",
+                decision="info",
+                reason=reason,
+            )
+        finally:
+            del self._stopping[sandbox_id]
 
     async def _check_alive(self, sandbox: Sandbox) -> None:
         """A guest that stopped by itself is destroyed at once, and the caller told why."""

@@ -1,20 +1,24 @@
 """Rows to values: a frozen value built from a table row, each field from the row's column of
-the same name except those the caller converts (a column kept as JSON text, a 0/1 flag); and
-the row a request names, or `NotFound` saying what is missing.
+the same name except those the caller converts (a column kept as JSON text, a 0/1 flag); the
+row a request names, or `NotFound` saying what is missing; and the row a write replaces by
+name, locked for the transaction, or a new one.
 
 Usage::
 
     value_of(RunInfo, row)
     value_of(Service, row, auth=row.auth_kind, secrets=tuple(json.loads(row.secret_names)))
     row = existing(s, PolicyRow, name, f"no policy named {name!r}")
+    row = locked_or_new(s, PolicyRow.name, name, lambda: PolicyRow(name=name, ...))
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, TypeVar
 
-from sqlalchemy.orm import Session
+from sqlalchemy import select
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from aamp.errors import NotFound
 
@@ -32,4 +36,21 @@ def existing(session: Session, table: type[T], key: object, missing: str) -> T:
     row = session.get(table, key)
     if row is None:
         raise NotFound(missing)
+    return row
+
+
+def locked(session: Session, key: InstrumentedAttribute[Any], value: object) -> Any:
+    """The row whose column `key` is `value`, or None, locked until the transaction ends (FOR
+    UPDATE), so two writers of one name take turns."""
+    return session.scalars(select(key.class_).where(key == value).with_for_update()).first()
+
+
+def locked_or_new(
+    session: Session, key: InstrumentedAttribute[Any], value: object, new: Callable[[], T]
+) -> T:
+    """`locked`, or if there is no such row, `new()`, added to the session."""
+    row = locked(session, key, value)
+    if row is None:
+        row = new()
+        session.add(row)
     return row

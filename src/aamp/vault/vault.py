@@ -22,7 +22,7 @@ from sqlalchemy import delete, select
 
 from aamp.audit.record import AuditSink
 from aamp.config import Settings
-from aamp.store import Store, value_of
+from aamp.store import Store, locked, locked_or_new, value_of
 from aamp.store.keyfiles import read_key_file, replace_key_file
 from aamp.store.tables import SecretRow
 from aamp.store.timestamps import now
@@ -190,12 +190,12 @@ class Vault:
     def _put(self, name: str, sealed: Sealed, actor: str) -> SecretMetadata:
         stamp = now()
         with self._store.write_session() as s:
-            row = s.scalars(
-                select(SecretRow).where(SecretRow.name == name).with_for_update()
-            ).first()
-            if row is None:
-                row = SecretRow(name=name, version=0, created_at=stamp, created_by=actor)
-                s.add(row)
+            row = locked_or_new(
+                s,
+                SecretRow.name,
+                name,
+                lambda: SecretRow(name=name, version=0, created_at=stamp, created_by=actor),
+            )
             row.version += 1
             row.value_nonce = sealed.value_nonce
             row.value_ciphertext = sealed.value_ciphertext
@@ -243,9 +243,7 @@ class Vault:
 
     def _delete(self, name: str) -> int:
         with self._store.write_session() as s:
-            row = s.scalars(
-                select(SecretRow).where(SecretRow.name == name).with_for_update()
-            ).first()
+            row = locked(s, SecretRow.name, name)
             if row is None:
                 raise SecretNotFound(f"no secret named {name!r}")
             version = row.version
