@@ -7,7 +7,7 @@ files written into the tree after the packages. Everything a recipe says is part
 image's content hash, so changing a pin, a package list or a file yields a new image. Adding
 an image is a few lines in `RECIPES`::
 
-    Recipe("docs", "base + document tools", parent="base",
+    Recipe("sheets", "base + openpyxl", parent="base",
            debian=("fonts-dejavu-core",), pip=("openpyxl==3.1.5", "et-xmlfile==2.0.0"))
 
 `TreeBuilder` turns a resolved recipe into `rootfs/` and `rootfs.ext4` inside a directory the
@@ -74,6 +74,27 @@ RECIPES: tuple[Recipe, ...] = (
         debian=("chromium", "fonts-liberation", "libatomic1"),
         pip=("playwright==1.65.2", "greenlet==3.2.5"),
         files=browser_quiet.FILES,
+    ),
+    Recipe(
+        "docs",
+        "base + document tools: WeasyPrint (HTML/CSS to PDF), openpyxl, python-docx, pypdf, "
+        "reportlab, pandoc (Markdown), DejaVu, Liberation and WenQuanYi Zen Hei (CJK) fonts",
+        parent="base",
+        # fonts-wqy-zenhei for CJK: 16 MB against fonts-noto-cjk's 91 MB. python3-munkres
+        # satisfies WeasyPrint's fonttools' "python3-scipy | python3-munkres", which apt would
+        # otherwise take as scipy, pythran, boost and gcc (about 800 MB).
+        debian=(
+            "weasyprint",
+            "python3-munkres",
+            "python3-openpyxl",
+            "python3-docx",
+            "python3-pypdf",
+            "python3-reportlab",
+            "pandoc",
+            "fonts-dejavu-core",
+            "fonts-liberation",
+            "fonts-wqy-zenhei",
+        ),
     ),
 )
 
