@@ -5,7 +5,9 @@ manager that owns every live sandbox on this host.
   reap (`manager.py`);
 - `Driver` and `SandboxSpec` — the isolation contract (`driver.py`), `GVisorDriver`,
   `FirecrackerDriver`, and which of them work here (`drivers.py`);
-- `ImageStore` — guest images by content hash (`images.py`, recipes in `image_recipes.py`);
+- `ImageStore` — guest images by content hash (`images.py`, recipes in `image_recipes.py`),
+  and their derived layers with a policy's packages from the offline `Wheelhouse`
+  (`wheelhouse.py`);
 - `GuestChannel` — exec and files inside a running sandbox, and its errors (`channel.py`);
   `workspace_path`, the one rule for paths a caller may name.
 
@@ -53,5 +55,6 @@ __all__, __getattr__ = surface(
             "SandboxUnavailable",
             "UnknownSandbox",
         ),
+        "wheelhouse": ("MAX_WHEEL_BYTES", "Wheel", "Wheelhouse", "WheelhouseError"),
     },
 )

@@ -203,6 +203,18 @@ _TRIM_GLOBS = (
 )
 
 
+def guest_wheel_args() -> list[str]:
+    """pip's arguments that choose wheels for the guest's Python, not the host's."""
+    abi = "cp" + GUEST_PYTHON_VERSION.replace(".", "")
+    return [
+        "--only-binary=:all:",
+        f"--python-version={GUEST_PYTHON_VERSION}",
+        f"--platform={WHEEL_PLATFORM}",
+        "--implementation=cp",
+        f"--abi={abi}",
+    ]
+
+
 class ImageBuildError(RuntimeError):
     """A build step failed; the message has the command and the tail of its output."""
 
@@ -507,16 +519,6 @@ class TreeBuilder:
         finally:
             policy.unlink(missing_ok=True)
 
-    def _pip_target_args(self) -> list[str]:
-        abi = "cp" + GUEST_PYTHON_VERSION.replace(".", "")
-        return [
-            "--only-binary=:all:",
-            f"--python-version={GUEST_PYTHON_VERSION}",
-            f"--platform={WHEEL_PLATFORM}",
-            "--implementation=cp",
-            f"--abi={abi}",
-        ]
-
     def pip_install(self) -> None:
         if self.settings.download_cache is not None:
             wheels = (self.settings.download_cache / "wheels").resolve()
@@ -525,14 +527,14 @@ class TreeBuilder:
         wheels.mkdir(parents=True, exist_ok=True)
         pip = [sys.executable, "-m", "pip"]
         _run(
-            [*pip, "download", *self._pip_target_args(), "--progress-bar=off",
+            [*pip, "download", *guest_wheel_args(), "--progress-bar=off",
              f"--dest={wheels}", *self.recipe.pip],
             label="pip download",
             progress=self.progress,
         )  # fmt: skip
         target = self.rootfs / GUEST_SITE_PACKAGES.lstrip("/")
         _run(
-            [*pip, "install", *self._pip_target_args(), "--no-index", f"--find-links={wheels}",
+            [*pip, "install", *guest_wheel_args(), "--no-index", f"--find-links={wheels}",
              f"--target={target}", "--no-compile", "--no-warn-script-location", *self.recipe.pip],
             label="pip install",
             progress=self.progress,
@@ -626,20 +628,95 @@ class TreeBuilder:
         resolv.chmod(0o644)
 
     def make_ext4(self) -> None:
-        size, inodes = tree_usage(self.rootfs)
-        mib = 2**20
-        fs_bytes = math.ceil((size * 1.3 + 64 * mib) / mib) * mib
-        inode_count = inodes + inodes // 3 + 1024
-        ext4 = self.tmp / "rootfs.ext4"
-        env = _command_env()
-        env["E2FSPROGS_FAKE_TIME"] = EXT4_FAKE_TIME
-        uuid_ = _derived_uuid(self.content_hash, "fs-uuid")
-        seed = _derived_uuid(self.content_hash, "hash-seed")
+        make_ext4(self.rootfs, self.tmp / "rootfs.ext4", self.content_hash, self.progress)
+
+
+def make_ext4(rootfs: Path, ext4: Path, content_hash: str, progress: Progress) -> None:
+    """The tree as an ext4 file (Firecracker's root drive), reproducibly from its hash."""
+    size, inodes = tree_usage(rootfs)
+    mib = 2**20
+    fs_bytes = math.ceil((size * 1.3 + 64 * mib) / mib) * mib
+    inode_count = inodes + inodes // 3 + 1024
+    env = _command_env()
+    env["E2FSPROGS_FAKE_TIME"] = EXT4_FAKE_TIME
+    uuid_ = _derived_uuid(content_hash, "fs-uuid")
+    seed = _derived_uuid(content_hash, "hash-seed")
+    _run(
+        [_find_tool("mkfs.ext4"), "-F", "-q", "-b", "4096", "-L", EXT4_LABEL, "-U", uuid_,
+         "-E", f"root_owner=0:0,hash_seed={seed}", "-N", str(inode_count), "-m", "0",
+         "-d", str(rootfs), str(ext4), f"{fs_bytes // 1024}k"],
+        label="mkfs.ext4",
+        progress=progress,
+        env=env,
+    )  # fmt: skip
+
+
+def python_distributions(rootfs: Path) -> set[str]:
+    """The names of the Python distributions an image's tree already has (Debian's and the
+    recipe's pip packages), from their .dist-info and .egg-info directories."""
+    found = set()
+    for site in ("usr/lib/python3/dist-packages", GUEST_SITE_PACKAGES.lstrip("/")):
+        directory = rootfs / site
+        if directory.is_dir():
+            for entry in directory.iterdir():
+                for suffix in (".dist-info", ".egg-info"):
+                    if entry.name.endswith(suffix):
+                        found.add(entry.name[: -len(suffix)].rsplit("-", 1)[0])
+    return found
+
+
+def derive_tree(
+    parent: Path,
+    directory: Path,
+    wheels: Sequence[tuple[Path, str]],
+    content_hash: str,
+    progress: Progress,
+) -> None:
+    """A derived image in `directory`: the `parent` tree plus `wheels` ((file, sha256) each),
+    installed by pip with no index and every hash checked, and no dependency but those given.
+
+    The tree is a hard-linked copy of the parent (files are shared, directories are new), so
+    only new entries may be written: the wheels go into a directory of their own first and
+    are then moved into the guest's site-packages, refusing a name the parent already has,
+    and only the new files are byte-compiled. A derived image shares the parent's files, so
+    the parent is never written through it.
+    """
+    rootfs = directory / "rootfs"
+    _run(["cp", "-al", str(parent), str(rootfs)], label="hard-linked copy", progress=progress)
+    staged = directory / "site"
+    requirements = directory / "requirements.txt"
+    requirements.write_text(
+        "".join(f"{path.resolve()} --hash=sha256:{digest}\n" for path, digest in wheels)
+    )
+    _run(
+        [sys.executable, "-m", "pip", "install", *guest_wheel_args(), "--no-index", "--no-deps",
+         "--require-hashes", f"--target={staged}", "--no-compile", "--no-warn-script-location",
+         "--disable-pip-version-check", "-r", str(requirements)],
+        label="pip install",
+        progress=progress,
+    )  # fmt: skip
+    shutil.rmtree(staged / "bin", ignore_errors=True)  # host-interpreter scripts; use -m
+    site = rootfs / GUEST_SITE_PACKAGES.lstrip("/")
+    site.mkdir(parents=True, exist_ok=True)
+    moved = []
+    for entry in sorted(staged.iterdir()):
+        dest = site / entry.name
+        if dest.exists() or dest.is_symlink():
+            raise ImageBuildError(
+                f"{entry.name} is already in the image's {GUEST_SITE_PACKAGES}; a package "
+                "cannot replace what the image has"
+            )
+        entry.rename(dest)
+        moved.append(GUEST_SITE_PACKAGES + "/" + entry.name)
+    staged.rmdir()
+    requirements.unlink()
+    sources = [m for m in moved if m.endswith(".py") or (rootfs / m.lstrip("/")).is_dir()]
+    if sources:
         _run(
-            [_find_tool("mkfs.ext4"), "-F", "-q", "-b", "4096", "-L", EXT4_LABEL, "-U", uuid_,
-             "-E", f"root_owner=0:0,hash_seed={seed}", "-N", str(inode_count), "-m", "0",
-             "-d", str(self.rootfs), str(ext4), f"{fs_bytes // 1024}k"],
-            label="mkfs.ext4",
-            progress=self.progress,
-            env=env,
+            [_find_tool("chroot"), str(rootfs), "/usr/bin/python3", "-m", "compileall", "-q",
+             "-j", "0", "--invalidation-mode", "unchecked-hash", *sources],
+            label="compileall",
+            progress=progress,
+            isolate=True,
         )  # fmt: skip
+    make_ext4(rootfs, directory / "rootfs.ext4", content_hash, progress)

@@ -44,7 +44,7 @@ from aamp.errors import AampError
 from aamp.policy import Resources
 from aamp.sandbox.channel import GuestChannel
 from aamp.sandbox.driver import SANDBOX_ID_RE, Driver, DriverError, SandboxHandle, SandboxSpec
-from aamp.sandbox.images import ImageStore
+from aamp.sandbox.images import BuiltImage, ImageBuildError, ImageStore
 from aamp.sandbox.runtime_dir import RuntimeDir, RuntimeDirBusy
 
 log = logging.getLogger("aamp.sandbox")
@@ -106,6 +106,9 @@ class CreateRequest:
     egress: EgressRules = field(default_factory=block_everything)
     # The services whose credentials the proxy injects for this sandbox.
     services: ServiceSet = field(default_factory=ServiceSet)
+    # A policy's `packages:` (`name==version`), installed from the wheelhouse in a derived
+    # layer of the image (`ImageStore.with_packages`).
+    packages: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("ttl", "idle"):
@@ -134,6 +137,7 @@ class Sandbox:
     started_monotonic: float = field(default_factory=time.monotonic)
     active_uses: int = 0
     last_used: float = field(default_factory=time.monotonic)
+    packages: tuple[str, ...] = ()  # from the wheelhouse, in the image's derived layer
 
     def expiry_reason(self, now: float) -> str | None:
         if now - self.started_monotonic >= self.ttl:
@@ -149,6 +153,7 @@ class Sandbox:
             "id": self.id,
             "image": self.image,
             "image_hash": self.image_hash,
+            "packages": list(self.packages),
             "driver": self.driver,
             "created_at": self.created_at,
             "ttl_seconds": self.ttl,
@@ -282,11 +287,18 @@ class SandboxManager:
             )
         try:
             image = self.images.get(request.image)
-        except (ValueError, LookupError) as exc:  # UnknownImage, ImageNotBuilt
+            if request.packages:
+                image = await asyncio.to_thread(self.images.with_packages, image, request.packages)
+        except (ValueError, LookupError) as exc:  # UnknownImage, ImageNotBuilt, WheelhouseError
             raise InvalidRequest(str(exc)) from None
-        sandbox = await self._take_from_pool(request, driver_name, image.content_hash)
+        except ImageBuildError as exc:
+            raise SandboxUnavailable(f"the image with packages could not be built: {exc}") from None
+        sandbox = None
+        if not request.packages:  # the pool holds plain images only
+            sandbox = await self._take_from_pool(request, driver_name, image.content_hash)
         if sandbox is None:
-            sandbox = await self._boot(driver_name, request.image, request.resources)
+            sandbox = await self._boot(driver_name, image, request.resources)
+            sandbox.packages = request.packages
         sandbox.egress.update_rules(request.egress)
         sandbox.egress.update_services(request.services)
         sandbox.ttl, sandbox.idle = request.ttl, request.idle
@@ -339,9 +351,9 @@ class SandboxManager:
             await self.destroy(sandbox.id, reason=f"stopped: {why}")
         raise SandboxStopped(f"sandbox {sandbox.id} has stopped: {why}")
 
-    async def _boot(self, driver_name: str, image_name: str, resources: Resources) -> Sandbox:
+    async def _boot(self, driver_name: str, image: BuiltImage, resources: Resources) -> Sandbox:
         driver = self.drivers[driver_name]
-        image = self.images.get(image_name)
+        image_name = image.name
         sandbox_id = f"sb-{secrets.token_hex(6)}"
         state_dir = self.settings.runtime_dir / "sb" / sandbox_id
         state_dir.mkdir(mode=0o700)
@@ -430,7 +442,8 @@ class SandboxManager:
         target = self.warm_pool_sizes.get(image, 0)
         while len(pool) < target:
             try:
-                pool.append(await self._boot(self.default_driver, image, Resources()))
+                built = self.images.get(image)
+                pool.append(await self._boot(self.default_driver, built, Resources()))
             except (SandboxError, ValueError) as exc:
                 log.warning("warm pool for %s could not start a sandbox: %s", image, exc)
                 return
