@@ -22,8 +22,9 @@ import zipfile
 from pathlib import Path
 from typing import ClassVar
 
-sys.path[:0] = [str(Path(__file__).resolve().parent.parent / "agents")]
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent / d) for d in ("agents", ".")]
 
+from office_files import W, minimal_docx  # noqa: E402  (tests/office_files.py)
 from run_helpers import admin_client, audit_and_tool_messages  # noqa: E402
 from scripted_model import ScriptedModelServerForTests  # noqa: E402
 
@@ -57,33 +58,8 @@ class Upstream(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def _docx(document_xml: str) -> bytes:
-    """A minimal Word file (the three parts Word and python-docx need), made with zipfile."""
-    types = (
-        '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>'
-        '<Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types">'
-        '<Default Extension="rels" ContentType="application/vnd.openxmlformats-package.'
-        'relationships+xml"/><Default Extension="xml" ContentType="application/xml"/>'
-        '<Override PartName="/word/document.xml" ContentType="application/vnd.openxmlformats-'
-        'officedocument.wordprocessingml.document.main+xml"/></Types>'
-    )
-    rels = (
-        '<?xml version="1.0" encoding="UTF-8" standalone="yes"?>'
-        '<Relationships xmlns="http://schemas.openxmlformats.org/package/2006/relationships">'
-        '<Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/2006/'
-        'relationships/officeDocument" Target="word/document.xml"/></Relationships>'
-    )
-    out = io.BytesIO()
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
-        z.writestr("[Content_Types].xml", types)
-        z.writestr("_rels/.rels", rels)
-        z.writestr("word/document.xml", document_xml)
-    return out.getvalue()
-
-
-W = "http://schemas.openxmlformats.org/wordprocessingml/2006/main"
 # Word splits "{{name}}" over runs when a part of it was typed or formatted separately.
-TEMPLATE = _docx(
+TEMPLATE = minimal_docx(
     f'<?xml version="1.0" encoding="UTF-8" standalone="yes"?><w:document xmlns:w="{W}"><w:body>'
     "<w:p><w:r><w:t>ACME Ltd, 1 Main Street</w:t></w:r></w:p>"
     '<w:p><w:r><w:t xml:space="preserve">Dear {{</w:t></w:r><w:r><w:rPr><w:b/></w:rPr>'
