@@ -38,6 +38,21 @@ def tabulate_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Wheelhouse(settings).path(added[0])
 
 
+def test_add_refuses_what_is_not_a_plain_requirement(tmp_path: Path) -> None:
+    """Nothing but a requirement reaches pip: no options, no URL or file references."""
+    house = Wheelhouse(plane_settings(tmp_path))
+    for text, why in (
+        ("--index-url=http://127.0.0.1:9/simple", "is not a requirement"),
+        ("-r/etc/passwd", "is not a requirement"),
+        ("x @ http://127.0.0.1:9/x-1.0-py3-none-any.whl", "a URL requirement is refused"),
+        ("x @ file:///etc/passwd", "a URL requirement is refused"),
+        ("tabulate; rm -rf /", "is not a requirement"),
+    ):
+        with pytest.raises(WheelhouseError, match=re.escape(why)):
+            house.add([text], by="alice")
+    assert house.list() == []
+
+
 def test_add_keeps_wheels_with_their_hash_and_refuses_what_the_guest_cannot_use(
     tmp_path: Path, tabulate_wheel: Path
 ) -> None:

@@ -228,11 +228,13 @@ class Wheelhouse:
         this host's configured index), then keep them like `add_files`."""
         for text in requirements:
             try:
-                Requirement(text)
+                req = Requirement(text)
             except InvalidRequirement as exc:
                 raise WheelhouseError(f"{text!r} is not a requirement: {exc}") from None
             if text.startswith("-"):
                 raise WheelhouseError(f"{text!r} is not a requirement")
+            if req.url:  # the host would fetch it from anywhere, not from the index
+                raise WheelhouseError(f"{text!r}: a URL requirement is refused; use the index")
         with tempfile.TemporaryDirectory(prefix="aamp-wheels-") as tmp:
             done = subprocess.run(
                 [sys.executable, "-m", "pip", "download", *guest_wheel_args(),
