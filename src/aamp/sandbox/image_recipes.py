@@ -111,6 +111,8 @@ class ResolvedRecipe:
     debian: tuple[str, ...]  # every descendant's packages: apt-get install in the tree
     pip: tuple[str, ...]
     files: tuple[tuple[str, str], ...] = ()  # a descendant's file replaces its parent's
+    # (file name, SHA-256) of wheels from the installation's wheelhouse (custom images).
+    wheels: tuple[tuple[str, str], ...] = ()
 
     def fingerprint(self) -> dict[str, object]:
         """The recipe's part of the content hash (order-independent)."""
@@ -128,6 +130,8 @@ class ResolvedRecipe:
             doc["files"] = {
                 path: hashlib.sha256(text.encode()).hexdigest() for path, text in self.files
             }
+        if self.wheels:  # likewise absent when empty
+            doc["wheels"] = dict(self.wheels)
         return doc
 
 
@@ -135,9 +139,10 @@ def recipe_names() -> list[str]:
     return [r.name for r in RECIPES]
 
 
-def resolve(name: str) -> ResolvedRecipe | None:
-    """Fold the parent chain of `name` into one recipe; None if there is no such recipe."""
-    by_name = {r.name: r for r in RECIPES}
+def resolve(name: str, extra: Recipe | None = None) -> ResolvedRecipe | None:
+    """Fold the parent chain of `name` into one recipe; None if there is no such recipe.
+    `extra` is one more recipe (a custom image's, `aamp.sandbox.custom_images`)."""
+    by_name = {r.name: r for r in (*RECIPES, *([extra] if extra else []))}
     recipe = by_name.get(name)
     if recipe is None:
         return None
@@ -445,6 +450,9 @@ class TreeBuilder:
         if self.recipe.pip:
             with self.step(f"pip packages {' '.join(self.recipe.pip)}"):
                 self.pip_install()
+        if self.recipe.wheels:
+            with self.step(f"wheelhouse packages {' '.join(n for n, _ in self.recipe.wheels)}"):
+                self.wheelhouse_install()
         if self.recipe.files:
             with self.step(f"files {' '.join('/' + path for path, _ in self.recipe.files)}"):
                 self.write_files()
@@ -543,6 +551,28 @@ class TreeBuilder:
         shutil.rmtree(target / "bin", ignore_errors=True)
         if self.tmp / "wheels" == wheels:
             shutil.rmtree(wheels)
+
+    def wheelhouse_install(self) -> None:
+        """The recipe's wheels, from the wheelhouse only: no index, no dependencies but those
+        listed, every hash checked."""
+        wheels = self.settings.home / "wheelhouse"
+        requirements = self.tmp / "wheelhouse.txt"
+        requirements.write_text(
+            "".join(
+                f"{wheels / name} --hash=sha256:{digest}\n" for name, digest in self.recipe.wheels
+            )
+        )
+        target = self.rootfs / GUEST_SITE_PACKAGES.lstrip("/")
+        _run(
+            [sys.executable, "-m", "pip", "install", *guest_wheel_args(), "--no-index",
+             "--no-deps", "--require-hashes", f"--target={target}", "--no-compile",
+             "--no-warn-script-location", "--disable-pip-version-check", "-r",
+             str(requirements)],
+            label="pip install (wheelhouse)",
+            progress=self.progress,
+        )  # fmt: skip
+        shutil.rmtree(target / "bin", ignore_errors=True)
+        requirements.unlink()
 
     def write_files(self) -> None:
         for path, text in self.recipe.files:

@@ -32,6 +32,7 @@ when the sandbox is destroyed (see `hold_image` for why a lock and not a scan fo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -50,6 +51,7 @@ from typing import NamedTuple
 
 import aamp
 from aamp.config import Settings
+from aamp.sandbox import custom_images
 from aamp.sandbox.image_recipes import (
     BUILDER_FORMAT,
     HEARTBEAT_SECONDS,
@@ -350,8 +352,23 @@ class ImageStore:
     # ---- queries
 
     def names(self) -> list[str]:
-        """The images this installation knows how to build."""
-        return recipe_names()
+        """The images this installation knows how to build (built-in, then custom)."""
+        recipes = self._settings.home / "image-recipes"
+        custom = sorted(custom_images.PREFIX + p.stem for p in recipes.glob("*.yaml"))
+        return recipe_names() + [n for n in custom if _NAME_RE.match(n)]
+
+    def _resolve(self, name: str) -> ResolvedRecipe | None:
+        """A built-in recipe, or a custom image's from its recipe file with its wheelhouse
+        packages pinned to their files and hashes (CustomRecipeError, WheelhouseError)."""
+        custom = custom_images.load(self._settings, name)
+        if custom is None:
+            return resolve(name)
+        recipe, packages = custom
+        resolved = resolve(name, recipe)
+        if resolved is None or not packages:
+            return resolved
+        wheels = Wheelhouse(self._settings).pinned(packages)
+        return dataclasses.replace(resolved, wheels=tuple((w.filename, w.sha256) for w in wheels))
 
     def get(self, name: str) -> BuiltImage:
         """The current built image called `name`."""
@@ -359,7 +376,7 @@ class ImageStore:
         image = self._current(name)
         if image is not None:
             return image
-        if resolve(name) is None:
+        if self._resolve(name) is None:
             raise self._unknown(name)
         raise ImageNotBuilt(f"image '{name}' has not been built yet; run: aamp image build {name}")
 
@@ -378,7 +395,7 @@ class ImageStore:
     def content_hash(self, name: str, *, ca_cert: Path | None = None) -> str:
         """The hash a build of `name` would have now (to tell whether the current is stale)."""
         self._check_name(name)
-        recipe = resolve(name)
+        recipe = self._resolve(name)
         if recipe is None:
             raise self._unknown(name)
         package_init = self._package_init.read_bytes()
@@ -404,7 +421,7 @@ class ImageStore:
         unused. That beats refusing: a rebuild never has to wait for (or kill) sandboxes.
         """
         self._check_name(name)
-        recipe = resolve(name)
+        recipe = self._resolve(name)
         if recipe is None:
             raise self._unknown(name)
         guest = _guest_files(self._guest_dir)
