@@ -7,13 +7,17 @@ benchmarks/results/agent_eval.json.
     python benchmarks/agent_eval.py ... --tasks csv_sum,fetch_fact --api-key-env LLM_KEY
     python benchmarks/agent_eval.py --scripted-overhead 40   # overhead only, see below
     python benchmarks/agent_eval.py --scripted-browser       # the browser tasks, scripted
+    python benchmarks/agent_eval.py --scripted-documents     # the docs-image tasks, scripted
 
 The control plane runs in this process (real store, audit log, gVisor sandboxes from the
 built images; needs root and runsc). A local web app on 127.0.0.1 plays the back-office
 systems, reachable from sandboxes as `app.eval` (a policy rule names it; the egress proxy
 resolves it to loopback); `blocked.example` is refused by `default: block` before any name is
 resolved, so nothing leaves the machine except the model calls to the endpoint you configure.
-Tasks whose image (docs, browser) is not built are reported as skipped.
+Tasks whose image (docs, browser) is not built are reported as skipped. The docs-image tasks
+(`csv_to_xlsx`, `csv_to_pdf_report`, `docx_letter`) are judged by parsing the artifact (the
+XLSX's total row or SUM formula, the PDF's text, the DOCX's filled placeholders);
+`--scripted-documents` plays each with the scripted model double.
 
 The `legacy_*` tasks operate a legacy-style back-office app with the browser tool
 (tests/agents/legacy_app.py, served on 127.0.0.1 as `legacy.eval`): log in, search, edit an
@@ -158,6 +162,144 @@ def _xlsx_has(data: bytes, needle: str) -> bool:
         return False
 
 
+def _xlsx_total(data: bytes) -> bool:
+    """A row whose first cell is 'total' and whose next is 300, or a SUM formula."""
+    import openpyxl  # a test dependency: the eval checks artifacts as the tests do
+
+    try:
+        sheet = openpyxl.load_workbook(io.BytesIO(data)).worksheets[0]
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError):
+        return False
+    for row in sheet.iter_rows(values_only=True):
+        if row and str(row[0]).strip().lower() == "total" and len(row) > 1:
+            value = row[1]
+            return value in (300, 300.0) or str(value).upper().startswith("=SUM(")
+    return False
+
+
+def _pdf_text(data: bytes) -> str:
+    import pypdf  # a test dependency: the eval checks artifacts as the tests do
+
+    try:
+        return "\n".join(p.extract_text() for p in pypdf.PdfReader(io.BytesIO(data)).pages)
+    except (pypdf.errors.PdfReadError, ValueError):
+        return ""
+
+
+def _docx_text(data: bytes) -> str:
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            return z.read("word/document.xml").decode("utf-8", "replace")
+    except (zipfile.BadZipFile, KeyError):
+        return ""
+
+
+def _documents(**arguments: Any) -> dict[str, Any]:
+    return {"tool_calls": [{"name": "documents", "arguments": arguments}]}
+
+
+REPORT_HTML = (
+    "<h1>Sales report</h1><table><tr><th>Region</th><th>Amount</th></tr>"
+    "<tr><td>north</td><td>120</td></tr><tr><td>south</td><td>80</td></tr>"
+    "<tr><td>east</td><td>42</td></tr><tr><td>west</td><td>58</td></tr></table>"
+    "<p>Total: 300</p>"
+)
+
+
+def document_tasks(sales: dict[str, bytes]) -> list[Task]:
+    """The docs-image tasks, each judged by parsing its artifact; `script` plays one for
+    `--scripted-documents` (checking the tool and the judge end to end without a model)."""
+    from office_files import letter_template  # tests/office_files.py
+
+    tools = ("documents", "python", "files")
+    letter = letter_template("Dear {{name}},", "we confirm your payment of {{amount}}.")
+    return [
+        Task(
+            "csv_to_xlsx",
+            "Read /workspace/in/sales.csv and write /workspace/out/summary.xlsx with the rows "
+            "and a last row 'total' with the sum of amounts.",
+            lambda o: _xlsx_total(o.artifacts.get("summary.xlsx", b"")),
+            image="docs",
+            tools=tools,
+            inputs=sales,
+            script=[
+                _documents(action="read", path="in/sales.csv"),
+                _documents(
+                    action="convert", path="in/sales.csv", to="xlsx", output="out/rows.xlsx"
+                ),
+                _documents(
+                    action="write_xlsx",
+                    output="out/summary.xlsx",
+                    sheets=[
+                        {
+                            "name": "Sales",
+                            "rows": [
+                                ["region", "amount"],
+                                ["north", 120],
+                                ["south", 80],
+                                ["east", 42],
+                                ["west", 58],
+                                ["total", {"formula": "=SUM(B2:B5)"}],
+                            ],
+                        }
+                    ],
+                ),
+                {"content": "out/summary.xlsx"},
+            ],
+        ),
+        Task(
+            "csv_to_pdf_report",
+            "Make a PDF report of /workspace/in/sales.csv: the heading 'Sales report', a table "
+            "of regions and amounts, and a line 'Total: N' with the sum of amounts. Write it "
+            "to /workspace/out/report.pdf.",
+            lambda o: all(
+                s in _pdf_text(o.artifacts.get("report.pdf", b""))
+                for s in ("Sales report", "north", "west", "Total: 300")
+            ),
+            image="docs",
+            tools=tools,
+            inputs=sales,
+            out_types=("pdf",),
+            script=[
+                _documents(action="read", path="in/sales.csv"),
+                _documents(
+                    action="render_pdf",
+                    html=REPORT_HTML,
+                    output="out/report.pdf",
+                    footer="Page {page} of {pages}",
+                ),
+                {"content": "out/report.pdf"},
+            ],
+        ),
+        Task(
+            "docx_letter",
+            "Fill the Word template /workspace/in/letter.docx (placeholders {{name}} and "
+            "{{amount}}) for Ada Lovelace, with the sum of the amount column of "
+            "/workspace/in/sales.csv followed by ' EUR' as the amount; write "
+            "/workspace/out/letter.docx.",
+            lambda o: (
+                "Ada Lovelace" in (text := _docx_text(o.artifacts.get("letter.docx", b"")))
+                and "300 EUR" in text
+                and "{{" not in text
+            ),
+            image="docs",
+            tools=tools,
+            inputs={**sales, "letter.docx": letter},
+            out_types=("docx",),
+            script=[
+                _documents(action="read", path="in/sales.csv"),
+                _documents(
+                    action="write_docx",
+                    template="in/letter.docx",
+                    values={"name": "Ada Lovelace", "amount": "300 EUR"},
+                    output="out/letter.docx",
+                ),
+                {"content": "out/letter.docx"},
+            ],
+        ),
+    ]
+
+
 def tasks(app: str) -> list[Task]:
     """The tasks; `app` is the base URL of the local web app (WebApp)."""
     sales = {"sales.csv": SALES}
@@ -186,14 +328,7 @@ def tasks(app: str) -> list[Task]:
             ),
             inputs=sales,
         ),
-        Task(
-            "csv_to_xlsx",
-            "Read /workspace/in/sales.csv and write /workspace/out/summary.xlsx (openpyxl) with "
-            "the rows and a last row 'total' with the sum of amounts.",
-            lambda o: _xlsx_has(o.artifacts.get("summary.xlsx", b""), "300"),
-            image="docs",
-            inputs=sales,
-        ),
+        *document_tasks(sales),
         Task(
             "json_stats",
             "Write /workspace/out/stats.json with keys count, min and max of the amount column "
@@ -413,7 +548,7 @@ async def define_agent(
         "image": task.image,
         "egress": {"default": "block", "allow": ["app.eval", "legacy.eval"]},
         "data": {
-            "inbound": {"max_bytes": "10MB", "types": ["csv", "txt", "json"]},
+            "inbound": {"max_bytes": "10MB", "types": ["csv", "txt", "json", "docx"]},
             "outbound": {"max_bytes": "10MB", "types": list(task.out_types)},
         },
     }
@@ -562,7 +697,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         raise SystemExit("the eval runs real gVisor sandboxes: it needs root and runsc")
     web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), WebApp)
     threading.Thread(target=web.serve_forever, daemon=True).start()
-    sys.path.insert(0, str(REPO / "tests" / "agents"))
+    sys.path[:0] = [str(REPO / "tests" / "agents"), str(REPO / "tests")]
     from legacy_app import EXPORT_CSV, LegacyAppForTests  # the legacy-style app
 
     global LEGACY_EXPORT
@@ -589,8 +724,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     scripted = None
     from scripted_model import ScriptedModelServerForTests  # the test double
 
-    if args.scripted_browser:
-        chosen = [t for t in browsing if not args.tasks or t.name in args.tasks.split(",")]
+    if args.scripted_browser or args.scripted_documents:
+        played = browsing if args.scripted_browser else document_tasks({"sales.csv": SALES})
+        chosen = [t for t in played if not args.tasks or t.name in args.tasks.split(",")]
     elif args.scripted_overhead:
         turns = [{"tool_calls": [{"name": "shell", "arguments": {"command": "true"}}]}] * (
             args.scripted_overhead
@@ -624,7 +760,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                         )
                         continue
                     steps = args.scripted_overhead + 1 if scripted else 16
-                    if args.scripted_browser:
+                    if args.scripted_browser or args.scripted_documents:
                         with ScriptedModelServerForTests(task.script) as double:
                             agent = await define_agent(
                                 c, task, double.base_url, "scripted", None, n, steps
@@ -651,7 +787,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     ran = [r for r in results if "skipped" not in r]
     overheads = sorted(x for r in ran for x in r["overhead_ms"])
     summary = {
-        "endpoint": base_url if not (scripted or args.scripted_browser) else "scripted test double",
+        "endpoint": base_url
+        if not (scripted or args.scripted_browser or args.scripted_documents)
+        else "scripted test double",
         "model": model,
         "tasks": len(ran),
         "succeeded": sum(r["success"] for r in ran),
@@ -700,6 +838,11 @@ def main() -> None:
         help="the legacy_* browser tasks, each played by the scripted model double",
     )
     p.add_argument(
+        "--scripted-documents",
+        action="store_true",
+        help="the docs-image tasks (XLSX, PDF report, DOCX letter), played by the scripted double",
+    )
+    p.add_argument(
         "--sse-runs",
         type=int,
         default=10,
@@ -708,8 +851,12 @@ def main() -> None:
     )
     p.add_argument("--json", type=Path, default=RESULTS)
     args = p.parse_args()
-    if not args.base_url and not args.scripted_overhead and not args.scripted_browser:
-        p.error("--base-url is required (or --scripted-overhead N, or --scripted-browser)")
+    scripted = args.scripted_overhead or args.scripted_browser or args.scripted_documents
+    if not args.base_url and not scripted:
+        p.error(
+            "--base-url is required (or --scripted-overhead N, --scripted-browser or "
+            "--scripted-documents)"
+        )
     report = asyncio.run(main_async(args))
     print(json.dumps(report["summary"], indent=2))
     args.json.parent.mkdir(parents=True, exist_ok=True)

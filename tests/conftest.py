@@ -80,6 +80,11 @@ def browser_image() -> object:
 
 
 @pytest.fixture(scope="session")
+def docs_image() -> object:
+    return _build("docs")
+
+
+@pytest.fixture(scope="session")
 def postgres_server() -> Iterator[object]:
     """One real PostgreSQL server for the whole run, started from Debian's binaries."""
     from pgtemp import TemporaryPostgres

@@ -168,6 +168,9 @@ def test_the_package_graph_has_no_cycle() -> None:
 # in the browser image, which also carries Playwright; nothing else in a guest has it.
 BROWSER_DRIVER = "aamp.guest.browser_server"
 BROWSER_IMAGE_PACKAGES = {"playwright"}
+# Likewise the documents worker (`aamp.guest.documents`), one process per call in the docs image.
+DOCUMENTS_WORKER = "aamp.guest.documents"
+DOCS_IMAGE_PACKAGES = {"weasyprint", "openpyxl", "docx", "pypdf"}
 
 
 def _guest_modules_reached(start: str) -> set[str]:
@@ -189,6 +192,7 @@ def _guest_modules_reached(start: str) -> set[str]:
 
 def test_the_guest_imports_only_the_standard_library() -> None:
     driver = _guest_modules_reached(BROWSER_DRIVER)
+    worker = _guest_modules_reached(DOCUMENTS_WORKER)
     wrong = [
         f"{imp.module}:{imp.line} imports {imp.target}"
         for path in sorted((SRC / "guest").rglob("*.py"))
@@ -197,22 +201,26 @@ def test_the_guest_imports_only_the_standard_library() -> None:
         and imp.target.split(".")[0] not in sys.stdlib_module_names
         and imp.target != "__future__"
         and not (imp.module in driver and imp.target.split(".")[0] in BROWSER_IMAGE_PACKAGES)
+        and not (imp.module in worker and imp.target.split(".")[0] in DOCS_IMAGE_PACKAGES)
     ]
     assert not wrong, "the guest runs inside the sandbox on its own:\n" + "\n".join(wrong)
 
 
-def test_the_guest_agent_never_loads_the_browser_driver() -> None:
-    """Every image runs the agent; only the browser image has Playwright. The agent starts the
-    driver as a process of its own (`browser_relay`), never by importing it."""
+def test_the_guest_agent_never_loads_the_browser_driver_or_the_documents_worker() -> None:
+    """Every image runs the agent; only the browser image has Playwright, only the docs image
+    the document libraries. The agent starts the driver as a process of its own
+    (`browser_relay`), never by importing it; the documents worker is a command of its own."""
     agent = _guest_modules_reached("aamp.guest.agent")
     assert "aamp.guest.browser_relay" in agent  # the agent's own side of the browser is read
     wrong = [
         f"{imp.module}:{imp.line} imports {imp.target}"
         for module in sorted(agent)
         for imp in _imports(SRC.parent.joinpath(*module.split(".")).with_suffix(".py"))
-        if imp.target == BROWSER_DRIVER or imp.target.split(".")[0] in BROWSER_IMAGE_PACKAGES
+        if imp.target in (BROWSER_DRIVER, DOCUMENTS_WORKER)
+        or imp.target.split(".")[0] in BROWSER_IMAGE_PACKAGES | DOCS_IMAGE_PACKAGES
     ]
-    assert BROWSER_DRIVER not in agent and not wrong, "\n".join(wrong)
+    assert BROWSER_DRIVER not in agent and DOCUMENTS_WORKER not in agent, sorted(agent)
+    assert not wrong, "\n".join(wrong)
 
 
 def _surface(package: str) -> tuple[set[str], set[str]]:

@@ -125,6 +125,10 @@ EXPECTED: dict[tuple[str, str], dict[str, Expect]] = {
     ("GET", "/v1/audit"): {"-": admin},
     ("GET", "/v1/audit/verify"): {"-": admin},
     ("GET", "/v1/images"): {"-": signed_in},
+    ("GET", "/v1/wheelhouse"): {"-": staff},
+    ("POST", "/v1/wheelhouse"): {"-": admin},
+    ("PUT", "/v1/wheelhouse/wheels/{filename}"): {"-": admin},
+    ("DELETE", "/v1/wheelhouse/{name}"): {"-": admin},
     ("GET", "/v1/sandboxes"): {"-": signed_in},
     # A sandbox for an agent uses only what is granted to that agent, whoever asks; only
     # admins give a policy inline or make one without an agent and policy.
@@ -217,6 +221,7 @@ def request_for(
         "sandbox_id": sc.own_sandbox if variant == "own" else sc.other_sandbox,
         "run_id": sc.own_run if variant == "own" else sc.other_run,
         "approval_id": sc.approval,
+        "filename": "scratch-1.0-py3-none-any.whl",
         "version": {"draft": "draft", "unpublished-number": "5"}.get(variant, "latest"),
     }
     if path.startswith("/v1/agents/{agent_id}/resources/"):

@@ -327,3 +327,30 @@ def test_create_with_a_policy_file(cp, tmp_path):
     assert ids() == before
     missing = cp.aamp("sandbox", "create", "--policy", str(tmp_path / "nope.yaml"))
     assert missing.returncode != 0 and b"cannot read the policy file" in missing.stderr
+
+
+def test_wheelhouse_add_from_a_directory_ls_rm_and_a_refused_policy(cp, tmp_path):
+    """`aamp wheelhouse add --from DIR` (wheels brought on media), `ls`, `rm`, and `aamp policy
+    put` refusing a package the wheelhouse lacks, by name."""
+    from wheel_files import make_wheel  # tests/wheel_files.py
+
+    media = tmp_path / "media"
+    media.mkdir()
+    wheel = make_wheel(media, "aampdemo", "2.0", "X = 2\n")
+    added = cp.aamp("wheelhouse", "add", "--from", str(media))
+    assert added.returncode == 0, added.stderr
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    listed = cp.aamp("wheelhouse", "ls").stdout.decode()
+    assert "aampdemo" in listed and "2.0" in listed and digest[:16] in listed
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("name: demo\nimage: base\npackages: [aampdemo==2.0]\n")
+    assert cp.aamp("policy", "put", str(ok)).returncode == 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: demo\nimage: base\npackages: [aampdemo==3.0]\n")
+    refused = cp.aamp("policy", "put", str(bad))
+    assert refused.returncode == 1
+    assert "aampdemo==3.0 is not in the wheelhouse (versions there: 2.0)" in refused.stderr.decode()
+    assert cp.aamp("wheelhouse", "rm", "aampdemo").returncode == 0
+    assert "aampdemo" not in cp.aamp("wheelhouse", "ls").stdout.decode()
+    neither = cp.aamp("wheelhouse", "add")
+    assert neither.returncode == 1 and b"give requirements or --from DIR" in neither.stderr

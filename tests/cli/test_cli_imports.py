@@ -45,6 +45,7 @@ COMMAND_LINES = [
     ["run", "ls"],
     ["run", "reporter", "a task"],
     ["approval", "ls"],
+    ["wheelhouse", "ls"],
 ]
 
 # Runs one command in this interpreter and writes what it loaded, beyond the interpreter's own

@@ -25,11 +25,10 @@ from pathlib import Path
 from typing import ClassVar
 
 import httpx
-from sqlalchemy import text
 
 sys.path[:0] = [str(Path(__file__).resolve().parent.parent / "agents")]
 
-from run_helpers import admin_client  # noqa: E402
+from run_helpers import admin_client, audit_and_tool_messages  # noqa: E402
 from scripted_model import ScriptedModelServerForTests  # noqa: E402
 
 from aamp.api.app import create_app  # noqa: E402
@@ -234,18 +233,7 @@ async def scenario(settings: Settings, mode: str, model: ScriptedModelServerForT
         report["sandboxes_after"] = (await c.get("/v1/sandboxes")).json()
     # A clean stop removes the whole runtime directory; whatever is left of it is reported.
     report["runtime_after"] = sorted(str(p) for p in settings.runtime_dir.glob("**/*"))
-    with cp.store.engine.connect() as conn:
-        rows = conn.execute(
-            text("SELECT actor, action, decision, reason, details FROM audit_records ORDER BY seq")
-        ).all()
-    cp.store.close()
-    report["audit"] = [
-        {"actor": a, "action": b, "decision": d, "reason": r, "details": json.loads(x)}
-        for a, b, d, r, x in rows
-    ]
-    report["tool_messages"] = [
-        m["content"] for m in model.requests[-1]["messages"] if m["role"] == "tool"
-    ]
+    report.update(audit_and_tool_messages(cp.store, model))
     # The images each model call was shown (data: URLs of image_url parts).
     report["images_shown"] = [
         [

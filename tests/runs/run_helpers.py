@@ -110,3 +110,24 @@ def parse_sse(text: str) -> list[dict[str, Any]]:
             item["data"] = json.loads(item["data"])
             events.append(item)
     return events
+
+
+def audit_and_tool_messages(store: Any, model: Any) -> dict[str, list]:
+    """A finished probe's audit log (every record, in order) and the tool messages of the
+    model's last request; closes the store."""
+    from sqlalchemy import text
+
+    with store.engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT actor, action, decision, reason, details FROM audit_records ORDER BY seq")
+        ).all()
+    store.close()
+    return {
+        "audit": [
+            {"actor": a, "action": b, "decision": d, "reason": r, "details": json.loads(x)}
+            for a, b, d, r, x in rows
+        ],
+        "tool_messages": [
+            m["content"] for m in model.requests[-1]["messages"] if m["role"] == "tool"
+        ],
+    }

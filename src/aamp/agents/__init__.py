@@ -6,7 +6,8 @@
 - `ModelClient` — one chat-completions call against the agent's model endpoint (`model.py`);
 - `ToolSet` and `SandboxTools` — the tools' schemas and their execution in the sandbox;
   `BrowserTool` — the browser tool's calls to the sandbox's one browser (`browser_tool.py`,
-  the agent's `browser:` block in `browser_settings.py`);
+  the agent's `browser:` block in `browser_settings.py`); `DocumentsTool` — the documents
+  tool's calls to the worker in the sandbox (`documents_tool.py`, `documents_schema.py`);
   `run_loop` — model, tools, observations until an answer or a limit (`loop.py`);
 - `guest_scripts` — the small programs tools run inside the guest; `local_model` — the
   optional air-gapped model server (`aamp model serve`).
@@ -20,6 +21,7 @@ __all__, __getattr__ = surface(
     __name__,
     {
         "browser_tool": ("BrowserTool",),
+        "documents_tool": ("DocumentsTool",),
         "definition": (
             "AgentDefinition",
             "DefinitionError",

@@ -46,7 +46,7 @@ from aamp.policy import (
     validate,
 )
 
-BUILTIN_TOOLS = ("shell", "python", "files", "browser")
+BUILTIN_TOOLS = ("shell", "python", "files", "browser", "documents")
 MAX_PROMPT_CHARS = 64 * 1024
 DEFAULT_PROMPT = "You are a careful assistant. Use the tools to do the task."
 # Fields an agent used to carry, and what replaced them.

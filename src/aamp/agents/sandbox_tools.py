@@ -15,6 +15,7 @@ from typing import Any
 
 from aamp.agents import guest_scripts
 from aamp.agents.browser_tool import BrowserTool
+from aamp.agents.documents_tool import DocumentsTool
 from aamp.agents.observation import Observation
 from aamp.agents.tools import SERVICE_PREFIX
 from aamp.sandbox import (
@@ -44,14 +45,16 @@ class SandboxTools:
         timeout_cap: int,
         *,
         browser: BrowserTool | None = None,
+        documents: DocumentsTool | None = None,
     ) -> None:
         """`services` maps each service tool's name to the upstream URL the guest calls;
-        `browser` is the run's browser tool (default: one with the default settings and no
-        egress ledger to explain refusals with)."""
+        `browser` and `documents` are the run's browser and documents tools (default: ones
+        with the default settings and no egress ledger to explain refusals with)."""
         self.borrow = borrow
         self.services = services
         self.timeout_cap = timeout_cap
         self.browser = browser or BrowserTool(borrow, timeout_cap)
+        self.documents = documents or DocumentsTool(borrow, timeout_cap)
 
     def _timeout(self, args: dict[str, Any]) -> float:
         return float(min(int(args.get("timeout", self.timeout_cap)), self.timeout_cap))
@@ -67,6 +70,8 @@ class SandboxTools:
                 return await self._files(args)
             if name == "browser":
                 return await self.browser.run(args)
+            if name == "documents":
+                return await self.documents.run(args)
             if name.startswith(SERVICE_PREFIX) and name in self.services:
                 return await self._service(self.services[name], args)
         except (PathEscapeError, FileTooLargeError, GuestError) as exc:

@@ -15,6 +15,7 @@ from typing import Any
 import jsonschema_rs
 
 from aamp.agents.browser_schema import SCHEMA as BROWSER_SCHEMA
+from aamp.agents.documents_schema import SCHEMA as DOCUMENTS_SCHEMA
 
 SERVICE_PREFIX = "service_"
 
@@ -63,6 +64,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         },
     },
     "browser": BROWSER_SCHEMA,
+    "documents": DOCUMENTS_SCHEMA,
 }
 
 

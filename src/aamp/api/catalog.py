@@ -18,9 +18,16 @@ from pydantic import BaseModel, Field
 from aamp.api.context import ControlPlane
 from aamp.api.errors import ApiError
 from aamp.api.guard import cp_of, record_change, rule
-from aamp.catalog.catalog import MAX_POLICY_BYTES, Service
+from aamp.catalog.catalog import (
+    MAX_POLICY_BYTES,
+    Service,
+    StoredPolicy,
+    parse_policy_document,
+)
 from aamp.catalog.model_endpoints import MAX_MODELS, ModelEndpoint, check_base_url
 from aamp.egress.registered import ConnectionRefused, resolve_and_check
+from aamp.policy import PolicyError
+from aamp.sandbox.wheelhouse import WheelhouseError
 
 Name = Annotated[str, Path(min_length=1, max_length=64)]
 
@@ -41,6 +48,7 @@ class PolicyOut(BaseModel):
     source: str
     image: str
     services: list[str]
+    packages: list[str]
     created_at: str
     created_by: str
     updated_at: str
@@ -141,7 +149,16 @@ def router() -> APIRouter:
         except UnicodeDecodeError:
             raise ApiError(400, "invalid_policy", "the policy is not UTF-8 text") from None
         by = request.state.actor.audit_name
-        stored = await cp.store.run(lambda: cp.catalog.put_policy(name, text, fmt, by=by))
+
+        def write() -> StoredPolicy:
+            policy = parse_policy_document(text, fmt)
+            try:  # a `packages:` entry the wheelhouse cannot provide is a bad policy
+                cp.images.check_packages(policy.image, policy.packages)
+            except WheelhouseError as exc:
+                raise PolicyError([("", str(exc))]) from None
+            return cp.catalog.put_policy(name, text, fmt, by=by)
+
+        stored = await cp.store.run(write)
         await record_change(request, "policy.written", f"policy:{name}", {"format": fmt})
         return stored.to_dict()
 

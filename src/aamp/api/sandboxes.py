@@ -171,6 +171,7 @@ def _from_policy(
         resources=policy.resources,
         egress=EgressRules.from_policy(policy.egress),
         services=ServiceSet([s.for_egress() for s in services]),
+        packages=policy.packages,
     )
 
 

@@ -70,6 +70,7 @@ class StoredPolicy:
             "source": self.source,
             "image": self.policy.image,
             "services": list(self.policy.services),
+            "packages": list(self.policy.packages),
             "created_at": self.created_at,
             "created_by": self.created_by,
             "updated_at": self.updated_at,

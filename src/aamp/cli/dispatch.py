@@ -82,6 +82,9 @@ COMMANDS: dict[str, Command] = {
     "service": Api("services", "catalog"),
     "model-endpoint": Api("model endpoints (OpenAI-compatible servers agents may use)", "catalog"),
     "secret": Api("secrets (values are write-only)", "identity"),
+    "wheelhouse": Api(
+        "the offline wheelhouse behind policies' packages: add|ls|rm", "wheelhouse", 1800.0
+    ),
     "audit": Local("the audit log (local)"),
     "agent": Api("agents", "agents", AGENT_API_TIMEOUT),
     "run": Api(

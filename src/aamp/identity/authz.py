@@ -284,6 +284,9 @@ RULES: dict[str, Rule] = {
     "secret.delete": _admin_only,
     "vault.rotate": _admin_only,
     "audit.read": _admin_only,
+    "wheelhouse.list": _roles(*_STAFF),
+    "wheelhouse.add": _admin_only,
+    "wheelhouse.remove": _admin_only,
     # sandboxes
     "sandbox.create": _sandbox_create,
     "sandbox.view": _sandbox_use,

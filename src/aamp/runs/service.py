@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aamp.agents import guest_scripts
+from aamp.agents import DocumentsTool, guest_scripts
 from aamp.agents.browser_tool import BrowserTool
 from aamp.agents.definition import AgentDefinition
 from aamp.agents.loop import run_loop, summarise
@@ -294,6 +294,11 @@ class RunService:
                         d.limits.tool_timeout_seconds,
                         d.browser,
                         self.manager.egress_view(sandbox_id) if "browser" in d.tools else None,
+                    ),
+                    documents=DocumentsTool(
+                        borrow,
+                        d.limits.tool_timeout_seconds,
+                        self.manager.egress_view(sandbox_id) if "documents" in d.tools else None,
                     ),
                 ),
                 live,

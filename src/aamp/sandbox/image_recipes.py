@@ -7,7 +7,7 @@ files written into the tree after the packages. Everything a recipe says is part
 image's content hash, so changing a pin, a package list or a file yields a new image. Adding
 an image is a few lines in `RECIPES`::
 
-    Recipe("docs", "base + document tools", parent="base",
+    Recipe("sheets", "base + openpyxl", parent="base",
            debian=("fonts-dejavu-core",), pip=("openpyxl==3.1.5", "et-xmlfile==2.0.0"))
 
 `TreeBuilder` turns a resolved recipe into `rootfs/` and `rootfs.ext4` inside a directory the
@@ -75,6 +75,27 @@ RECIPES: tuple[Recipe, ...] = (
         pip=("playwright==1.65.2", "greenlet==3.2.5"),
         files=browser_quiet.FILES,
     ),
+    Recipe(
+        "docs",
+        "base + document tools: WeasyPrint (HTML/CSS to PDF), openpyxl, python-docx, pypdf, "
+        "reportlab, pandoc (Markdown), DejaVu, Liberation and WenQuanYi Zen Hei (CJK) fonts",
+        parent="base",
+        # fonts-wqy-zenhei for CJK: 16 MB against fonts-noto-cjk's 91 MB. python3-munkres
+        # satisfies WeasyPrint's fonttools' "python3-scipy | python3-munkres", which apt would
+        # otherwise take as scipy, pythran, boost and gcc (about 800 MB).
+        debian=(
+            "weasyprint",
+            "python3-munkres",
+            "python3-openpyxl",
+            "python3-docx",
+            "python3-pypdf",
+            "python3-reportlab",
+            "pandoc",
+            "fonts-dejavu-core",
+            "fonts-liberation",
+            "fonts-wqy-zenhei",
+        ),
+    ),
 )
 
 
@@ -90,6 +111,8 @@ class ResolvedRecipe:
     debian: tuple[str, ...]  # every descendant's packages: apt-get install in the tree
     pip: tuple[str, ...]
     files: tuple[tuple[str, str], ...] = ()  # a descendant's file replaces its parent's
+    # (file name, SHA-256) of wheels from the installation's wheelhouse (custom images).
+    wheels: tuple[tuple[str, str], ...] = ()
 
     def fingerprint(self) -> dict[str, object]:
         """The recipe's part of the content hash (order-independent)."""
@@ -107,6 +130,8 @@ class ResolvedRecipe:
             doc["files"] = {
                 path: hashlib.sha256(text.encode()).hexdigest() for path, text in self.files
             }
+        if self.wheels:  # likewise absent when empty
+            doc["wheels"] = dict(self.wheels)
         return doc
 
 
@@ -114,9 +139,10 @@ def recipe_names() -> list[str]:
     return [r.name for r in RECIPES]
 
 
-def resolve(name: str) -> ResolvedRecipe | None:
-    """Fold the parent chain of `name` into one recipe; None if there is no such recipe."""
-    by_name = {r.name: r for r in RECIPES}
+def resolve(name: str, extra: Recipe | None = None) -> ResolvedRecipe | None:
+    """Fold the parent chain of `name` into one recipe; None if there is no such recipe.
+    `extra` is one more recipe (a custom image's, `aamp.sandbox.custom_images`)."""
+    by_name = {r.name: r for r in (*RECIPES, *([extra] if extra else []))}
     recipe = by_name.get(name)
     if recipe is None:
         return None
@@ -427,6 +453,9 @@ class TreeBuilder:
         if self.recipe.pip:
             with self.step(f"pip packages {' '.join(self.recipe.pip)}"):
                 self.pip_install()
+        if self.recipe.wheels:
+            with self.step(f"wheelhouse packages {' '.join(n for n, _ in self.recipe.wheels)}"):
+                self.wheelhouse_install()
         if self.recipe.files:
             with self.step(f"files {' '.join('/' + path for path, _ in self.recipe.files)}"):
                 self.write_files()
@@ -555,6 +584,28 @@ class TreeBuilder:
         # Console scripts carry the host interpreter's path; in the guest use `python3 -m`.
         shutil.rmtree(target / "bin", ignore_errors=True)
 
+    def wheelhouse_install(self) -> None:
+        """The recipe's wheels, from the wheelhouse only: no index, no dependencies but those
+        listed, every hash checked."""
+        wheels = self.settings.home / "wheelhouse"
+        requirements = self.tmp / "wheelhouse.txt"
+        requirements.write_text(
+            "".join(
+                f"{wheels / name} --hash=sha256:{digest}\n" for name, digest in self.recipe.wheels
+            )
+        )
+        target = self.rootfs / GUEST_SITE_PACKAGES.lstrip("/")
+        _run(
+            [*_PIP, "install", *guest_pip_target_args(), "--no-index",
+             "--no-deps", "--require-hashes", f"--target={target}", "--no-compile",
+             "--no-warn-script-location", "--disable-pip-version-check", "-r",
+             str(requirements)],
+            label="pip install (wheelhouse)",
+            progress=self.progress,
+        )  # fmt: skip
+        shutil.rmtree(target / "bin", ignore_errors=True)
+        requirements.unlink()
+
     def write_files(self) -> None:
         for path, text in self.recipe.files:
             dest = self.rootfs / path
@@ -639,20 +690,95 @@ class TreeBuilder:
         resolv.chmod(0o644)
 
     def make_ext4(self) -> None:
-        size, inodes = tree_usage(self.rootfs)
-        mib = 2**20
-        fs_bytes = math.ceil((size * 1.3 + 64 * mib) / mib) * mib
-        inode_count = inodes + inodes // 3 + 1024
-        ext4 = self.tmp / "rootfs.ext4"
-        env = _command_env()
-        env["E2FSPROGS_FAKE_TIME"] = EXT4_FAKE_TIME
-        uuid_ = _derived_uuid(self.content_hash, "fs-uuid")
-        seed = _derived_uuid(self.content_hash, "hash-seed")
+        make_ext4(self.rootfs, self.tmp / "rootfs.ext4", self.content_hash, self.progress)
+
+
+def make_ext4(rootfs: Path, ext4: Path, content_hash: str, progress: Progress) -> None:
+    """The tree as an ext4 file (Firecracker's root drive), reproducibly from its hash."""
+    size, inodes = tree_usage(rootfs)
+    mib = 2**20
+    fs_bytes = math.ceil((size * 1.3 + 64 * mib) / mib) * mib
+    inode_count = inodes + inodes // 3 + 1024
+    env = _command_env()
+    env["E2FSPROGS_FAKE_TIME"] = EXT4_FAKE_TIME
+    uuid_ = _derived_uuid(content_hash, "fs-uuid")
+    seed = _derived_uuid(content_hash, "hash-seed")
+    _run(
+        [_find_tool("mkfs.ext4"), "-F", "-q", "-b", "4096", "-L", EXT4_LABEL, "-U", uuid_,
+         "-E", f"root_owner=0:0,hash_seed={seed}", "-N", str(inode_count), "-m", "0",
+         "-d", str(rootfs), str(ext4), f"{fs_bytes // 1024}k"],
+        label="mkfs.ext4",
+        progress=progress,
+        env=env,
+    )  # fmt: skip
+
+
+def python_distributions(rootfs: Path) -> set[str]:
+    """The names of the Python distributions an image's tree already has (Debian's and the
+    recipe's pip packages), from their .dist-info and .egg-info directories."""
+    found = set()
+    for site in ("usr/lib/python3/dist-packages", GUEST_SITE_PACKAGES.lstrip("/")):
+        directory = rootfs / site
+        if directory.is_dir():
+            for entry in directory.iterdir():
+                for suffix in (".dist-info", ".egg-info"):
+                    if entry.name.endswith(suffix):
+                        found.add(entry.name[: -len(suffix)].rsplit("-", 1)[0])
+    return found
+
+
+def derive_tree(
+    parent: Path,
+    directory: Path,
+    wheels: Sequence[tuple[Path, str]],
+    content_hash: str,
+    progress: Progress,
+) -> None:
+    """A derived image in `directory`: the `parent` tree plus `wheels` ((file, sha256) each),
+    installed by pip with no index and every hash checked, and no dependency but those given.
+
+    The tree is a hard-linked copy of the parent (files are shared, directories are new), so
+    only new entries may be written: the wheels go into a directory of their own first and
+    are then moved into the guest's site-packages, refusing a name the parent already has,
+    and only the new files are byte-compiled. A derived image shares the parent's files, so
+    the parent is never written through it.
+    """
+    rootfs = directory / "rootfs"
+    _run(["cp", "-al", str(parent), str(rootfs)], label="hard-linked copy", progress=progress)
+    staged = directory / "site"
+    requirements = directory / "requirements.txt"
+    requirements.write_text(
+        "".join(f"{path.resolve()} --hash=sha256:{digest}\n" for path, digest in wheels)
+    )
+    _run(
+        [*_PIP, "install", *guest_pip_target_args(), "--no-index", "--no-deps",
+         "--require-hashes", f"--target={staged}", "--no-compile", "--no-warn-script-location",
+         "--disable-pip-version-check", "-r", str(requirements)],
+        label="pip install",
+        progress=progress,
+    )  # fmt: skip
+    shutil.rmtree(staged / "bin", ignore_errors=True)  # host-interpreter scripts; use -m
+    site = rootfs / GUEST_SITE_PACKAGES.lstrip("/")
+    site.mkdir(parents=True, exist_ok=True)
+    moved = []
+    for entry in sorted(staged.iterdir()):
+        dest = site / entry.name
+        if dest.exists() or dest.is_symlink():
+            raise ImageBuildError(
+                f"{entry.name} is already in the image's {GUEST_SITE_PACKAGES}; a package "
+                "cannot replace what the image has"
+            )
+        entry.rename(dest)
+        moved.append(GUEST_SITE_PACKAGES + "/" + entry.name)
+    staged.rmdir()
+    requirements.unlink()
+    sources = [m for m in moved if m.endswith(".py") or (rootfs / m.lstrip("/")).is_dir()]
+    if sources:
         _run(
-            [_find_tool("mkfs.ext4"), "-F", "-q", "-b", "4096", "-L", EXT4_LABEL, "-U", uuid_,
-             "-E", f"root_owner=0:0,hash_seed={seed}", "-N", str(inode_count), "-m", "0",
-             "-d", str(self.rootfs), str(ext4), f"{fs_bytes // 1024}k"],
-            label="mkfs.ext4",
-            progress=self.progress,
-            env=env,
+            [_find_tool("chroot"), str(rootfs), "/usr/bin/python3", "-m", "compileall", "-q",
+             "-j", "0", "--invalidation-mode", "unchecked-hash", *sources],
+            label="compileall",
+            progress=progress,
+            isolate=True,
         )  # fmt: skip
+    make_ext4(rootfs, directory / "rootfs.ext4", content_hash, progress)

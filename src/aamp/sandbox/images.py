@@ -32,6 +32,7 @@ when the sandbox is destroyed (see `hold_image` for why a lock and not a scan fo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -50,6 +51,7 @@ from typing import NamedTuple
 
 import aamp
 from aamp.config import Settings
+from aamp.sandbox import custom_images
 from aamp.sandbox.image_recipes import (
     BUILDER_FORMAT,
     HEARTBEAT_SECONDS,
@@ -58,11 +60,14 @@ from aamp.sandbox.image_recipes import (
     Progress,
     ResolvedRecipe,
     TreeBuilder,
+    derive_tree,
     preflight,
+    python_distributions,
     recipe_names,
     resolve,
     tree_usage,
 )
+from aamp.sandbox.wheelhouse import Wheelhouse
 
 __all__ = [
     "BuiltImage",
@@ -80,6 +85,7 @@ __all__ = [
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _HASH_RE = re.compile(r"^[0-9a-f]{64}$")
 USE_LOCK = "use.lock"  # in each image directory; see hold_image
+DERIVED_FORMAT = 1  # bump when `with_packages` changes what it puts into a derived image
 HOLD_TIMEOUT_SECONDS = 10.0  # prune and build hold a use lock exclusively only for a rename
 
 
@@ -294,6 +300,10 @@ def _disk_usage(root: Path) -> int:
     return total
 
 
+def _quiet(line: str) -> None:
+    del line
+
+
 def _package_dir() -> Path:
     return Path(aamp.__file__).resolve().parent
 
@@ -342,8 +352,23 @@ class ImageStore:
     # ---- queries
 
     def names(self) -> list[str]:
-        """The images this installation knows how to build."""
-        return recipe_names()
+        """The images this installation knows how to build (built-in, then custom)."""
+        recipes = self._settings.home / "image-recipes"
+        custom = sorted(custom_images.PREFIX + p.stem for p in recipes.glob("*.yaml"))
+        return recipe_names() + [n for n in custom if _NAME_RE.match(n)]
+
+    def _resolve(self, name: str) -> ResolvedRecipe | None:
+        """A built-in recipe, or a custom image's from its recipe file with its wheelhouse
+        packages pinned to their files and hashes (CustomRecipeError, WheelhouseError)."""
+        custom = custom_images.load(self._settings, name)
+        if custom is None:
+            return resolve(name)
+        recipe, packages = custom
+        resolved = resolve(name, recipe)
+        if resolved is None or not packages:
+            return resolved
+        wheels = Wheelhouse(self._settings).pinned(packages)
+        return dataclasses.replace(resolved, wheels=tuple((w.filename, w.sha256) for w in wheels))
 
     def get(self, name: str) -> BuiltImage:
         """The current built image called `name`."""
@@ -351,7 +376,7 @@ class ImageStore:
         image = self._current(name)
         if image is not None:
             return image
-        if resolve(name) is None:
+        if self._resolve(name) is None:
             raise self._unknown(name)
         raise ImageNotBuilt(f"image '{name}' has not been built yet; run: aamp image build {name}")
 
@@ -370,7 +395,7 @@ class ImageStore:
     def content_hash(self, name: str, *, ca_cert: Path | None = None) -> str:
         """The hash a build of `name` would have now (to tell whether the current is stale)."""
         self._check_name(name)
-        recipe = resolve(name)
+        recipe = self._resolve(name)
         if recipe is None:
             raise self._unknown(name)
         package_init = self._package_init.read_bytes()
@@ -396,7 +421,7 @@ class ImageStore:
         unused. That beats refusing: a rebuild never has to wait for (or kill) sandboxes.
         """
         self._check_name(name)
-        recipe = resolve(name)
+        recipe = self._resolve(name)
         if recipe is None:
             raise self._unknown(name)
         guest = _guest_files(self._guest_dir)
@@ -460,6 +485,73 @@ class ImageStore:
             f"{image.size_bytes / 2**20:.0f} MiB, ext4 {image.ext4_bytes / 2**20:.0f} MiB"
         )
         return image
+
+    # ---- derived layers: an image plus a policy's packages
+
+    def with_packages(
+        self, image: BuiltImage, packages: tuple[str, ...], *, progress: Progress = _quiet
+    ) -> BuiltImage:
+        """`image` with exactly `packages` (`name==version`, from the wheelhouse) installed:
+        a derived image, cached by the image's hash and the wheels' hashes, so every sandbox
+        with the same set starts from the same tree. Built once, under the name's build
+        lock; it sits next to the image's builds (`NAME/HASH/`), so `prune` removes it when
+        no sandbox uses it and the next sandbox builds it again. Raises WheelhouseError
+        naming what the wheelhouse lacks."""
+        if not packages:
+            return image
+        wheelhouse = Wheelhouse(self._settings)
+        wheels = wheelhouse.pinned(packages, python_distributions(image.root))
+        doc = {
+            "derived_format": DERIVED_FORMAT,
+            "image": image.content_hash,
+            "wheels": sorted(w.sha256 for w in wheels),
+        }
+        content_hash = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+        cached = self._load(image.name, content_hash)
+        if cached is not None:
+            return cached
+        name_dir = self._root / image.name
+        with _locked(name_dir / ".lock", progress, image.name):
+            cached = self._load(image.name, content_hash)  # built meanwhile by another sandbox
+            if cached is not None:
+                return cached
+            tmp = name_dir / f".build-{content_hash[:12]}-{secrets.token_hex(4)}"
+            tmp.mkdir()
+            try:
+                started = time.monotonic()
+                files = [(wheelhouse.path(w), w.sha256) for w in wheels]
+                derive_tree(image.root, tmp, files, content_hash, progress)
+                meta = {
+                    "name": image.name,
+                    "content_hash": content_hash,
+                    "derived_from": image.content_hash,
+                    "packages": sorted(packages),
+                    "wheels": {w.filename: w.sha256 for w in wheels},
+                    "size_bytes": tree_usage(tmp / "rootfs")[0],
+                    "ext4_bytes": (tmp / "rootfs.ext4").stat().st_size,
+                    "built_at": datetime.now(UTC).isoformat(),
+                    "build_seconds": round(time.monotonic() - started, 3),
+                }
+                (tmp / "image.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+                (tmp / USE_LOCK).touch()
+                tmp.rename(name_dir / content_hash)
+            finally:
+                if tmp.exists():
+                    _remove_tree(tmp)
+        built = self._load(image.name, content_hash)
+        assert built is not None
+        return built
+
+    def check_packages(self, image_name: str, packages: tuple[str, ...]) -> None:
+        """Raise WheelhouseError unless the wheelhouse has exactly these packages for the
+        guest, with every dependency listed or already in the image (if it is built)."""
+        if not packages:
+            return
+        try:
+            provided = python_distributions(self.get(image_name).root)
+        except (ValueError, LookupError):  # not built (yet), or a name no recipe has
+            provided = set()
+        Wheelhouse(self._settings).pinned(packages, provided)
 
     # ---- removing
 

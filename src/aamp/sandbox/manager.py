@@ -44,7 +44,7 @@ from aamp.errors import AampError
 from aamp.policy import Resources
 from aamp.sandbox.channel.guest_channel import GuestChannel
 from aamp.sandbox.driver import SANDBOX_ID_RE, Driver, DriverError, SandboxHandle, SandboxSpec
-from aamp.sandbox.images import ImageStore
+from aamp.sandbox.images import BuiltImage, ImageBuildError, ImageStore
 from aamp.sandbox.runtime_dir import RuntimeDir, RuntimeDirBusy
 from aamp.sandbox.warm_pool import BootKey, PoolTargets, boot_key
 
@@ -107,6 +107,9 @@ class CreateRequest:
     egress: EgressRules = field(default_factory=block_everything)
     # The services whose credentials the proxy injects for this sandbox.
     services: ServiceSet = field(default_factory=ServiceSet)
+    # A policy's `packages:` (`name==version`), installed from the wheelhouse in a derived
+    # layer of the image (`ImageStore.with_packages`).
+    packages: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("ttl", "idle"):
@@ -136,6 +139,7 @@ class Sandbox:
     active_uses: int = 0
     last_used: float = field(default_factory=time.monotonic)
     warm: bool = False  # handed out from a warm pool (booted before it was asked for)
+    packages: tuple[str, ...] = ()  # from the wheelhouse, in the image's derived layer
 
     def expiry_reason(self, now: float) -> str | None:
         if now - self.started_monotonic >= self.ttl:
@@ -151,6 +155,7 @@ class Sandbox:
             "id": self.id,
             "image": self.image,
             "image_hash": self.image_hash,
+            "packages": list(self.packages),
             "driver": self.driver,
             "created_at": self.created_at,
             "ttl_seconds": self.ttl,
@@ -297,12 +302,19 @@ class SandboxManager:
             )
         try:
             image = self.images.get(request.image)
-        except (ValueError, LookupError) as exc:  # UnknownImage, ImageNotBuilt
+            if request.packages:
+                image = await asyncio.to_thread(self.images.with_packages, image, request.packages)
+        except (ValueError, LookupError) as exc:  # UnknownImage, ImageNotBuilt, WheelhouseError
             raise InvalidRequest(str(exc)) from None
-        key = boot_key(driver_name, request.image, request.resources)
-        sandbox = await self._take_from_pool(key, image.content_hash)
+        except ImageBuildError as exc:
+            raise SandboxUnavailable(f"the image with packages could not be built: {exc}") from None
+        sandbox = None
+        if not request.packages:  # the pool holds plain images only
+            key = boot_key(driver_name, request.image, request.resources)
+            sandbox = await self._take_from_pool(key, image.content_hash)
         if sandbox is None:
-            sandbox = await self._boot(driver_name, request.image, request.resources)
+            sandbox = await self._boot(driver_name, image, request.resources)
+            sandbox.packages = request.packages
         sandbox.egress.update_rules(request.egress)
         sandbox.egress.update_services(request.services)
         sandbox.ttl, sandbox.idle = request.ttl, request.idle
@@ -361,9 +373,9 @@ class SandboxManager:
             await self.destroy(sandbox.id, reason=f"stopped: {why}")
         raise SandboxStopped(f"sandbox {sandbox.id} has stopped: {why}")
 
-    async def _boot(self, driver_name: str, image_name: str, resources: Resources) -> Sandbox:
+    async def _boot(self, driver_name: str, image: BuiltImage, resources: Resources) -> Sandbox:
         driver = self.drivers[driver_name]
-        image = self.images.get(image_name)
+        image_name = image.name
         sandbox_id = f"sb-{secrets.token_hex(6)}"
         state_dir = self.settings.runtime_dir / "sb" / sandbox_id
         state_dir.mkdir(mode=0o700)
@@ -461,8 +473,8 @@ class SandboxManager:
         pool = self._pools.setdefault(key, [])
         while len(pool) < self.pool_targets.target(key):
             try:
-                sandbox = await self._boot(key.driver, key.image, key.resources)
-            except (SandboxError, ValueError) as exc:
+                sandbox = await self._boot(key.driver, self.images.get(key.image), key.resources)
+            except (SandboxError, ValueError, LookupError) as exc:  # LookupError: not built
                 log.warning("warm pool for %s could not start a sandbox: %s", key.image, exc)
                 return
             if self._pools.get(key) is not pool:  # drained while this one booted

@@ -1,0 +1,34 @@
+"""Real wheel files made on the spot, for the wheelhouse tests (no index needed)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def make_wheel(
+    directory: Path, name: str, version: str, code: str, requires: Sequence[str] = ()
+) -> Path:
+    """A real (pure-Python) wheel: a module, METADATA, WHEEL and a RECORD with hashes."""
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}.py": code,
+        f"{dist}/METADATA": "Metadata-Version: 2.1\n"
+        f"Name: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record.append(f"{path},sha256={digest.decode()},{len(text.encode())}")
+    record.append(f"{dist}/RECORD,,")
+    files[f"{dist}/RECORD"] = "\n".join(record) + "\n"
+    wheel = directory / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+    return wheel
