@@ -19,7 +19,7 @@ from typing import Any
 from aamp.agents import guest_scripts
 from aamp.agents.observation import Observation
 from aamp.egress.recent import EgressView
-from aamp.sandbox.channel import GuestChannel
+from aamp.sandbox import GuestChannel
 
 Borrow = Callable[[], AbstractAsyncContextManager[GuestChannel]]
 
