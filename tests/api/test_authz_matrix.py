@@ -172,7 +172,8 @@ EXPECTED: dict[tuple[str, str], dict[str, Expect]] = {
         "other": level("edit"),
     },
     ("GET", "/v1/approvals"): {"-": signed_in},
-    ("POST", "/v1/approvals/{approval_id}"): {"-": level("edit")},
+    # a run's approval requests are answered by those who see the run for its owner
+    ("POST", "/v1/approvals/{approval_id}"): {"own": level("run"), "other": level("edit")},
 }
 
 # Routes that destroy the actor's agent run last in each scenario.
@@ -192,6 +193,7 @@ class Scenario:
     own_run: str = "run-none"
     other_run: str = "run-none"
     approval: str = "ap-none"
+    other_approval: str = "ap-none"
 
 
 def records_of(cp: Any, request_id: str) -> list[tuple[str, str]]:
@@ -220,7 +222,7 @@ def request_for(
         "name": "scratch",
         "sandbox_id": sc.own_sandbox if variant == "own" else sc.other_sandbox,
         "run_id": sc.own_run if variant == "own" else sc.other_run,
-        "approval_id": sc.approval,
+        "approval_id": sc.approval if variant == "own" else sc.other_approval,
         "filename": "scratch-1.0-py3-none-any.whl",
         "version": {"draft": "draft", "unpublished-number": "5"}.get(variant, "latest"),
     }
@@ -367,9 +369,12 @@ async def test_every_route_has_exactly_the_expected_outcome(plane) -> None:
         other_run = await cp.store.run(lambda a=agent.id: runs.create(a, 1, "victim", "t"))
         for made_run in (own_run, other_run):
             await cp.store.run(lambda r=made_run: runs.update(r.id, status="succeeded"))
-        asked = await cp.store.run(
-            lambda r=own_run: runs.request_approval(r.id, "data.outbound", {"name": "x.csv"})
-        )
+        asked, other_asked = [
+            await cp.store.run(
+                lambda r=made_run: runs.request_approval(r.id, "data.outbound", {"name": "x.csv"})
+            )
+            for made_run in (own_run, other_run)
+        ]
         scenarios.append(
             Scenario(
                 who,
@@ -383,6 +388,7 @@ async def test_every_route_has_exactly_the_expected_outcome(plane) -> None:
                 own_run.id,
                 other_run.id,
                 asked["id"],
+                other_asked["id"],
             )
         )
 

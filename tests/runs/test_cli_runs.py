@@ -153,6 +153,10 @@ def test_approval_commands_answer_a_waiting_run(settings, tmp_path) -> None:
             row = next(line for line in listed.splitlines() if run_id in line)
             assert "data.outbound" in row and "n.txt (1 bytes)" in row and "pending" in row
             approval_id = row.split()[0]
+            # --run lists that run's questions only.
+            assert approval_id in plane.aamp("approval", "ls", "--run", run_id).stdout.decode()
+            other = plane.aamp("approval", "ls", "--all", "--run", "run-000000000000")
+            assert other.returncode == 0 and approval_id not in other.stdout.decode()
             out = plane.aamp("approval", "approve", approval_id, "--note", "fine")
             assert out.returncode == 0, out.stderr
             assert f"approval {approval_id} approved (run {run_id})" in out.stdout.decode()

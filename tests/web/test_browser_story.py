@@ -1,15 +1,16 @@
 """The whole story through the pages alone, in a real browser (Playwright driving Debian's
 /usr/bin/chromium) against a real `aamp up`-like server on loopback with real gVisor sandboxes:
 
-an admin creates a builder and an operator, a policy, a secret (whose value no response
+an admin creates a builder and two operators, a policy, a secret (whose value no response
 to any of the browsers carries), a model endpoint (the scripted model test double) and grants
 the agent its resources; the builder creates the agent in the form, publishes it and lets the
 operator run it; the operator starts a run with a CSV and sees its steps arrive while the run
 goes on (the scripted model's first answer is slow) and the screenshot the agent's browser
 tool took, inline; the admin sees the run's sandbox among the live ones; the policy asks a
-person before the artifact leaves, which the builder approves from the same live view;
-the operator downloads the artifact, byte-identical. Every request the browser made went to
-the installation itself.
+person before the artifact leaves, and the operator (the run's owner) answers it in the
+live view — another operator with run on the agent sees neither the run nor a form, and
+posting the answer by hand is refused, on record; the operator downloads the artifact,
+byte-identical. Every request the browser made went to the installation itself.
 
 With AAMP_UI_SCREENSHOTS=DIR the test saves the live run view and the builder as PNGs there
 (the README's pictures: `AAMP_UI_SCREENSHOTS=docs/ui pytest tests/web/test_browser_story.py`).
@@ -119,7 +120,7 @@ async def _story(browser, base, model_url, requests, shots) -> None:  # type: ig
     # The admin: users, a policy, the model endpoint.
     admin_ctx, admin = await _sign_in(browser, base, "admin", ADMIN_PASSWORD)
     watch(admin_ctx)
-    for user, role in (("bob", "builder"), ("olga", "operator")):
+    for user, role in (("bob", "builder"), ("olga", "operator"), ("omar", "operator")):
         await admin.goto("/admin/users")
         await admin.fill("#f-username", user)
         await admin.select_option("#f-role", role)
@@ -171,6 +172,10 @@ async def _story(browser, base, model_url, requests, shots) -> None:  # type: ig
     await builder.select_option("#f-level", "run")
     await builder.click("#grants ~ form button[type=submit]")
     await builder.wait_for_selector("td:has-text('user olga')")
+    await builder.fill("#f-who", "omar")
+    await builder.select_option("#f-level", "run")
+    await builder.click("#grants ~ form button[type=submit]")
+    await builder.wait_for_selector("td:has-text('user omar')")
     if shots:
         await builder.set_viewport_size({"width": 1100, "height": 1400})
         await builder.screenshot(path=str(Path(shots) / "builder.png"), full_page=True)
@@ -208,9 +213,13 @@ async def _story(browser, base, model_url, requests, shots) -> None:  # type: ig
     shot = await operator.wait_for_selector("li[data-type='screenshot'] img", timeout=90_000)
     assert (await shot.get_attribute("src")).startswith("data:image/png;base64,iVBOR")
     assert await shot.evaluate("img => img.naturalWidth") > 0
-    # The artifact waits for a person with edit on the agent; the operator is told so.
-    await operator.wait_for_selector("li[data-type='approval.requested']", timeout=60_000)
-    assert "A person with edit" in await operator.inner_text("li[data-type='approval.requested']")
+    # The artifact waits for a person: the operator, whose run it is, may answer it.
+    asked = await operator.wait_for_selector(
+        "li[data-type='approval.requested'] button[value=approve]", timeout=60_000
+    )
+    approval_id = (
+        await operator.get_attribute("li[data-type='approval.requested'] form", "action")
+    ).rsplit("/", 1)[-1]
 
     # Meanwhile the admin sees the run's sandbox among the live ones, with its time left.
     created = await operator.inner_text("li[data-type='sandbox.created']")
@@ -219,10 +228,25 @@ async def _story(browser, base, model_url, requests, shots) -> None:  # type: ig
     row = await admin.inner_text(f"tr:has-text('{sandbox_id}')")
     assert "min" in row and "browser" in row
 
-    await builder.goto(run_path)
-    await builder.wait_for_selector("li[data-type='approval.requested'] button[value=approve]")
-    await builder.click("li[data-type='approval.requested'] button[value=approve]")
-    await builder.wait_for_load_state()
+    # Another operator with run on the agent neither sees the run nor may answer its question:
+    # the form posted by hand is refused by the API, and the refusal is on record.
+    other_ctx, other = await _sign_in(browser, base, "omar", "omar-password-1")
+    watch(other_ctx)
+    assert (await other.goto(run_path)).status == 403
+    csrf = next(c["value"] for c in await other_ctx.cookies() if c["name"] == "aamp_csrf")
+    refused = await other.request.post(
+        f"/approvals/{approval_id}",
+        form={"csrf": csrf, "decision": "approve", "next": "/runs"},
+        headers={"origin": base},
+    )
+    assert refused.status == 403 and "answer approval:" in await refused.text()
+    await other_ctx.close()
+    await admin.goto("/admin/audit?actor=user:omar&action=approval.decide&decision=deny")
+    assert f"approval:{approval_id}" in await admin.inner_text("main")
+
+    await asked.click()
+    await operator.wait_for_selector("li[data-type='approval.decided']", timeout=60_000)
+    assert "by user:olga" in await operator.inner_text("li[data-type='approval.decided']")
 
     await operator.wait_for_selector("li[data-type='run.finished']", timeout=60_000)
     await operator.wait_for_selector("#run-status:has-text('succeeded')")

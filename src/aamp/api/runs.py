@@ -3,8 +3,9 @@ live (server-sent events, resumable with Last-Event-ID), cancel, download artifa
 answer approval requests.
 
 Who sees a run: its owner while they can still `run` its agent, anyone with `edit` on the
-agent, and admins — so operators never see each other's runs. Approvals are answered by users
-with `edit` on the run's agent, or admins.
+agent, and admins — so operators never see each other's runs. A run's approvals are answered
+by the same people: its owner (while they can still `run` its agent), editors of the agent,
+and admins.
 """
 
 from __future__ import annotations
@@ -84,14 +85,16 @@ async def _approval(request: Request, cp: ControlPlane, _: Actor) -> Resource:
     approval_id = str(request.path_params.get("approval_id", ""))[:32]
     store = RunStore(cp.store)
 
-    def lookup() -> str | None:
+    def lookup() -> Resource:
         try:
             run = store.find(store.get_approval(approval_id)["run_id"])
         except NotFound:
-            return None
-        return run.agent_id if run else None
+            run = None
+        if run is None:
+            return Resource("approval", approval_id)
+        return Resource("approval", approval_id, owner=run.owner, agent=run.agent_id)
 
-    return Resource("approval", approval_id, agent=await cp.store.run(lookup))
+    return await cp.store.run(lookup)
 
 
 @dataclass(frozen=True)
@@ -397,17 +400,24 @@ def router() -> APIRouter:
     @r.get("/approvals")
     @rule("approval.list")
     async def list_approvals(
-        request: Request, pending: Annotated[bool, Query()] = True
+        request: Request,
+        pending: Annotated[bool, Query()] = True,
+        run_id: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
     ) -> list[dict[str, Any]]:
-        """Approval requests you may answer (edit on the run's agent, or admin)."""
+        """Approval requests you may answer (of your own runs, of runs of agents you edit,
+        or any, as an admin), optionally of one run only."""
         cp = cp_of(request)
         store = RunStore(cp.store)
         out = []
-        for item in await cp.store.run(lambda: store.approvals(pending_only=pending)):
+        asked = await cp.store.run(lambda: store.approvals(pending_only=pending, run_id=run_id))
+        for item in asked:
             run = await cp.store.run(store.find, item["run_id"])
             agent = run.agent_id if run else None
+            owner = run.owner if run else None
             if await check(
-                request, "approval.decide", Resource("approval", item["id"], agent=agent)
+                request,
+                "approval.decide",
+                Resource("approval", item["id"], owner=owner, agent=agent),
             ):
                 out.append({**item, "agent_id": agent})
         return out

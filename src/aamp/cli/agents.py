@@ -87,6 +87,7 @@ def approval_arguments(p: argparse.ArgumentParser) -> None:
     approval = actions(p)
     listed = action(approval, "ls", "the open questions you may answer")
     listed.add_argument("--all", action="store_true", help="answered ones too")
+    listed.add_argument("--run", metavar="RUN", help="only the questions of this run")
     for verb in ("approve", "deny"):
         answer = action(approval, verb, f"{verb} a question; the run goes on", "id")
         answer.add_argument("--note", help="why (kept in the audit log, shown to the run)")
@@ -94,7 +95,9 @@ def approval_arguments(p: argparse.ArgumentParser) -> None:
 
 def approval(client: Client, args: argparse.Namespace) -> int:
     if args.action == "ls":
-        params = {"pending": "false"} if args.all else None
+        params = {"pending": "false"} if args.all else {}
+        if args.run:
+            params["run_id"] = args.run
         rows = [("ID", "RUN", "KIND", "SUBJECT", "STATUS", "BY", "REQUESTED")]
         for item in client.call("GET", "/v1/approvals", params=params):
             subject = item["subject"]

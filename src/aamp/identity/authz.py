@@ -29,7 +29,11 @@ The rules, in words:
   published versions, by number or `latest`;
 - a run is seen, followed, cancelled and its artifacts downloaded by its owner (while they can
   still `run` its agent), by users with `edit` on its agent, and by admins — so operators never
-  see each other's runs; approval requests are answered with `edit` on the run's agent;
+  see each other's runs;
+- a run's approval request is answered by whoever watches the run for its owner: the run's
+  owner while they can still `run` its agent (the person who gave the task decides what it
+  may send out, in the live view), users with `edit` on its agent, and admins — never by
+  another operator, who cannot see the run;
 - the audit log, users, roles, policies, services, model endpoints, secrets and agent
   resources are changed by admins only (builders read model endpoints like services); only
   admins read the audit log.
@@ -219,6 +223,17 @@ def _run_access(actor: Actor, resource: Resource) -> Decision:
     return _level(actor, resource.agent, Level.RUN)
 
 
+def _approval_decide(actor: Actor, resource: Resource) -> Decision:
+    """An approval is answered by those who see its run (`owner` is the run's owner)."""
+    decision = _run_access(actor, resource)
+    if decision.allowed:
+        return decision
+    return _deny(
+        f"only the run's owner while they hold run on agent:{resource.agent}, editors of the "
+        f"agent and admins answer {resource} ({decision.reason})"
+    )
+
+
 _STAFF = (Role.ADMIN, Role.BUILDER)
 
 RULES: dict[str, Rule] = {
@@ -263,7 +278,7 @@ RULES: dict[str, Rule] = {
     "run.cancel": _run_access,
     "run.artifact": _run_access,
     "approval.list": _signed_in,
-    "approval.decide": _on_agent(Level.EDIT),
+    "approval.decide": _approval_decide,
     # catalogue
     "policy.list": _roles(*_STAFF),
     "policy.read": _roles(*_STAFF),

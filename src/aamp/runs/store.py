@@ -291,9 +291,11 @@ class RunStore:
                 raise NotFound(f"no approval request {approval_id!r}")
             return _approval(row)
 
-    def approvals(self, *, pending_only: bool) -> list[dict[str, Any]]:
+    def approvals(self, *, pending_only: bool, run_id: str | None = None) -> list[dict[str, Any]]:
         with self.store.session() as s:
             q = select(RunApprovalRow)
+            if run_id is not None:
+                q = q.where(RunApprovalRow.run_id == run_id)
             if pending_only:
                 q = q.where(RunApprovalRow.status == "pending")
             return [_approval(r) for r in s.scalars(q.order_by(RunApprovalRow.requested_at))]

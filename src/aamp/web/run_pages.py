@@ -122,7 +122,7 @@ async def run_view(request: Request) -> Response:
     page = await Page.signed_in(request)
     run_id = request.path_params["run_id"]
     panel = await _panel(page, run_id)
-    return page.render("run.html", **panel, can_answer=may(page, panel["run"]["agent_id"], "edit"))
+    return page.render("run.html", **panel)
 
 
 def _sse(event: str, html: str, event_id: str | None = None) -> bytes:
@@ -149,11 +149,17 @@ def _events(buffer: bytearray) -> list[dict[str, str]]:
     return out
 
 
+async def _answerable(page: Page, run_id: str, approval_id: Any) -> dict[str, Any] | None:
+    """The approval request as this person may answer it (its status says whether it still
+    waits), or None when they may not: the API lists only those `allowed()` lets them decide."""
+    mine = await page.get("/v1/approvals", run_id=run_id, pending="false")
+    return next((a for a in mine if a["id"] == approval_id), None)
+
+
 async def run_stream(request: Request) -> Response:
     page = await Page.signed_in(request)
     run_id = request.path_params["run_id"]
     run = await page.get(f"/v1/runs/{run_id}")
-    can_answer = may(page, run["agent_id"], "edit")
     headers = {}
     if last := request.headers.get("last-event-id", ""):
         headers["last-event-id"] = last[:20]
@@ -176,8 +182,11 @@ async def run_stream(request: Request) -> Response:
                         yield b": keep-alive\n\n"
                         continue
                     data = json.loads(event.get("data") or "{}")
+                    answerable = None
+                    if event["event"] == "approval.requested":
+                        answerable = await _answerable(page, run_id, data.get("approval"))
                     html = step.render(
-                        type=event["event"], data=data, run=run, csrf=csrf, can_answer=can_answer
+                        type=event["event"], data=data, run=run, csrf=csrf, answerable=answerable
                     )
                     yield _sse("step", html, event.get("id"))
                     if event["event"] == "run.finished":
