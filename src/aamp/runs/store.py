@@ -14,7 +14,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 
 from aamp.errors import Conflict, NotFound
@@ -146,10 +146,9 @@ class RunStore:
                 last = s.get(RunRow, before)
                 if last is None:
                     raise NotFound(f"before: no run {before!r}")
-                q = q.where(
-                    (RunRow.created_at < last.created_at)
-                    | ((RunRow.created_at == last.created_at) & (RunRow.id < last.id))
-                )
+                # A row-value comparison: both backends read it as a range of the
+                # (..., created_at, id) indexes, where the OR form made them scan.
+                q = q.where(tuple_(RunRow.created_at, RunRow.id) < tuple_(last.created_at, last.id))
             q = q.order_by(RunRow.created_at.desc(), RunRow.id.desc()).limit(limit)
             return [_info(r) for r in s.scalars(q)]
 

@@ -36,10 +36,12 @@ class AuditRecordRow(Base):
     prev_hash: Mapped[str] = mapped_column(String(HASH_HEX_LEN))
     hash: Mapped[str] = mapped_column(String(HASH_HEX_LEN))
 
+    # Each filter the log is read by, then the record number it is read in (migration 0006).
     __table_args__ = (
         Index("ix_audit_records_time", "time"),
-        Index("ix_audit_records_actor", "actor"),
-        Index("ix_audit_records_resource", "resource"),
+        Index("ix_audit_records_actor_seq", "actor", "seq"),
+        Index("ix_audit_records_action_seq", "action", "seq"),
+        Index("ix_audit_records_resource_seq", "resource", "seq"),
     )
 
 

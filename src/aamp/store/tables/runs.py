@@ -48,9 +48,9 @@ class RunRow(Base):
     __tablename__ = "runs"
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    agent_id: Mapped[str] = mapped_column(ForeignKey("agents.id", ondelete="CASCADE"), index=True)
+    agent_id: Mapped[str] = mapped_column(ForeignKey("agents.id", ondelete="CASCADE"))
     version: Mapped[int] = mapped_column(Integer)
-    owner: Mapped[str] = mapped_column(String(64), index=True)
+    owner: Mapped[str] = mapped_column(String(64))
     task: Mapped[str] = mapped_column(Text)
     status: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -63,8 +63,15 @@ class RunRow(Base):
     started_at: Mapped[str | None] = mapped_column(String(32), nullable=True)
     ended_at: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
+    # The history's order (newest first) after each filter it takes, so a page is an index
+    # range read in order (migration 0006); the prefixes serve plain lookups too.
     __table_args__ = (
         CheckConstraint("status IN (" + ", ".join(f"'{s}'" for s in RUN_STATUSES) + ")", "status"),
+        Index("ix_runs_created", "created_at", "id"),
+        Index("ix_runs_owner_created", "owner", "created_at", "id"),
+        Index("ix_runs_agent_created", "agent_id", "created_at", "id"),
+        Index("ix_runs_status_created", "status", "created_at", "id"),
+        Index("ix_runs_agent_status_created", "agent_id", "status", "created_at", "id"),
     )
 
 
