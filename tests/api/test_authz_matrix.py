@@ -162,6 +162,12 @@ EXPECTED: dict[tuple[str, str], dict[str, Expect]] = {
         "draft": level("edit"),
         "unpublished-number": level("edit"),
     },
+    # what a run's inputs may be: to exactly those who may start that run
+    ("GET", "/v1/agents/{agent_id}/inbound"): {
+        "latest": level("run"),
+        "draft": level("edit"),
+        "unpublished-number": level("edit"),
+    },
     ("GET", "/v1/runs"): {"-": signed_in},
     ("GET", "/v1/runs/{run_id}"): {"own": level("run"), "other": level("edit")},
     ("GET", "/v1/runs/{run_id}/events"): {"own": level("run"), "other": level("edit")},
@@ -263,6 +269,10 @@ def request_for(
     if (method, path) == ("POST", "/v1/agents/{agent_id}/runs"):
         version = {"draft": "draft", "unpublished-number": 5}.get(variant, "latest")
         kw["json"] = {"task": "matrix", "version": version}
+    if (method, path) == ("GET", "/v1/agents/{agent_id}/inbound"):
+        kw["params"] = {
+            "version": {"draft": "draft", "unpublished-number": "5"}.get(variant, "latest")
+        }
     if (method, path) == ("POST", "/v1/sandboxes"):
         kw["json"] = {
             "granted-policy": {"agent": sc.agent, "policy": "p1"},

@@ -21,18 +21,16 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
-import uvicorn
 from api_plane import ADMIN_PASSWORD, booting_plane_settings, running_plane
 from scripted_model import ScriptedModelServerForTests
+from web_helpers import CHROMIUM, in_chromium, sign_in
 
 from aamp.web import site_of
 
-playwright_api = pytest.importorskip("playwright.async_api")
-CHROMIUM = "/usr/bin/chromium"
+pytest.importorskip("playwright.async_api")
 CSV = b"region,amount\nnorth,120\nsouth,80\neast,42\n"
 REPORT = b"total\n242\n"
 SECRET = "story-secret-value-0f9e8d7c"
@@ -53,23 +51,6 @@ lifetime: {ttl: 10m, idle: 5m}
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def _sign_in(browser, base: str, username: str, password: str):  # type: ignore[no-untyped-def]
-    context = await browser.new_context(base_url=base, accept_downloads=True)
-    page = await context.new_page()
-    await page.goto("/login")
-    await page.fill("#f-username", username)
-    await page.fill("#f-password", password)
-    await page.click("button[type=submit]")
-    await page.wait_for_load_state()
-    return context, page
-
-
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed")
 async def test_the_whole_story_in_a_real_browser(tmp_path: Path, browser_image) -> None:
     shots = os.environ.get("AAMP_UI_SCREENSHOTS")
@@ -79,32 +60,13 @@ async def test_the_whole_story_in_a_real_browser(tmp_path: Path, browser_image) 
         {"content": "Wrote out/report.csv"},
     ]
     with ScriptedModelServerForTests(turns) as model:
-        async with running_plane(booting_plane_settings(tmp_path)) as plane:
-            port = _free_port()
-            server = uvicorn.Server(
-                uvicorn.Config(
-                    site_of(plane.app),  # type: ignore[arg-type]
-                    host="127.0.0.1",
-                    port=port,
-                    lifespan="off",
-                    log_level="warning",
-                )
-            )
-            serving = asyncio.create_task(server.serve())
-            while not server.started:
-                await asyncio.sleep(0.05)
-            base = f"http://127.0.0.1:{port}"
-            try:
-                async with playwright_api.async_playwright() as pw:
-                    browser = await pw.chromium.launch(executable_path=CHROMIUM)
-                    requests: list[str] = []
-                    try:
-                        await _story(browser, base, model.base_url, requests, shots)
-                    finally:
-                        await browser.close()
-            finally:
-                server.should_exit = True
-                await serving
+        settings = booting_plane_settings(tmp_path)
+        async with (
+            running_plane(settings) as plane,
+            in_chromium(site_of(plane.app)) as (base, browser),  # type: ignore[arg-type]
+        ):
+            requests: list[str] = []
+            await _story(browser, base, model.base_url, requests, shots)
     outside = [u for u in requests if not u.startswith((base + "/", "data:"))]
     assert requests and outside == [], outside
 
@@ -118,7 +80,7 @@ async def _story(browser, base, model_url, requests, shots) -> None:  # type: ig
         context.on("response", lambda r: responses.append((r, asyncio.ensure_future(r.body()))))
 
     # The admin: users, a policy, the model endpoint.
-    admin_ctx, admin = await _sign_in(browser, base, "admin", ADMIN_PASSWORD)
+    admin_ctx, admin = await sign_in(browser, base, "admin", ADMIN_PASSWORD)
     watch(admin_ctx)
     for user, role in (("bob", "builder"), ("olga", "operator"), ("omar", "operator")):
         await admin.goto("/admin/users")
@@ -149,7 +111,7 @@ async def _story(browser, base, model_url, requests, shots) -> None:  # type: ig
     await admin.wait_for_selector("td:has-text('crm_token')")
 
     # The builder: the agent in the form, published, shared with the operator.
-    builder_ctx, builder = await _sign_in(browser, base, "bob", "bob-password-1")
+    builder_ctx, builder = await sign_in(browser, base, "bob", "bob-password-1")
     watch(builder_ctx)
     await builder.goto("/build")
     await builder.fill("#f-name", "reporter")
@@ -189,7 +151,7 @@ async def _story(browser, base, model_url, requests, shots) -> None:  # type: ig
         await admin.wait_for_selector(f"li:has-text('{kind}: {name}')")
 
     # The operator: a run with a CSV, steps arriving live.
-    operator_ctx, operator = await _sign_in(browser, base, "olga", "olga-password-1")
+    operator_ctx, operator = await sign_in(browser, base, "olga", "olga-password-1")
     watch(operator_ctx)
     await operator.goto("/agents")
     await operator.click("a.button:has-text('Run')")
@@ -230,7 +192,7 @@ async def _story(browser, base, model_url, requests, shots) -> None:  # type: ig
 
     # Another operator with run on the agent neither sees the run nor may answer its question:
     # the form posted by hand is refused by the API, and the refusal is on record.
-    other_ctx, other = await _sign_in(browser, base, "omar", "omar-password-1")
+    other_ctx, other = await sign_in(browser, base, "omar", "omar-password-1")
     watch(other_ctx)
     assert (await other.goto(run_path)).status == 403
     csrf = next(c["value"] for c in await other_ctx.cookies() if c["name"] == "aamp_csrf")

@@ -55,6 +55,14 @@ class RunIn(BaseModel):
     inputs: Annotated[list[InputFile], Field(max_length=MAX_INPUTS)] = []
 
 
+class InboundOut(BaseModel):
+    """What a run's inputs may be: its policy's `data.inbound`, and nothing else of it."""
+
+    policy: str
+    max_bytes: int
+    types: list[str]
+
+
 class ArtifactOut(BaseModel):
     name: str
     size: int
@@ -117,12 +125,11 @@ def _version_asked(body: dict[str, Any]) -> str | int | None:
     return None
 
 
-async def _new_run(request: Request, cp: ControlPlane, _: Actor) -> Resource:
+async def _planned(request: Request, cp: ControlPlane, which: str | int | None) -> Resource:
     """The agent, whether the version asked for is a published one, what of its policy (image,
     services) and model endpoint is not granted to the agent, and whether that endpoint is
-    still unconfirmed."""
+    still unconfirmed — with the plan kept for the route (`request.state.run_plan`)."""
     agent_id = str(request.path_params.get("agent_id", ""))[:32]
-    which = _version_asked(await json_body(request))
     if which is None:
         request.state.run_plan = RunPlan(None, None)
         return Resource("agent", agent_id, agent=agent_id)
@@ -148,6 +155,18 @@ async def _new_run(request: Request, cp: ControlPlane, _: Actor) -> Resource:
         unpublished=None if which == "latest" or published else str(which),
         unconfirmed=endpoint.name if endpoint is not None and not endpoint.confirmed else None,
     )
+
+
+async def _new_run(request: Request, cp: ControlPlane, _: Actor) -> Resource:
+    """A run about to start: the version its body asks for."""
+    return await _planned(request, cp, _version_asked(await json_body(request)))
+
+
+async def _run_inbound(request: Request, cp: ControlPlane, _: Actor) -> Resource:
+    """What a run would accept: the version `?version=` asks for, decided as a run of it."""
+    which = request.query_params.get("version", "latest")[:12]
+    asked = int(which) if which.isdigit() else which
+    return await _planned(request, cp, _version_asked({"version": asked}))
 
 
 def _decode_inputs(body: RunIn) -> list[tuple[str, bytes]]:
@@ -185,6 +204,25 @@ async def _refuse_input(request: Request, agent_id: str, message: str, details: 
 
 def router() -> APIRouter:
     r = APIRouter(prefix="/v1", tags=["runs"])
+
+    @r.get("/agents/{agent_id}/inbound", response_model=InboundOut)
+    @rule("run.inbound", _run_inbound)
+    async def run_inbound(
+        agent_id: AgentId,
+        request: Request,
+        version: Annotated[str, Query(pattern=r"^(latest|draft|[1-9][0-9]{0,8})$")] = "latest",
+    ) -> dict[str, Any]:
+        """The input files a run of this version accepts (its policy's `data.inbound`), for a
+        check before upload; decided exactly as starting that run, whose own check stays the
+        authority. Nothing else of the policy is shown."""
+        plan: RunPlan = request.state.run_plan
+        if plan.version is None:
+            raise ApiError(404, "not_found", missing_version(agent_id, version))
+        name = plan.version.definition.policy
+        if plan.needs is None or plan.needs.policy is None:
+            raise ApiError(400, "invalid_request", f"policy: no policy named {name!r}")
+        inbound = plan.needs.policy.policy.data.inbound
+        return {"policy": name, "max_bytes": inbound.max_bytes, "types": list(inbound.types)}
 
     @r.post("/agents/{agent_id}/runs", status_code=201, response_model=RunInfo)
     @rule("run.create", _new_run)

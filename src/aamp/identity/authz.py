@@ -26,7 +26,8 @@ The rules, in words:
   to that agent, and a run also its model endpoint — confirmed by an admin;
 - agent versions: `view` reads the published ones; `edit` also reads and saves the draft,
   publishes it, and test-runs it (the draft, or any unpublished number); `run` starts runs of
-  published versions, by number or `latest`;
+  published versions, by number or `latest`; what a run's input files may be (its policy's
+  `data.inbound`, for a check before upload) is read by exactly those who may start it;
 - a run is seen, followed, cancelled and its artifacts downloaded by its owner (while they can
   still `run` its agent), by users with `edit` on its agent, and by admins — so operators never
   see each other's runs;
@@ -273,6 +274,7 @@ RULES: dict[str, Rule] = {
     "agent_version.edit": _on_agent(Level.EDIT),
     "agent_version.publish": _on_agent(Level.EDIT),
     "run.create": _run_create,
+    "run.inbound": _run_create,  # what a run's inputs may be, to whoever may start it
     "run.list": _signed_in,
     "run.view": _run_access,
     "run.cancel": _run_access,
