@@ -168,3 +168,68 @@ async def test_catalog_forms_keep_what_was_typed_and_register_when_right(site: S
         data={"name": "llm", "base_url": "llm.internal:8000", "models": "m", "csrf": token},
     )
     assert r.status_code == 400 and "llm.internal:8000" in r.text and "field-error" in r.text
+
+
+async def test_delete_forms_refuse_what_is_in_use_at_its_row_on_record(site: Site) -> None:
+    plane = site.plane
+    async with plane.client(plane.admin_token) as api:
+        assert (await api.put("/v1/secrets/crm_token", json={"value": "v"})).status_code == 200
+        service = {"upstream": "https://crm.internal.example", "auth": "bearer"}
+        r = await api.put("/v1/services/crm", json={**service, "secrets": ["crm_token"]})
+        assert r.status_code == 200, r.text
+        for body in ({"name": "uses-crm", "services": ["crm"]}, {"name": "lone"}):
+            r = await api.put(f"/v1/policies/{body['name']}", json={"image": "base", **body})
+            assert r.status_code == 200, r.text
+        r = await api.put(
+            "/v1/model-endpoints/llm",
+            json={"base_url": "http://127.0.0.1:9/v1", "models": ["scripted"]},
+        )
+        assert r.status_code == 200, r.text
+        agent = (await api.post("/v1/agents", json={"name": "user-of-it"})).json()["id"]
+        for kind, name in (("policy", "uses-crm"), ("model-endpoint", "llm")):
+            r = await api.post(f"/v1/agents/{agent}/resources", json={"kind": kind, "name": name})
+            assert r.status_code == 201, r.text
+
+    admin = await site.signed_in()
+    token = csrf_of((await admin.get("/admin/policies")).text)
+    # Without the CSRF token: refused, nothing deleted.
+    r = await admin.post("/admin/policies/lone/delete", data={})
+    assert r.status_code == 403
+    assert "lone" in (await admin.get("/admin/policies")).text
+    # In use: refused, the reason at the entry's own row, the entry kept, the refusal on record.
+    in_use = {
+        "/admin/policies/uses-crm/delete": (
+            "err-delete-policies-uses-crm",
+            f"policy uses-crm is in use by agent:{agent}; take it back from those agents",
+        ),
+        "/admin/services/crm/delete": (
+            "err-delete-services-crm",
+            "service crm is in use by policy:uses-crm; remove it from those policies first",
+        ),
+        "/admin/model-endpoints/llm/delete": (
+            "err-delete-model-endpoints-llm",
+            f"model-endpoint llm is in use by agent:{agent}",
+        ),
+    }
+    for path, (error_id, reason) in in_use.items():
+        r = await admin.post(path, data={"csrf": token})
+        assert r.status_code == 409, (path, r.status_code)
+        shown = re.search(
+            rf'<p class="field-error" id="{error_id}" role="alert">([^<]+)</p>', r.text
+        )
+        assert shown and reason in shown.group(1).replace("&#39;", "'"), r.text
+    async with plane.client(plane.admin_token) as api:
+        assert (await api.get("/v1/policies/uses-crm")).status_code == 200
+        assert (await api.get("/v1/services/crm")).status_code == 200
+        assert (await api.get("/v1/model-endpoints/llm")).status_code == 200
+        assert (await api.get(f"/v1/agents/{agent}/resources")).json()  # grants kept
+    for action in ("policy.delete", "service.delete", "model_endpoint.delete"):
+        denials = [r for r in site.audit(action=action) if r["decision"] == "deny"]
+        [refusal] = [r for r in denials if "is in use by" in r["reason"]]
+        assert refusal["actor"] == "user:admin"
+    assert any("x-csrf-token" in r["reason"] for r in site.audit(action="policy.delete"))
+    # Not in use: deleted, on record.
+    r = await admin.post("/admin/policies/lone/delete", data={"csrf": token})
+    assert r.status_code == 303 and r.headers["location"] == "/admin/policies"
+    assert "lone" not in (await admin.get("/admin/policies")).text
+    assert [r["decision"] for r in site.audit(action="policy.deleted")] == ["allow"]

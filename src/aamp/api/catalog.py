@@ -9,6 +9,7 @@ states the addresses and classes it resolved to (or that it did not resolve yet)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -17,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from aamp.api.context import ControlPlane
 from aamp.api.errors import ApiError
-from aamp.api.guard import cp_of, record_change, rule
+from aamp.api.guard import cp_of, record_change, record_refusal, rule
 from aamp.catalog.catalog import (
     MAX_POLICY_BYTES,
     Service,
@@ -26,6 +27,7 @@ from aamp.catalog.catalog import (
 )
 from aamp.catalog.model_endpoints import MAX_MODELS, ModelEndpoint, check_base_url
 from aamp.egress.registered import ConnectionRefused, resolve_and_check
+from aamp.errors import Conflict
 from aamp.policy import PolicyError
 from aamp.sandbox.wheelhouse import WheelhouseError
 
@@ -118,6 +120,17 @@ def _format(request: Request) -> str:
     raise ApiError(415, "unsupported_media_type", "send the policy as application/json or YAML")
 
 
+async def _delete(request: Request, kind: str, name: str, remove: Callable[[], None]) -> None:
+    """Delete a catalog entry, or record why not (it is in use) and answer 409."""
+    action, resource = f"{kind.replace('-', '_')}.deleted", f"{kind}:{name}"
+    try:
+        await cp_of(request).store.run(remove)
+    except Conflict as refused:
+        await record_refusal(request, f"{kind.replace('-', '_')}.delete", resource, str(refused))
+        raise
+    await record_change(request, action, resource, {})
+
+
 def router() -> APIRouter:
     r = APIRouter(prefix="/v1")
 
@@ -165,9 +178,9 @@ def router() -> APIRouter:
     @r.delete("/policies/{name}", status_code=204, tags=["policies"])
     @rule("policy.delete")
     async def delete_policy(name: Name, request: Request) -> None:
+        """Delete a policy; refused (409, on record) while an agent is granted it."""
         cp = cp_of(request)
-        await cp.store.run(cp.catalog.delete_policy, name)
-        await record_change(request, "policy.deleted", f"policy:{name}", {})
+        await _delete(request, "policy", name, lambda: cp.catalog.delete_policy(name))
 
     @r.get("/services", response_model=list[Service], tags=["services"])
     @rule("service.list")
@@ -203,9 +216,10 @@ def router() -> APIRouter:
     @r.delete("/services/{name}", status_code=204, tags=["services"])
     @rule("service.delete")
     async def delete_service(name: Name, request: Request) -> None:
+        """Delete a service; refused (409, on record) while a policy names it or an agent is
+        granted it."""
         cp = cp_of(request)
-        await cp.store.run(cp.catalog.delete_service, name)
-        await record_change(request, "service.deleted", f"service:{name}", {})
+        await _delete(request, "service", name, lambda: cp.catalog.delete_service(name))
 
     @r.get("/model-endpoints", response_model=list[ModelEndpoint], tags=["model endpoints"])
     @rule("model_endpoint.list")
@@ -264,8 +278,10 @@ def router() -> APIRouter:
     @r.delete("/model-endpoints/{name}", status_code=204, tags=["model endpoints"])
     @rule("model_endpoint.delete")
     async def delete_model_endpoint(name: Name, request: Request) -> None:
+        """Delete a model endpoint; refused (409, on record) while an agent is granted it."""
         cp = cp_of(request)
-        await cp.store.run(cp.catalog.delete_model_endpoint, name)
-        await record_change(request, "model_endpoint.deleted", f"model-endpoint:{name}", {})
+        await _delete(
+            request, "model-endpoint", name, lambda: cp.catalog.delete_model_endpoint(name)
+        )
 
     return r

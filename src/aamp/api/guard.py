@@ -229,6 +229,21 @@ async def check(request: Request, action: str, resource: Resource) -> bool:
     return allowed(actor_of(request), action, resource).allowed
 
 
+async def record_refusal(request: Request, action: str, resource: str, reason: str) -> None:
+    """Record that a route refused an allowed request for what it would do (something in
+    use, say): the denial, its reason and the actor, nothing changed."""
+    cp = cp_of(request)
+    await cp.audit.record(
+        actor=actor_of(request).audit_name,
+        action=action,
+        resource=resource[:512],
+        decision="deny",
+        reason=reason,
+        request_id=request_id(request),
+        details={},
+    )
+
+
 async def record_change(
     request: Request, action: str, resource: str, details: dict[str, Any]
 ) -> None:

@@ -160,6 +160,26 @@ def check_upstream(upstream: object) -> str:
     return f"{parts.scheme}://{netloc}"
 
 
+def _refuse_if_in_use(s: Any, kind: str, name: str, naming: list[str] | None = None) -> None:
+    """Refuse to delete what is still in use: granted to agents (their runs would be refused
+    for it) or, for a service, named by policies. Nothing is taken back silently: the admin
+    detaches it (or edits those policies) first, each change audited on its own."""
+    granted = s.scalars(
+        select(AgentResourceRow.agent_id)
+        .where(AgentResourceRow.kind == kind, AgentResourceRow.name == name)
+        .order_by(AgentResourceRow.agent_id)
+    ).all()
+    users = [*(naming or []), *(f"agent:{a}" for a in granted)]
+    if not users:
+        return
+    steps = []
+    if naming:
+        steps.append("remove it from those policies")
+    if granted:
+        steps.append(f"take it back from those agents (`aamp grant detach AGENT {kind} {name}`)")
+    raise Conflict(f"{kind} {name} is in use by {', '.join(users)}; {' and '.join(steps)} first")
+
+
 class Catalog:
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -201,14 +221,11 @@ class Catalog:
         return found
 
     def delete_policy(self, name: str) -> None:
+        """Delete a policy no agent is granted (else `Conflict`, naming them)."""
         with self.store.write_session() as s:
             existing(s, PolicyRow, name, f"no policy named {name!r}")
+            _refuse_if_in_use(s, "policy", name)
             s.execute(delete(PolicyRow).where(PolicyRow.name == name))
-            s.execute(
-                delete(AgentResourceRow).where(
-                    AgentResourceRow.kind == "policy", AgentResourceRow.name == name
-                )
-            )
 
     # -- services -----------------------------------------------------------------------
 
@@ -272,14 +289,16 @@ class Catalog:
             return self._service(row)
 
     def delete_service(self, name: str) -> None:
+        """Delete a service no policy names and no agent is granted (else `Conflict`)."""
         with self.store.write_session() as s:
             existing(s, ServiceRow, name, f"no service named {name!r}")
+            naming = [
+                f"policy:{row.name}"
+                for row in s.scalars(select(PolicyRow).order_by(PolicyRow.name))
+                if name in self._policy(row).policy.services
+            ]
+            _refuse_if_in_use(s, "service", name, naming)
             s.execute(delete(ServiceRow).where(ServiceRow.name == name))
-            s.execute(
-                delete(AgentResourceRow).where(
-                    AgentResourceRow.kind == "service", AgentResourceRow.name == name
-                )
-            )
 
     def secret_usage(self) -> dict[str, list[str]]:
         """secret name -> the services and model endpoints that use it (the "where used" of
@@ -369,14 +388,11 @@ class Catalog:
         return found
 
     def delete_model_endpoint(self, name: str) -> None:
+        """Delete a model endpoint no agent is granted (else `Conflict`, naming them)."""
         with self.store.write_session() as s:
             existing(s, ModelEndpointRow, name, f"no model endpoint named {name!r}")
+            _refuse_if_in_use(s, "model-endpoint", name)
             s.execute(delete(ModelEndpointRow).where(ModelEndpointRow.name == name))
-            s.execute(
-                delete(AgentResourceRow).where(
-                    AgentResourceRow.kind == "model-endpoint", AgentResourceRow.name == name
-                )
-            )
 
     # -- what agents are granted --------------------------------------------------------
 

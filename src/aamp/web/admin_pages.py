@@ -11,9 +11,9 @@ audit log like any other.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -129,11 +129,41 @@ def summary(source: str) -> dict[str, Any] | None:
     }
 
 
-async def policies(request: Request) -> Response:
-    page = await Page.signed_in(request)
+async def policies(request: Request, status: int = 200, **context: Any) -> Response:
+    page = context.pop("page", None) or await Page.signed_in(request)
     found = await page.get("/v1/policies")
     rows = [{**p, "summary": summary(p["source"])} for p in found]
-    return page.render("admin_policies.html", policies=rows)
+    return page.render(
+        "admin_policies.html", status, policies=rows, errors=context.get("errors", {})
+    )
+
+
+# What each delete form removes: the API path its name goes under, and the page it is on.
+DELETABLE = {
+    "policies": ("/v1/policies", "/admin/policies"),
+    "services": ("/v1/services", "/admin/catalog#services"),
+    "model-endpoints": ("/v1/model-endpoints", "/admin/catalog#endpoints"),
+}
+
+
+def _delete_form(what: str) -> Callable[[Request], Awaitable[Response]]:
+    api, shown_on = DELETABLE[what]
+
+    async def delete_entry(request: Request) -> Response:
+        """A delete form: the API deletes (or refuses, on record, what is in use); a refusal
+        is shown at the entry's own row, everything else as it was."""
+        page = await Page.signed_in(request)
+        await page.form()
+        name = request.path_params["name"]
+        answer = await page.call("DELETE", f"{api}/{quote(name, safe='')}")
+        if answer.ok:
+            return back(shown_on)
+        _refused(page, answer)
+        errors = {f"delete:{what}:{name}": answer.message}
+        listing = policies if what == "policies" else catalog
+        return await listing(request, answer.status, page=page, errors=errors)
+
+    return delete_entry
 
 
 async def policy_editor(request: Request, status: int = 200, **context: Any) -> Response:
@@ -395,6 +425,13 @@ def routes() -> list[Route]:
         Route("/admin/model-endpoints", save_endpoint, methods=["POST"]),
         Route("/admin/services", save_service, methods=["POST"]),
         Route("/admin/agent-resources", grant_resource, methods=["POST"]),
+        Route("/admin/policies/{name}/delete", _delete_form("policies"), methods=["POST"]),
+        Route("/admin/services/{name}/delete", _delete_form("services"), methods=["POST"]),
+        Route(
+            "/admin/model-endpoints/{name}/delete",
+            _delete_form("model-endpoints"),
+            methods=["POST"],
+        ),
         Route("/admin/secrets", secrets, methods=["GET"]),
         Route("/admin/secrets", set_secret, methods=["POST"]),
         Route("/sandboxes", sandboxes, methods=["GET"]),
