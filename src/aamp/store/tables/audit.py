@@ -40,6 +40,9 @@ class AuditRecordRow(Base):
     __table_args__ = (
         Index("ix_audit_records_time", "time"),
         Index("ix_audit_records_actor_seq", "actor", "seq"),
+        # Someone's denials (or allows): without it, every record of theirs is read past the
+        # page start when none match.
+        Index("ix_audit_records_actor_decision_seq", "actor", "decision", "seq"),
         Index("ix_audit_records_action_seq", "action", "seq"),
         Index("ix_audit_records_resource_seq", "resource", "seq"),
     )

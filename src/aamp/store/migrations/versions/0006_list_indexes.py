@@ -2,11 +2,12 @@
 
 The run history is newest first (`created_at DESC, id DESC`), filtered by owner (an
 operator's own runs), agent and status; the audit log is read by record number (`seq`),
-filtered by actor, action or resource. An index on the filter column alone left the store to
-read every matching row and sort them before the first page (hundreds of milliseconds at
-100,000 runs or 1,000,000 records); with the sort key appended to each index a page is an
-index range read in order, stopping after `limit` rows. The single-column indexes these
-replace are their prefixes, so every lookup they served is served still.
+filtered by actor (and outcome: someone's denials), action or resource. An index on the
+filter column alone left the store to read every matching row and sort them before the
+first page (hundreds of milliseconds at 100,000 runs or 1,000,000 records); with the sort
+key appended to each index a page is an index range read in order, stopping after `limit`
+rows. The single-column indexes these replace are their prefixes, so every lookup they
+served is served still.
 
 Revision ID: 0006
 Revises: 0005
@@ -32,6 +33,7 @@ RUN_INDEXES = {
 }
 AUDIT_INDEXES = {
     "ix_audit_records_actor_seq": ["actor", "seq"],
+    "ix_audit_records_actor_decision_seq": ["actor", "decision", "seq"],
     "ix_audit_records_action_seq": ["action", "seq"],
     "ix_audit_records_resource_seq": ["resource", "seq"],
 }
