@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from real_bundle import REPO, bundle_cache, bundle_key  # real_bundle.py
+from real_bundle import REPO, WHEELHOUSE_LIST, bundle_cache, bundle_key  # real_bundle.py
 
 from aamp.bundle import manifest
 
@@ -31,9 +31,18 @@ def made_bundle(tmp_path_factory) -> tuple[Path, Path]:
     subprocess.run(["openssl", "pkey", "-in", str(key), "-pubout", "-out", str(pub)], check=True)
     partial = base / f"{bundle.name}.partial"
     shutil.rmtree(partial, ignore_errors=True)
+    listed = base / f"{bundle.name}.wheelhouse.txt"
+    listed.write_text(WHEELHOUSE_LIST)
     began = time.monotonic()
     done = subprocess.run(
-        [str(REPO / "scripts/bundle"), str(partial), "--sign", str(key)],
+        [
+            str(REPO / "scripts/bundle"),
+            str(partial),
+            "--sign",
+            str(key),
+            "--wheelhouse",
+            str(listed),
+        ],
         capture_output=True,
         text=True,
         timeout=3000,

@@ -2,9 +2,10 @@
 keyed by what decides its contents), then inside a network namespace with only loopback, from
 a fresh `git clone`, `scripts/install --bundle --trust` succeeds, `aamp up` starts, a one-shot
 sandbox prints 42 and an agent run with the scripted model succeeds; `aamp doctor` says
-offline-complete. Then an upgrade: a newer clone (its browser recipe changed) installed from
+offline-complete, and the site's wheelhouse package the bundle carries is in the wheelhouse.
+Then an upgrade: a newer clone (its browser recipe changed) installed from
 the bundle over the same $AAMP_HOME keeps users, agents, runs, secrets, keys and CA, rebuilds
-only the browser image, and `aamp audit verify` passes.
+only the browser image, keeps the wheelhouse, and `aamp audit verify` passes.
 
 This host already has every Debian package of scripts/host-packages, so here the install's
 Debian step has nothing to do (installing for real would change a shared machine); apt is run
@@ -141,6 +142,12 @@ def test_offline_install_from_a_bundle_then_an_upgrade(made_bundle, tmp_path: Pa
         assert step["rc"] == 0, step
     assert first["run"]["rc"] == 0 and "run succeeded" in first["run"]["out"], first["run"]
     assert sha256(Path("/var/lib/dpkg/status")) == dpkg_status  # the host's packages untouched
+    # The site's wheelhouse list rode along: its wheel is in the wheelhouse, bytes as listed.
+    tabulate = "tabulate-0.9.0-py3-none-any.whl"
+    assert tabulate in first["wheelhouse"]["out"], first["wheelhouse"]
+    kept_wheels = json.loads((home / "wheelhouse/index.json").read_text())
+    listed = json.loads((bundle / "manifest.json").read_text())["files"]
+    assert kept_wheels[tabulate]["sha256"] == listed[f"wheels/wheelhouse/{tabulate}"]["sha256"]
 
     # The upgrade: a newer clone whose browser recipe changed, over the same $AAMP_HOME.
     kept = {
@@ -184,5 +191,6 @@ def test_offline_install_from_a_bundle_then_an_upgrade(made_bundle, tmp_path: Pa
     assert "reporter" in again["agents"]["out"], again["agents"]
     assert "succeeded" in again["runs"]["out"], again["runs"]
     assert "kept_secret" in again["secrets"]["out"], again["secrets"]
+    assert tabulate in again["wheelhouse"]["out"], again["wheelhouse"]
     assert again["sandbox"]["out"].strip() == "42", again["sandbox"]
     assert again["audit"]["rc"] == 0, again["audit"]

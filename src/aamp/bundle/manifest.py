@@ -16,9 +16,11 @@ is given. Standard library only (it runs before the venv exists).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
@@ -193,3 +195,64 @@ def verify(root: Path, trust: Path | None = None, progress: Progress | None = No
     signed = "signature checked with " + str(trust) if trust else "not signature-checked"
     say(f"bundle verified: {len(files)} files, sizes and SHA-256 match ({signed})")
     return manifest
+
+
+def _copy_hashing(src: Path, dest: Path) -> tuple[int, str] | None:
+    """Copy `src` (a plain file, not followed through a link) to `dest`, hashing the bytes as
+    they are copied; (size, SHA-256), or None when `src` is not a plain file."""
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    digest, size = hashlib.sha256(), 0
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with open(dest, "wb") as out:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+                size += len(block)
+                out.write(block)
+    return size, digest.hexdigest()
+
+
+def copy_verified(root: Path, part: str, dest: Path, trust: Path | None = None) -> list[Path]:
+    """Copy every file of the bundle's `part` (a directory, e.g. "wheels/wheelhouse") into
+    `dest`, each checked against the manifest as it is copied (and the manifest's signature
+    first, when `trust` is given): what a consumer then uses is exactly what the manifest
+    lists, even if the bundle changed after `verify`. Returns the copies; raises BundleRefused
+    naming every file missing, altered, not listed or not a plain file, leaving none."""
+    root = root.resolve()
+    if trust is not None:
+        problems = _check_signature(root, trust)
+        if problems:
+            raise BundleRefused(problems)
+    prefix = part.strip("/") + "/"
+    listed = {rel: e for rel, e in load(root)["files"].items() if rel.startswith(prefix)}
+    here = root / prefix
+    on_disk = {prefix + rel for rel in bundle_files(here)} if here.is_dir() else set()
+    problems = [
+        f"{rel}: not in the manifest (added after the bundle was made)"
+        for rel in sorted(on_disk - listed.keys())
+    ]
+    copies: list[Path] = []
+    for rel, entry in sorted(listed.items()):
+        if rel not in on_disk:
+            problems.append(f"{rel}: missing")
+            continue
+        copy = dest / rel.removeprefix(prefix)
+        got = _copy_hashing(root / rel, copy)
+        copies.append(copy)
+        if got is None:
+            problems.append(f"{rel}: not a plain file")
+        elif got != (entry["size"], entry["sha256"]):
+            problems.append(
+                f"{rel}: altered (size {got[0]}, SHA-256 {got[1]}; the manifest says "
+                f"{entry['size']}, {entry['sha256']})"
+            )
+    if problems:
+        for copy in copies:
+            copy.unlink(missing_ok=True)
+        raise BundleRefused(problems)
+    return copies
