@@ -154,9 +154,53 @@ def load(root: Path) -> dict:
     return manifest
 
 
-def verify(root: Path, trust: Path | None = None, progress: Progress | None = None) -> dict:
+def _identity(path: Path) -> list[int]:
+    """What changes whenever a file's bytes do: any write moves its ctime, which no one but
+    the clock sets."""
+    st = path.lstat()
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _read_seen(seen: Path, root: Path, digest: str) -> dict[str, list[int]]:
+    try:
+        record = json.loads(seen.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(record, dict) or [record.get("bundle"), record.get("manifest")] != [
+        str(root),
+        digest,
+    ]:
+        return {}
+    files = record.get("files")
+    return files if isinstance(files, dict) else {}
+
+
+def _write_seen(seen: Path, root: Path, digest: str, files: dict[str, list[int]]) -> None:
+    try:
+        tmp = seen.with_name(seen.name + ".partial")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"bundle": str(root), "manifest": digest, "files": files}, f)
+        tmp.replace(seen)
+    except OSError:
+        pass  # only a later check's shortcut is lost
+
+
+def verify(
+    root: Path,
+    trust: Path | None = None,
+    progress: Progress | None = None,
+    seen: Path | None = None,
+) -> dict:
     """Check the bundle at `root` and return its manifest, or raise BundleRefused naming every
-    file that is missing, changed, not listed or not a plain file. Reads only."""
+    file that is missing, changed, not listed or not a plain file. Reads only the bundle.
+
+    `seen` (a file only its caller writes, e.g. under $AAMP_HOME) records what a successful
+    check hashed: each file's device, inode, size, mtime and ctime, for these manifest bytes
+    at this path. A later check with the same record hashes only the files whose identity
+    moved (any write to a file moves its ctime), so a status check does not hash the same
+    unchanged bytes again. The install's check before it installs gives no record: it hashes
+    everything."""
     say = progress or (lambda _m: None)
     root = root.resolve()
     if trust is not None:
@@ -165,6 +209,9 @@ def verify(root: Path, trust: Path | None = None, progress: Progress | None = No
             raise BundleRefused(problems)
     manifest = load(root)
     files: dict[str, dict] = manifest["files"]
+    digest = hashlib.sha256((root / MANIFEST).read_bytes()).hexdigest()
+    known = _read_seen(seen, root, digest) if seen is not None else {}
+    hashed: dict[str, list[int]] = {}
     problems = []
     on_disk = set(bundle_files(root))
     for rel in sorted(on_disk - files.keys()):
@@ -178,22 +225,32 @@ def verify(root: Path, trust: Path | None = None, progress: Progress | None = No
         if path.is_symlink() or not path.is_file():
             problems.append(f"{rel}: not a plain file")
             continue
-        size = path.stat().st_size
+        identity = _identity(path)
+        size = identity[2]
         if size != entry["size"]:
             problems.append(f"{rel}: altered (size {size}, the manifest says {entry['size']})")
             continue
-        actual = sha256_file(path)
-        if actual != entry["sha256"]:
-            problems.append(
-                f"{rel}: altered (SHA-256 {actual}, the manifest says {entry['sha256']})"
-            )
+        if known.get(rel) == identity:
+            hashed[rel] = identity
+        else:
+            actual = sha256_file(path)
+            if actual != entry["sha256"]:
+                problems.append(
+                    f"{rel}: altered (SHA-256 {actual}, the manifest says {entry['sha256']})"
+                )
+            elif _identity(path) == identity:  # unchanged while it was hashed
+                hashed[rel] = identity
         checked += 1
         if checked % 500 == 0:
             say(f"  verified {checked}/{len(files)} files")
     if problems:
         raise BundleRefused(problems)
+    if seen is not None:
+        _write_seen(seen, root, digest, hashed)
     signed = "signature checked with " + str(trust) if trust else "not signature-checked"
-    say(f"bundle verified: {len(files)} files, sizes and SHA-256 match ({signed})")
+    again = sum(1 for rel, ident in hashed.items() if known.get(rel) == ident)
+    unchanged = f", {again} unchanged since the last check, not hashed again" if again else ""
+    say(f"bundle verified: {len(files)} files, sizes and SHA-256 match ({signed}{unchanged})")
     return manifest
 
 
