@@ -101,7 +101,9 @@ def bundle(tmp_path: Path, keys) -> Path:
 def test_install_adds_the_bundled_wheels_to_the_wheelhouse(
     bundle: Path, keys, settings: Settings
 ) -> None:
+    assert not settings.home.exists()
     added = add_bundled(bundle, settings, trust=keys[1])
+    assert settings.home.stat().st_mode & 0o777 == 0o700  # made as `aamp up` makes it
     files = json.loads((bundle / manifest.MANIFEST).read_text())["files"]
     kept = {w.filename: w for w in Wheelhouse(settings).list()}
     assert sorted(kept) == ["greeting-1.0-py3-none-any.whl", "words-2.0-py3-none-any.whl"]

@@ -33,6 +33,8 @@ def add_bundled(bundle: Path, settings: Settings, trust: Path | None = None) -> 
         if not copies:
             return []
         by = f"scripts/install --bundle (made {made.get('created')})"
+        # A first install makes $AAMP_HOME here, before `aamp up` would: as private as it would.
+        settings.home.mkdir(parents=True, exist_ok=True, mode=0o700)
         return Wheelhouse(settings).add_files(copies, by=by)
 
 
