@@ -1,6 +1,7 @@
 """The real bundle the slow bundle tests share (real_bundle.py): a cached one is verified once
 a session before it is used (hashing only files changed since the last session), else
-scripts/bundle makes it."""
+scripts/bundle makes it. And for the fast tests, `bundle`: a copy of the module's own
+`pristine` synthetic bundle (made once a module), to tamper with, and its `keys`."""
 
 from __future__ import annotations
 
@@ -54,3 +55,13 @@ def made_bundle(tmp_path_factory) -> tuple[Path, Path]:
     print(done.stdout[-1500:], f"(made in {time.monotonic() - began:.0f}s)")
     partial.rename(bundle)
     return bundle, pub
+
+
+@pytest.fixture
+def keys(pristine) -> tuple[Path, Path]:
+    return pristine[1]
+
+
+@pytest.fixture
+def bundle(pristine, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(pristine[0], tmp_path / "bundle"))

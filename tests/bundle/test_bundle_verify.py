@@ -35,16 +35,13 @@ def snapshot(root: Path) -> dict[str, tuple[str, int]]:
     return out
 
 
-@pytest.fixture
-def keys(tmp_path: Path) -> tuple[Path, Path]:
-    return keypair(tmp_path, "bundle")
-
-
-@pytest.fixture
-def bundle(tmp_path: Path, keys: tuple[Path, Path]) -> Path:
-    work = tmp_path / "work"
-    work.mkdir()
-    return make_bundle(tmp_path / "bundle", work, key=keys[0])
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> tuple[Path, tuple[Path, Path]]:
+    """One signed synthetic bundle and its keys, made once; each test tampers with a copy."""
+    base = tmp_path_factory.mktemp("pristine")
+    keys = keypair(base, "bundle")
+    (base / "work").mkdir()
+    return make_bundle(base / "bundle", base / "work", key=keys[0]), keys
 
 
 def refused(root: Path, trust: Path | None = None) -> str:

@@ -81,21 +81,18 @@ def test_create_puts_the_listed_wheels_and_their_hashes_in_the_bundle(tmp_path: 
     assert not (out / WHEELHOUSE_PART).exists()
 
 
-@pytest.fixture
-def keys(tmp_path: Path) -> tuple[Path, Path]:
-    return keypair(tmp_path, "bundle")
-
-
-@pytest.fixture
-def bundle(tmp_path: Path, keys) -> Path:
-    """The synthetic bundle, with one wheelhouse wheel (and a dependency) in it."""
-    work = tmp_path / "work"
-    work.mkdir()
-    extra = tmp_path / "extra"
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> tuple[Path, tuple[Path, Path]]:
+    """The synthetic bundle, with one wheelhouse wheel (and a dependency) in it, and its
+    keys; made once, each test tampers with a copy."""
+    base = tmp_path_factory.mktemp("pristine")
+    keys = keypair(base, "bundle")
+    (base / "work").mkdir()
+    extra = base / "extra"
     (extra / WHEELHOUSE_PART).mkdir(parents=True)
     make_wheel(extra / WHEELHOUSE_PART, "greeting", "1.0", "HELLO = 'hi'\n", ["words==2.0"])
     make_wheel(extra / WHEELHOUSE_PART, "words", "2.0", "WORDS = ['hi']\n")
-    return make_bundle(tmp_path / "bundle", work, key=keys[0], extra=extra)
+    return make_bundle(base / "bundle", base / "work", key=keys[0], extra=extra), keys
 
 
 def test_install_adds_the_bundled_wheels_to_the_wheelhouse(
