@@ -115,6 +115,7 @@ def state() -> dict:
         "agents": aamp("agent", "ls"),
         "runs": aamp("run", "ls"),
         "secrets": aamp("secret", "ls"),
+        "wheelhouse": aamp("wheelhouse", "ls"),
     }
 
 

@@ -4,6 +4,7 @@ fast verification tests. Only the contents are small: every step is the real one
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import zipfile
 from pathlib import Path
@@ -55,8 +56,13 @@ def keypair(work: Path, name: str) -> tuple[Path, Path]:
 
 
 def make_bundle(
-    root: Path, work: Path, key: Path | None = None, target: dict | None = None
+    root: Path,
+    work: Path,
+    key: Path | None = None,
+    target: dict | None = None,
+    extra: Path | None = None,
 ) -> Path:
+    """The bundle at `root`; the files under `extra` (if given) are part of it too."""
     repo = root / "debian"
     pool = repo / "pool"
     pool.mkdir(parents=True)
@@ -79,6 +85,8 @@ def make_bundle(
     (root / "wheels/host").mkdir(parents=True)
     make_wheel(root / "wheels/host/tiny_one-1.0-py3-none-any.whl", "tiny_one")
     make_wheel(root / "wheels/host/tiny_two-1.0-py3-none-any.whl", "tiny_two")
+    if extra is not None:
+        shutil.copytree(extra, root, dirs_exist_ok=True)
     info = {"aamp": {"version": "test"}, "target": target or host_target().as_dict()}
     manifest.write(root, info)
     if key is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -16,6 +17,8 @@ from synthetic import keypair, make_bundle  # tests/bundle/synthetic.py
 
 from aamp.bundle import manifest
 from aamp.bundle.manifest import BundleRefused, verify
+from aamp.bundle.verify import SEEN, offline_status
+from aamp.config import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,16 +35,13 @@ def snapshot(root: Path) -> dict[str, tuple[str, int]]:
     return out
 
 
-@pytest.fixture
-def keys(tmp_path: Path) -> tuple[Path, Path]:
-    return keypair(tmp_path, "bundle")
-
-
-@pytest.fixture
-def bundle(tmp_path: Path, keys: tuple[Path, Path]) -> Path:
-    work = tmp_path / "work"
-    work.mkdir()
-    return make_bundle(tmp_path / "bundle", work, key=keys[0])
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> tuple[Path, tuple[Path, Path]]:
+    """One signed synthetic bundle and its keys, made once; each test tampers with a copy."""
+    base = tmp_path_factory.mktemp("pristine")
+    keys = keypair(base, "bundle")
+    (base / "work").mkdir()
+    return make_bundle(base / "bundle", base / "work", key=keys[0]), keys
 
 
 def refused(root: Path, trust: Path | None = None) -> str:
@@ -207,3 +207,55 @@ def test_install_refuses_a_bundle_for_another_target(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "the bundle is for another target: python '2.7'" in done.stderr
     assert not (clone / ".venv").exists()
+
+
+def test_a_check_with_a_record_hashes_only_what_changed_and_still_refuses_it(
+    bundle: Path, keys, tmp_path: Path, monkeypatch
+) -> None:
+    """`aamp doctor`'s shortcut: what an earlier check found intact (device, inode, size,
+    mtime, ctime) is not hashed again, but any write to a file moves its ctime, so a changed
+    byte is hashed and refused just the same; a record for other manifest bytes is ignored."""
+    seen = tmp_path / "seen.json"
+    hashed: list[str] = []
+    real = manifest.sha256_file
+    monkeypatch.setattr(manifest, "sha256_file", lambda p: hashed.append(p.name) or real(p))
+    files = len(verify(bundle, trust=keys[1], seen=seen)["files"])
+    assert len(hashed) == files and seen.stat().st_mode & 0o777 == 0o600
+    hashed.clear()
+    verify(bundle, trust=keys[1], seen=seen)
+    assert hashed == []
+    deb = bundle / "debian/pool/aamp-test-two_1.0_all.deb"
+    original = deb.read_bytes()
+    data = bytearray(original)
+    data[len(data) // 2] ^= 0x01  # same size; mtime put back as it was
+    stat = deb.stat()
+    deb.write_bytes(bytes(data))
+    os.utime(deb, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    message = refused(bundle, trust=keys[1])  # no record: hashes all
+    assert "debian/pool/aamp-test-two_1.0_all.deb: altered (SHA-256" in message
+    hashed.clear()
+    with pytest.raises(BundleRefused, match=re.escape("aamp-test-two_1.0_all.deb: altered")):
+        verify(bundle, trust=keys[1], seen=seen)
+    assert hashed == ["aamp-test-two_1.0_all.deb"]
+    # The same files under another manifest (re-written): the record does not apply.
+    deb.write_bytes(original)
+    manifest.write(bundle, {"aamp": {"version": "test"}})
+    hashed.clear()
+    verify(bundle, seen=seen)
+    assert len(hashed) == files
+
+
+def test_doctor_keeps_its_record_and_still_sees_a_changed_byte(bundle: Path, tmp_path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    settings = Settings.from_env({"AAMP_HOME": str(home), "AAMP_BUNDLE": str(bundle)})
+    _ok, lines = offline_status(settings, set())
+    assert any("files verified" in line for line in lines), lines
+    assert (home / SEEN).is_file()
+    deb = bundle / "debian/pool/aamp-test-one_1.0_all.deb"
+    deb.write_bytes(deb.read_bytes()[:-1] + b"\0")
+    ok, lines = offline_status(settings, set())
+    assert not ok
+    assert any(
+        "fails verification: debian/pool/aamp-test-one_1.0_all.deb: altered" in x for x in lines
+    )

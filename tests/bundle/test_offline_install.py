@@ -2,15 +2,16 @@
 keyed by what decides its contents), then inside a network namespace with only loopback, from
 a fresh `git clone`, `scripts/install --bundle --trust` succeeds, `aamp up` starts, a one-shot
 sandbox prints 42 and an agent run with the scripted model succeeds; `aamp doctor` says
-offline-complete. Then an upgrade: a newer clone (its browser recipe changed) installed from
+offline-complete, and the site's wheelhouse package the bundle carries is in the wheelhouse.
+Then an upgrade: a newer clone (its browser recipe changed) installed from
 the bundle over the same $AAMP_HOME keeps users, agents, runs, secrets, keys and CA, rebuilds
-only the browser image, and `aamp audit verify` passes.
+only the browser image, keeps the wheelhouse, and `aamp audit verify` passes.
 
-What is not exercised: this host already has every Debian package of scripts/host-packages,
-so the install's `apt-get install` from the bundle has nothing to do (installing for real
-would change a shared machine). Instead apt is run against the bundle's repository alone
-with an empty dpkg status (`--simulate`), which proves the repository holds every host
-package with its whole dependency closure, and the host's dpkg status is checked unchanged.
+This host already has every Debian package of scripts/host-packages, so here the install's
+Debian step has nothing to do (installing for real would change a shared machine); apt is run
+against the bundle's repository alone with an empty dpkg status (`--simulate`), and the
+host's dpkg status is checked unchanged. The real installation of those packages, on a
+minimal system that lacks them, is test_host_packages_from_bundle.py.
 """
 
 from __future__ import annotations
@@ -26,64 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from aamp.bundle import manifest
-
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
-# What decides a bundle's contents: a cached one is reused only while these are unchanged.
-BUNDLE_INPUTS = (
-    "scripts/host-packages",
-    "requirements.lock",
-    "pyproject.toml",
-    "src/aamp/bundle/create.py",
-    "src/aamp/bundle/debian.py",
-    "src/aamp/sandbox/image_recipes.py",
-    "src/aamp/sandbox/browser_quiet.py",
-    "src/aamp/sandbox/kernel_packages.py",
-    "src/aamp/sandbox/firecracker_wheel.py",
-)
 
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def bundle_key() -> str:
-    digest = hashlib.sha256()
-    for rel in BUNDLE_INPUTS:
-        digest.update(rel.encode() + b"\0" + (REPO / rel).read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
-
-
-@pytest.fixture(scope="module")
-def made_bundle(tmp_path_factory) -> tuple[Path, Path]:
-    """(bundle, trusted public key): made once per content key, under AAMP_DOWNLOAD_CACHE."""
-    cache = os.environ.get("AAMP_DOWNLOAD_CACHE")
-    base = Path(cache) / "bundles" if cache else tmp_path_factory.mktemp("bundles")
-    bundle = base / bundle_key()
-    key, pub = base / f"{bundle.name}.key.pem", base / f"{bundle.name}.pub.pem"
-    try:
-        if bundle.is_dir():
-            manifest.verify(bundle, trust=pub)
-            return bundle, pub
-    except manifest.BundleRefused:
-        shutil.rmtree(bundle)
-    base.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["openssl", "genpkey", "-algorithm", "ed25519", "-out", str(key)], check=True)
-    subprocess.run(["openssl", "pkey", "-in", str(key), "-pubout", "-out", str(pub)], check=True)
-    partial = base / f"{bundle.name}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    began = time.monotonic()
-    done = subprocess.run(
-        [str(REPO / "scripts/bundle"), str(partial), "--sign", str(key)],
-        capture_output=True,
-        text=True,
-        timeout=3000,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    print(done.stdout[-1500:], f"(made in {time.monotonic() - began:.0f}s)")
-    partial.rename(bundle)
-    return bundle, pub
 
 
 def free_port() -> int:
@@ -193,6 +142,12 @@ def test_offline_install_from_a_bundle_then_an_upgrade(made_bundle, tmp_path: Pa
         assert step["rc"] == 0, step
     assert first["run"]["rc"] == 0 and "run succeeded" in first["run"]["out"], first["run"]
     assert sha256(Path("/var/lib/dpkg/status")) == dpkg_status  # the host's packages untouched
+    # The site's wheelhouse list rode along: its wheel is in the wheelhouse, bytes as listed.
+    tabulate = "tabulate-0.9.0-py3-none-any.whl"
+    assert tabulate in first["wheelhouse"]["out"], first["wheelhouse"]
+    kept_wheels = json.loads((home / "wheelhouse/index.json").read_text())
+    listed = json.loads((bundle / "manifest.json").read_text())["files"]
+    assert kept_wheels[tabulate]["sha256"] == listed[f"wheels/wheelhouse/{tabulate}"]["sha256"]
 
     # The upgrade: a newer clone whose browser recipe changed, over the same $AAMP_HOME.
     kept = {
@@ -236,5 +191,6 @@ def test_offline_install_from_a_bundle_then_an_upgrade(made_bundle, tmp_path: Pa
     assert "reporter" in again["agents"]["out"], again["agents"]
     assert "succeeded" in again["runs"]["out"], again["runs"]
     assert "kept_secret" in again["secrets"]["out"], again["secrets"]
+    assert tabulate in again["wheelhouse"]["out"], again["wheelhouse"]
     assert again["sandbox"]["out"].strip() == "42", again["sandbox"]
     assert again["audit"]["rc"] == 0, again["audit"]

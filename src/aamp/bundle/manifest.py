@@ -16,9 +16,11 @@ is given. Standard library only (it runs before the venv exists).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
@@ -152,9 +154,53 @@ def load(root: Path) -> dict:
     return manifest
 
 
-def verify(root: Path, trust: Path | None = None, progress: Progress | None = None) -> dict:
+def _identity(path: Path) -> list[int]:
+    """What changes whenever a file's bytes do: any write moves its ctime, which no one but
+    the clock sets."""
+    st = path.lstat()
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _read_seen(seen: Path, root: Path, digest: str) -> dict[str, list[int]]:
+    try:
+        record = json.loads(seen.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(record, dict) or [record.get("bundle"), record.get("manifest")] != [
+        str(root),
+        digest,
+    ]:
+        return {}
+    files = record.get("files")
+    return files if isinstance(files, dict) else {}
+
+
+def _write_seen(seen: Path, root: Path, digest: str, files: dict[str, list[int]]) -> None:
+    try:
+        tmp = seen.with_name(seen.name + ".partial")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"bundle": str(root), "manifest": digest, "files": files}, f)
+        tmp.replace(seen)
+    except OSError:
+        pass  # only a later check's shortcut is lost
+
+
+def verify(
+    root: Path,
+    trust: Path | None = None,
+    progress: Progress | None = None,
+    seen: Path | None = None,
+) -> dict:
     """Check the bundle at `root` and return its manifest, or raise BundleRefused naming every
-    file that is missing, changed, not listed or not a plain file. Reads only."""
+    file that is missing, changed, not listed or not a plain file. Reads only the bundle.
+
+    `seen` (a file only its caller writes, e.g. under $AAMP_HOME) records what a successful
+    check hashed: each file's device, inode, size, mtime and ctime, for these manifest bytes
+    at this path. A later check with the same record hashes only the files whose identity
+    moved (any write to a file moves its ctime), so a status check does not hash the same
+    unchanged bytes again. The install's check before it installs gives no record: it hashes
+    everything."""
     say = progress or (lambda _m: None)
     root = root.resolve()
     if trust is not None:
@@ -163,6 +209,9 @@ def verify(root: Path, trust: Path | None = None, progress: Progress | None = No
             raise BundleRefused(problems)
     manifest = load(root)
     files: dict[str, dict] = manifest["files"]
+    digest = hashlib.sha256((root / MANIFEST).read_bytes()).hexdigest()
+    known = _read_seen(seen, root, digest) if seen is not None else {}
+    hashed: dict[str, list[int]] = {}
     problems = []
     on_disk = set(bundle_files(root))
     for rel in sorted(on_disk - files.keys()):
@@ -176,20 +225,91 @@ def verify(root: Path, trust: Path | None = None, progress: Progress | None = No
         if path.is_symlink() or not path.is_file():
             problems.append(f"{rel}: not a plain file")
             continue
-        size = path.stat().st_size
+        identity = _identity(path)
+        size = identity[2]
         if size != entry["size"]:
             problems.append(f"{rel}: altered (size {size}, the manifest says {entry['size']})")
             continue
-        actual = sha256_file(path)
-        if actual != entry["sha256"]:
-            problems.append(
-                f"{rel}: altered (SHA-256 {actual}, the manifest says {entry['sha256']})"
-            )
+        if known.get(rel) == identity:
+            hashed[rel] = identity
+        else:
+            actual = sha256_file(path)
+            if actual != entry["sha256"]:
+                problems.append(
+                    f"{rel}: altered (SHA-256 {actual}, the manifest says {entry['sha256']})"
+                )
+            elif _identity(path) == identity:  # unchanged while it was hashed
+                hashed[rel] = identity
         checked += 1
         if checked % 500 == 0:
             say(f"  verified {checked}/{len(files)} files")
     if problems:
         raise BundleRefused(problems)
+    if seen is not None:
+        _write_seen(seen, root, digest, hashed)
     signed = "signature checked with " + str(trust) if trust else "not signature-checked"
-    say(f"bundle verified: {len(files)} files, sizes and SHA-256 match ({signed})")
+    again = sum(1 for rel, ident in hashed.items() if known.get(rel) == ident)
+    unchanged = f", {again} unchanged since the last check, not hashed again" if again else ""
+    say(f"bundle verified: {len(files)} files, sizes and SHA-256 match ({signed}{unchanged})")
     return manifest
+
+
+def _copy_hashing(src: Path, dest: Path) -> tuple[int, str] | None:
+    """Copy `src` (a plain file, not followed through a link) to `dest`, hashing the bytes as
+    they are copied; (size, SHA-256), or None when `src` is not a plain file."""
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    digest, size = hashlib.sha256(), 0
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with open(dest, "wb") as out:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+                size += len(block)
+                out.write(block)
+    return size, digest.hexdigest()
+
+
+def copy_verified(root: Path, part: str, dest: Path, trust: Path | None = None) -> list[Path]:
+    """Copy every file of the bundle's `part` (a directory, e.g. "wheels/wheelhouse") into
+    `dest`, each checked against the manifest as it is copied (and the manifest's signature
+    first, when `trust` is given): what a consumer then uses is exactly what the manifest
+    lists, even if the bundle changed after `verify`. Returns the copies; raises BundleRefused
+    naming every file missing, altered, not listed or not a plain file, leaving none."""
+    root = root.resolve()
+    if trust is not None:
+        problems = _check_signature(root, trust)
+        if problems:
+            raise BundleRefused(problems)
+    prefix = part.strip("/") + "/"
+    listed = {rel: e for rel, e in load(root)["files"].items() if rel.startswith(prefix)}
+    here = root / prefix
+    on_disk = {prefix + rel for rel in bundle_files(here)} if here.is_dir() else set()
+    problems = [
+        f"{rel}: not in the manifest (added after the bundle was made)"
+        for rel in sorted(on_disk - listed.keys())
+    ]
+    copies: list[Path] = []
+    for rel, entry in sorted(listed.items()):
+        if rel not in on_disk:
+            problems.append(f"{rel}: missing")
+            continue
+        copy = dest / rel.removeprefix(prefix)
+        got = _copy_hashing(root / rel, copy)
+        copies.append(copy)
+        if got is None:
+            problems.append(f"{rel}: not a plain file")
+        elif got != (entry["size"], entry["sha256"]):
+            problems.append(
+                f"{rel}: altered (size {got[0]}, SHA-256 {got[1]}; the manifest says "
+                f"{entry['size']}, {entry['sha256']})"
+            )
+    if problems:
+        for copy in copies:
+            copy.unlink(missing_ok=True)
+        raise BundleRefused(problems)
+    return copies

@@ -15,6 +15,9 @@ from aamp.bundle.create import host_packages, host_target
 from aamp.config import Settings
 from aamp.sandbox import recipe_names, resolve
 
+# What `aamp doctor` last found intact in the bundle (manifest.verify's `seen`).
+SEEN = "bundle-verified.json"
+
 
 def _missing_host_packages(names: list[str]) -> list[str]:
     done = subprocess.run(
@@ -41,7 +44,8 @@ def offline_status(settings: Settings, built_images: set[str]) -> tuple[bool, li
     lines: list[str] = []
     missing: list[str] = []
     try:
-        made = manifest.verify(settings.bundle)
+        # Each doctor hashes only what changed since the last one (the install hashes all).
+        made = manifest.verify(settings.bundle, seen=settings.home / SEEN)
     except manifest.BundleRefused as exc:
         made = None
         missing.append(f"the bundle at {settings.bundle} fails verification: {exc.problems[0]}")
