@@ -6,8 +6,8 @@ So there is no second authorisation path: every tool call is authenticated, deci
 same record, denials included), and a sandbox made here obeys the same policy and lifetime.
 A refusal comes back as a tool error naming the API's `code` and `message`.
 
-`build_server(credentials)` makes the server; `credentials(ctx)` says which control plane
-and token a call acts with (stdio: fixed at start; HTTP: the request's bearer token).
+`build_server(client_for)` makes the server; `client_for(ctx)` gives the SDK client a call
+acts through (stdio: the one made at start; HTTP: the request's bearer token's, `clients`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from pydantic import Field
 from aamp import __version__
 from aamp.client import AsyncClient, AsyncSandbox, ClientError
 
-Credentials = Callable[[Context], tuple[str, str]]
+# The SDK client a call acts through: the caller's token's (it is not closed by the tool).
+ClientFor = Callable[[Context], Awaitable[AsyncClient]]
 # What a tool returns of a command's output, per stream; the rest is cut with a note.
 MAX_OUTPUT_BYTES = 64 * 1024
 MAX_FILE_BYTES = 4 * 1024 * 1024  # one file through a tool, either way (base64 in JSON)
@@ -87,18 +88,15 @@ def _decode(content: str, encoding: str) -> bytes:
     return content.encode("utf-8")
 
 
-def build_server(credentials: Credentials) -> MCPServer:
+def build_server(client_for: ClientFor) -> MCPServer:
     server = MCPServer("aamp", version=__version__, instructions=INSTRUCTIONS)
 
     async def with_client(ctx: Context, work: Callable[[AsyncClient], Awaitable[Any]]) -> Any:
-        url, token = credentials(ctx)
-        client = AsyncClient(url, token, timeout=600)
+        client = await client_for(ctx)
         try:
             return await work(client)
         except ClientError as exc:
             raise _refusal(exc) from None
-        finally:
-            await client.close()
 
     @server.tool()
     async def sandbox_create(
