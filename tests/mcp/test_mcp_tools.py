@@ -25,6 +25,7 @@ from aamp import AsyncClient, Client
 from aamp.mcp import build_server
 
 TOOLS = {
+    "browser_screenshot",
     "sandbox_create",
     "sandbox_exec",
     "sandbox_write_file",
