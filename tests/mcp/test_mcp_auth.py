@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -76,7 +77,8 @@ async def _refusals(plane: Plane) -> list[dict[str, Any]]:
     return page.json()["records"]
 
 
-async def test_mcp_refuses_every_request_without_a_usable_token(tmp_path: Path) -> None:
+async def test_mcp_refuses_every_request_without_a_usable_token(tmp_path: Path, caplog) -> None:
+    caplog.set_level(logging.INFO)
     async with running_plane(plane_settings(tmp_path)) as plane, mcp_site(plane) as site:
         cp = plane.cp
         olga = await plane.user("olga", "operator")
@@ -99,6 +101,9 @@ async def test_mcp_refuses_every_request_without_a_usable_token(tmp_path: Path) 
         ok = await _post(site, {"authorization": f"Bearer {olga}"})
         assert ok.status_code == 200, ok.text
         assert "sandbox_exec" in {t["name"] for t in ok.json()["result"]["tools"]}
+        # ... and costs no log line: the MCP SDK's per-request INFO lines are kept out.
+        chatter = [r for r in caplog.records if r.name.startswith("mcp") and r.levelno < 30]
+        assert chatter == [], [r.getMessage() for r in chatter]
 
         cases = [
             ({}, "needs an API token", "anonymous"),

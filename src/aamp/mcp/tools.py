@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
@@ -93,7 +94,11 @@ def _decode(content: str, encoding: str) -> bytes:
 
 
 def build_server(client_for: ClientFor) -> MCPServer:
-    server = MCPServer("aamp", version=__version__, instructions=INSTRUCTIONS)
+    # The MCP SDK logs every request at INFO ("Terminating session" for each stateless call),
+    # and by default installs a rich-text handler for it: a line rendered and written per tool
+    # call, several milliseconds of a busy host each time. Its warnings and errors still show.
+    logging.getLogger("mcp").setLevel(logging.WARNING)
+    server = MCPServer("aamp", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
 
     async def with_client(ctx: Context, work: Callable[[AsyncClient], Awaitable[Any]]) -> Any:
         client = await client_for(ctx)
