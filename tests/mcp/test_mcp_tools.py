@@ -183,6 +183,39 @@ def test_an_operator_is_refused_over_mcp_what_the_api_refuses(live) -> None:
         assert mcp_record["decision"] == "deny" and set(mcp_record) == set(api_record)
         assert admin.list_sandboxes() == []  # nothing was made
 
+        # The admin's sandbox: each tool on it is refused as the API refuses its twin request.
+        with admin.sandboxes.create(image="base", ttl=300) as theirs:
+            url = "http://app.test/"
+            twins = [
+                ("sandbox_exec", {"argv": ["true"]}, "POST", "/exec", {"json": {"argv": ["true"]}}),
+                ("sandbox_read_file", {"path": "a"}, "GET", "/files", {"params": {"path": "a"}}),
+                ("browser_screenshot", {"url": url}, "POST", "/screenshot", {"json": {"url": url}}),
+                ("sandbox_destroy", {}, "DELETE", "", {}),
+            ]
+            for tool, arguments, method, suffix, request in twins:
+                answer = httpx.request(
+                    method,
+                    f"{live.url}/v1/sandboxes/{theirs.id}{suffix}",
+                    headers={"authorization": f"Bearer {token}"},
+                    **request,
+                )
+                assert answer.status_code == 403, (tool, answer.text)
+
+                said = asyncio.run(refused_over_http(live.url, token, tool, theirs.id, arguments))
+                assert said == f"refused (forbidden): {answer.json()['message']}", tool
+                page = admin.call("GET", "/v1/audit", params={"actor": "user:olga"})
+                *_, api_record, mcp_record = page["records"]
+                assert {k: mcp_record[k] for k in same} == {k: api_record[k] for k in same}
+                assert mcp_record["decision"] == "deny", tool
+            assert theirs.exec(["true"]).ok  # untouched
+
+
+async def refused_over_http(
+    url: str, token: str, tool: str, sandbox_id: str, arguments: dict[str, Any]
+) -> str:
+    async with over_http(url, token) as client:
+        return await refusal(client, tool, sandbox_id=sandbox_id, **arguments)
+
 
 def test_mcp_over_http_needs_a_bearer_token(live) -> None:
     bare = httpx.post(f"{live.url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})

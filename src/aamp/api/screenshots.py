@@ -3,10 +3,10 @@ browser sandbox, through that sandbox's egress proxy and so under its policy's r
 
 It is the agents' own `browser` tool (`BrowserTool`: open the URL, then screenshot), driven
 by the host for the caller: what the page was refused is told by the host's proxy, never by
-the guest or the page. A navigation the policy refuses is answered 403 `egress_refused`
-naming the rule, and recorded as a refusal (`sandbox.browser_result`, decision `deny`; the
-proxy's own ledger record is in the audit log too); a screenshot taken is recorded with the
-URL it shows and its SHA-256.
+the guest or the page. A navigation the policy refuses is answered 422 `egress_refused`
+naming the rule (not 403, which is the guard's alone: who may ask), and recorded as a
+refusal (`sandbox.browser_result`, decision `deny`; the proxy's own ledger record is in the
+audit log too); a screenshot taken is recorded with the URL it shows and its SHA-256.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def router() -> APIRouter:
         if refused is not None:
             await _result(request, sandbox_id, {**asked, "rule": refused["rule"]}, "deny")
             raise ApiError(
-                403, "egress_refused", opened.text.splitlines()[0].removeprefix("error: ")
+                422, "egress_refused", opened.text.splitlines()[0].removeprefix("error: ")
             )
         if opened.detail.get("status") is None and not opened.ok:
             await _result(request, sandbox_id, {**asked, "error": opened.text[:2000]}, "error")
