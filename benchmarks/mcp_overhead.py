@@ -6,9 +6,11 @@ named mcp.py: that would hide the `mcp` package from this script.)
 
     AAMP_IMAGE_DIR=/var/cache/aamp/images python benchmarks/mcp_overhead.py [--runs 51]
 
-A tool call is one MCP POST whose tool makes the API request inside the control plane, so
-the difference is MCP's framing, its server's validation, and the extra loopback hop.
-Calls take turns.
+A tool call is one MCP POST, authenticated by the API guard's token check, whose tool makes
+the API request through the SDK client kept for its token (one keep-alive connection to the
+API of the same process); so the difference is MCP's framing and validation, that token
+check, the worker-thread hop of the async SDK and the extra loopback request. Calls take
+turns, so both sides see the same load.
 """
 
 from __future__ import annotations

@@ -145,6 +145,7 @@ EXPECTED: dict[tuple[str, str], dict[str, Expect]] = {
     ("POST", "/v1/sandboxes/{sandbox_id}/exec"): {"own": level("run"), "other": admin},
     ("PUT", "/v1/sandboxes/{sandbox_id}/files"): {"own": level("run"), "other": admin},
     ("GET", "/v1/sandboxes/{sandbox_id}/files"): {"own": level("run"), "other": admin},
+    ("POST", "/v1/sandboxes/{sandbox_id}/screenshot"): {"own": level("run"), "other": admin},
     # agent versions: view reads published ones, edit also the draft and unpublished numbers,
     # saves and publishes the draft
     ("GET", "/v1/agents/{agent_id}/versions"): {"-": level("view")},
@@ -255,6 +256,7 @@ def request_for(
         ("PUT", "/v1/secrets/{name}"): {"value": "scratch value"},
         ("PUT", "/v1/model-endpoints/{name}"): {"base_url": "http://127.0.0.1:9/v1"},
         ("POST", "/v1/sandboxes/{sandbox_id}/exec"): {"argv": ["true"]},
+        ("POST", "/v1/sandboxes/{sandbox_id}/screenshot"): {"url": "http://app.test/"},
         ("PUT", "/v1/agents/{agent_id}/draft"): {"tools": ["nonsense"]},
         ("POST", "/v1/approvals/{approval_id}"): {"decision": "deny"},
     }

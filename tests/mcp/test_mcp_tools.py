@@ -13,16 +13,19 @@ from typing import Any
 
 import httpx
 import httpx2
+import pytest
 from mcp import Client as McpClient
 from mcp import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 from scripted_model import ScriptedModelServerForTests
 from test_cli_runs import WRITE, publish_agent, write_reporter  # tests/runs
 
-from aamp import Client
+from aamp import AsyncClient, Client
 from aamp.mcp import build_server
 
 TOOLS = {
+    "browser_screenshot",
     "sandbox_create",
     "sandbox_exec",
     "sandbox_write_file",
@@ -131,9 +134,13 @@ def test_in_process_and_over_http(live, tmp_path) -> None:
         publish_agent(live, tmp_path, "reporter", "files-only", model.base_url)
 
         async def main() -> None:
-            server = build_server(lambda _ctx: (live.url, live.admin_token))
-            async with McpClient(server) as in_process:
-                await the_whole_flow(in_process, csv.read_bytes())
+            async with AsyncClient(live.url, live.admin_token) as sdk:
+
+                async def client_for(_ctx: object) -> AsyncClient:
+                    return sdk
+
+                async with McpClient(build_server(client_for)) as in_process:
+                    await the_whole_flow(in_process, csv.read_bytes())
             async with over_http(live.url, live.admin_token) as remote:
                 await the_whole_flow(remote, csv.read_bytes())
 
@@ -176,16 +183,57 @@ def test_an_operator_is_refused_over_mcp_what_the_api_refuses(live) -> None:
         assert mcp_record["decision"] == "deny" and set(mcp_record) == set(api_record)
         assert admin.list_sandboxes() == []  # nothing was made
 
+        # The admin's sandbox: each tool on it is refused as the API refuses its twin request.
+        with admin.sandboxes.create(image="base", ttl=300) as theirs:
+            url = "http://app.test/"
+            twins = [
+                ("sandbox_exec", {"argv": ["true"]}, "POST", "/exec", {"json": {"argv": ["true"]}}),
+                ("sandbox_read_file", {"path": "a"}, "GET", "/files", {"params": {"path": "a"}}),
+                ("browser_screenshot", {"url": url}, "POST", "/screenshot", {"json": {"url": url}}),
+                ("sandbox_destroy", {}, "DELETE", "", {}),
+            ]
+            for tool, arguments, method, suffix, request in twins:
+                answer = httpx.request(
+                    method,
+                    f"{live.url}/v1/sandboxes/{theirs.id}{suffix}",
+                    headers={"authorization": f"Bearer {token}"},
+                    **request,
+                )
+                assert answer.status_code == 403, (tool, answer.text)
+
+                said = asyncio.run(refused_over_http(live.url, token, tool, theirs.id, arguments))
+                assert said == f"refused (forbidden): {answer.json()['message']}", tool
+                page = admin.call("GET", "/v1/audit", params={"actor": "user:olga"})
+                *_, api_record, mcp_record = page["records"]
+                assert {k: mcp_record[k] for k in same} == {k: api_record[k] for k in same}
+                assert mcp_record["decision"] == "deny", tool
+            assert theirs.exec(["true"]).ok  # untouched
+
+
+async def refused_over_http(
+    url: str, token: str, tool: str, sandbox_id: str, arguments: dict[str, Any]
+) -> str:
+    async with over_http(url, token) as client:
+        return await refusal(client, tool, sandbox_id=sandbox_id, **arguments)
+
 
 def test_mcp_over_http_needs_a_bearer_token(live) -> None:
     bare = httpx.post(f"{live.url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
     assert bare.status_code == 401 and bare.json()["code"] == "unauthenticated"
 
-    async def main() -> str:
+    async def main() -> None:
         async with over_http(live.url, "aamp_not-a-token") as client:
-            return await refusal(client, "sandbox_list")
+            await client.list_tools()
 
-    assert asyncio.run(main()).startswith("refused (unauthenticated)")
+    with pytest.raises(BaseExceptionGroup) as refused:  # the handshake: 401 before MCP reads it
+        asyncio.run(main())
+    assert refused.group_contains(MCPError)
+    garbage = httpx.post(
+        f"{live.url}/mcp",
+        json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+        headers={"authorization": "Bearer aamp_not-a-token"},
+    )
+    assert garbage.status_code == 401 and "not valid" in garbage.json()["message"]
 
 
 def test_aamp_mcp_over_stdio_acts_with_the_clis_token(live) -> None:

@@ -16,7 +16,8 @@ __all__, __getattr__ = surface(
             "ControlPlane",
             "SandboxOwner",
         ),
-        "guard": ("CSRF_HEADER", "SESSION_COOKIE"),
-        "middleware": ("BodyLimitMiddleware",),
+        "errors": ("ApiError", "error_response"),
+        "guard": ("CSRF_HEADER", "SESSION_COOKIE", "bearer_actor"),
+        "middleware": ("BodyLimitMiddleware", "RequestIdMiddleware"),
     },
 )

@@ -17,7 +17,17 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute, iter_route_contexts
 
 from aamp import __version__
-from aamp.api import agents, audit, catalog, runs, sandboxes, secrets, users, wheelhouse
+from aamp.api import (
+    agents,
+    audit,
+    catalog,
+    runs,
+    sandboxes,
+    screenshots,
+    secrets,
+    users,
+    wheelhouse,
+)
 from aamp.api.context import MAX_EXEC_BODY_BYTES, ControlPlane
 from aamp.api.errors import ERROR_RESPONSES, install_error_handlers
 from aamp.api.guard import RULE_ATTR, cp_of, guard, rule
@@ -103,7 +113,17 @@ def create_app(cp: ControlPlane) -> FastAPI:
             "warm_pool": manager.pool_status(),
         }
 
-    for module in (users, agents, catalog, secrets, audit, sandboxes, runs, wheelhouse):
+    for module in (
+        users,
+        agents,
+        catalog,
+        secrets,
+        audit,
+        sandboxes,
+        screenshots,
+        runs,
+        wheelhouse,
+    ):
         app.include_router(module.router())
     install_error_handlers(
         app,

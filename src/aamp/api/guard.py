@@ -134,6 +134,22 @@ async def _authenticate(request: Request, cp: ControlPlane) -> tuple[Actor, str 
     return ANONYMOUS, None
 
 
+async def bearer_actor(request: Request, cp: ControlPlane, action: str) -> Actor:
+    """The actor of a request that must carry a bearer token (no session cookie counts):
+    `/mcp` asks this before MCP reads a byte. The token is checked by the very code the guard
+    runs (`_authenticate`), and a refusal — no header, a malformed one, an unknown, revoked
+    or expired token, a disabled user — is recorded as `action` denied, with whom the token
+    names when that is known, and raised as the API's 401."""
+    try:
+        if request.headers.get("authorization") is None:
+            raise AuthenticationFailed(f"{request.url.path} needs an API token: Bearer TOKEN")
+        actor, _ = await _authenticate(request, cp)
+    except AuthenticationFailed as exc:
+        await _record(cp, request, exc.claimed, action, action, Decision(False, exc.args[0]))
+        raise ApiError(401, "unauthenticated", exc.args[0]) from None
+    return actor
+
+
 def _csrf_failure(request: Request, csrf_hash: str | None) -> str | None:
     """Why a session's unsafe request lacks its CSRF token, or None if it is fine."""
     if csrf_hash is None or request.method not in UNSAFE_METHODS:

@@ -70,7 +70,7 @@ class ExecIn(BaseModel):
 SandboxId = Annotated[str, Path(min_length=1, max_length=64)]
 
 
-async def _sandbox(request: Request, cp: ControlPlane, _: Actor) -> Resource:
+async def sandbox_resource(request: Request, cp: ControlPlane, _: Actor) -> Resource:
     sandbox_id = str(request.path_params.get("sandbox_id", ""))[:64]
     owner = cp.owner_of(sandbox_id)
     return Resource(
@@ -140,7 +140,7 @@ async def _new_sandbox(request: Request, cp: ControlPlane, _: Actor) -> Resource
     )
 
 
-async def _audit(
+async def audit_sandbox(
     request: Request,
     action: str,
     sandbox_id: str,
@@ -264,7 +264,7 @@ def router() -> APIRouter:
         return out
 
     @r.get("/sandboxes/{sandbox_id}")
-    @rule("sandbox.view", _sandbox)
+    @rule("sandbox.view", sandbox_resource)
     async def get_sandbox(sandbox_id: SandboxId, request: Request) -> dict[str, object]:
         cp = cp_of(request)
         resource = _resource_of(cp, sandbox_id)
@@ -275,21 +275,21 @@ def router() -> APIRouter:
         }
 
     @r.delete("/sandboxes/{sandbox_id}", status_code=204)
-    @rule("sandbox.destroy", _sandbox)
+    @rule("sandbox.destroy", sandbox_resource)
     async def delete_sandbox(sandbox_id: SandboxId, request: Request) -> None:
         cp = cp_of(request)
         await cp.manager.destroy(sandbox_id, reason="requested", actor=actor_of(request).audit_name)
         cp.sandbox_owners.pop(sandbox_id, None)
 
     @r.post("/sandboxes/{sandbox_id}/exec")
-    @rule("sandbox.exec", _sandbox)
+    @rule("sandbox.exec", sandbox_resource)
     async def exec_in_sandbox(
         sandbox_id: SandboxId, body: ExecIn, request: Request
     ) -> StreamingResponse:
         manager = cp_of(request).manager
         manager.get(sandbox_id)  # 404 before the stream starts
         stdin = _decode_stdin(body.stdin_b64)
-        await _audit(
+        await audit_sandbox(
             request,
             "sandbox.exec",
             sandbox_id,
@@ -316,7 +316,7 @@ def router() -> APIRouter:
                             data = base64.b64encode(out.data).decode()
                             yield _line({"stream": out.stream, "data": data})
                     except GuestTimeout as exc:
-                        await _audit(
+                        await audit_sandbox(
                             request,
                             "sandbox.exec_result",
                             sandbox_id,
@@ -332,7 +332,7 @@ def router() -> APIRouter:
                         "timed_out": res.timed_out,
                         "duration": res.duration,
                     }
-                    await _audit(
+                    await audit_sandbox(
                         request, "sandbox.exec_result", sandbox_id, result, decision="info"
                     )
                     yield _line(result)
@@ -340,7 +340,7 @@ def router() -> APIRouter:
         return StreamingResponse(events(), media_type="application/x-ndjson")
 
     @r.put("/sandboxes/{sandbox_id}/files", status_code=204)
-    @rule("sandbox.file_in", _sandbox)
+    @rule("sandbox.file_in", sandbox_resource)
     async def put_file(
         sandbox_id: SandboxId, request: Request, path: Annotated[str, Query(max_length=4096)]
     ) -> None:
@@ -362,7 +362,7 @@ def router() -> APIRouter:
             async with manager.use(sandbox_id) as channel:
                 await channel.put(guest_path, hashed(), size)
         except BaseException:
-            await _audit(
+            await audit_sandbox(
                 request,
                 "sandbox.file_in",
                 sandbox_id,
@@ -370,7 +370,7 @@ def router() -> APIRouter:
                 decision="error",
             )
             raise
-        await _audit(
+        await audit_sandbox(
             request,
             "sandbox.file_in",
             sandbox_id,
@@ -378,7 +378,7 @@ def router() -> APIRouter:
         )
 
     @r.get("/sandboxes/{sandbox_id}/files")
-    @rule("sandbox.file_out", _sandbox)
+    @rule("sandbox.file_out", sandbox_resource)
     async def get_file(
         sandbox_id: SandboxId, request: Request, path: Annotated[str, Query(max_length=4096)]
     ) -> StreamingResponse:
@@ -410,7 +410,7 @@ def router() -> APIRouter:
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
                 await use.__aexit__(None, None, None)
-                await _audit(
+                await audit_sandbox(
                     request,
                     "sandbox.file_out",
                     sandbox_id,

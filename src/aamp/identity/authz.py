@@ -310,6 +310,7 @@ RULES: dict[str, Rule] = {
     "sandbox.exec": _sandbox_use,
     "sandbox.file_in": _sandbox_use,
     "sandbox.file_out": _sandbox_use,
+    "sandbox.browser": _sandbox_use,
     "sandbox.destroy": _sandbox_use,
 }
 

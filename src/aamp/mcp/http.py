@@ -1,73 +1,78 @@
 """`/mcp` on the control plane: MCP over streamable HTTP, beside the API, with a bearer token.
 
-`with_mcp(api_app, api_url)` is the ASGI app `aamp up` serves: `/mcp` goes to the MCP
-server, everything else to the API app, which stays exactly what `create_app` built (every
-route behind the guard). The MCP side holds no authority of its own: a request without a
-bearer token is answered 401 before MCP sees it, and each tool call acts with the request's
-token through the API at `api_url` (this very process), where the guard authenticates,
-decides and audits it like any other API request. Stateless (no MCP session kept between
+`with_mcp(app, cp, api_url)` is the ASGI app `aamp up` serves: `/mcp` goes to the MCP
+server, everything else to `app` (the site: the API and the UI), unchanged. Every request to
+`/mcp` is authenticated first by the API guard's own token check (`bearer_actor`): without a
+usable bearer token — none, garbage, unknown, revoked, expired, or its user disabled — it is
+answered 401 before MCP reads it, and the refusal is in the audit log (`mcp.connect`, with
+whom the token names when known), as the API records a refused credential. A session cookie
+does not count: `/mcp` is for programs, and a page of another site cannot set a bearer header.
+
+The MCP side holds no authority of its own: each tool call acts with the request's token
+through the API at `api_url` (this very process), where the guard authenticates, decides and
+audits it like any other API request; the SDK client doing so is kept per token (`clients`),
+and closed as soon as its token is refused here. Stateless (no MCP session kept between
 requests), so replicas behind a load balancer need nothing shared.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from mcp.server.mcpserver import Context
+from starlette.requests import Request
 
+from aamp.api import ApiError, ControlPlane, RequestIdMiddleware, bearer_actor, error_response
+from aamp.client import AsyncClient
+from aamp.mcp.clients import TokenClients
 from aamp.mcp.tools import build_server
 
 MCP_PATH = "/mcp"
+CONNECT_ACTION = "mcp.connect"  # the action a refused credential at /mcp is recorded under
 
 
-def _bearer(headers: Any) -> str | None:
-    value = (headers or {}).get("authorization", "")
-    scheme, _, token = value.partition(" ")
-    return token.strip() or None if scheme.lower() == "bearer" else None
+def _bearer(headers: Any) -> str:
+    """The request's bearer token (`bearer_actor` has accepted it before any tool runs)."""
+    return str((headers or {}).get("authorization", "")).partition(" ")[2].strip()
 
 
-def with_mcp(api_app: Any, api_url: str, *, host: str = "127.0.0.1") -> Any:
-    def credentials(ctx: Context) -> tuple[str, str]:
-        token = _bearer(ctx.headers)
-        assert token is not None  # refused below before MCP runs
-        return api_url, token
+def with_mcp(app: Any, cp: ControlPlane, api_url: str, *, host: str = "127.0.0.1") -> Any:
+    clients = TokenClients(api_url)
 
-    server = build_server(credentials)
+    async def client_for(ctx: Context) -> AsyncClient:
+        return await clients.get(_bearer(ctx.headers))
+
+    server = build_server(client_for)
     mcp_app = server.streamable_http_app(
         streamable_http_path=MCP_PATH, stateless_http=True, json_response=True, host=host
     )
 
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            async with server.session_manager.run():
-                await api_app(scope, receive, send)
-            return
-        path = scope.get("path", "")
-        if scope["type"] != "http" or not (path == MCP_PATH or path.startswith(MCP_PATH + "/")):
-            await api_app(scope, receive, send)
-            return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        if _bearer(headers) is None:
-            body = json.dumps(
-                {
-                    "code": "unauthenticated",
-                    "message": "/mcp needs an API token: Authorization: Bearer TOKEN",
-                }
-            ).encode()
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 401,
-                    "headers": [
-                        (b"content-type", b"application/json"),
-                        (b"www-authenticate", b"Bearer"),
-                        (b"content-length", str(len(body)).encode()),
-                    ],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
+    async def authenticated_mcp(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        request = Request(scope)
+        try:
+            await bearer_actor(request, cp, CONNECT_ACTION)
+        except ApiError as exc:
+            await clients.drop(_bearer(request.headers))
+            refusal = error_response(exc.status, exc.code, exc.message)
+            refusal.headers["www-authenticate"] = "Bearer"
+            await refusal(scope, receive, send)
             return
         await mcp_app(scope, receive, send)
 
-    return app
+    guarded_mcp = RequestIdMiddleware(authenticated_mcp)
+
+    async def serve(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            async with server.session_manager.run():
+                try:
+                    await app(scope, receive, send)
+                finally:
+                    await clients.close()
+            return
+        path = scope.get("path", "")
+        if scope["type"] == "http" and (path == MCP_PATH or path.startswith(MCP_PATH + "/")):
+            await guarded_mcp(scope, receive, send)
+            return
+        await app(scope, receive, send)
+
+    return serve

@@ -6,25 +6,29 @@ So there is no second authorisation path: every tool call is authenticated, deci
 same record, denials included), and a sandbox made here obeys the same policy and lifetime.
 A refusal comes back as a tool error naming the API's `code` and `message`.
 
-`build_server(credentials)` makes the server; `credentials(ctx)` says which control plane
-and token a call acts with (stdio: fixed at start; HTTP: the request's bearer token).
+`build_server(client_for)` makes the server; `client_for(ctx)` gives the SDK client a call
+acts through (stdio: the one made at start; HTTP: the request's bearer token's, `clients`).
 """
 
 from __future__ import annotations
 
 import base64
+import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import CallToolResult, ImageContent, TextContent
 from pydantic import Field
 
 from aamp import __version__
 from aamp.client import AsyncClient, AsyncSandbox, ClientError
 
-Credentials = Callable[[Context], tuple[str, str]]
+# The SDK client a call acts through: the caller's token's (it is not closed by the tool).
+ClientFor = Callable[[Context], Awaitable[AsyncClient]]
 # What a tool returns of a command's output, per stream; the rest is cut with a note.
 MAX_OUTPUT_BYTES = 64 * 1024
 MAX_FILE_BYTES = 4 * 1024 * 1024  # one file through a tool, either way (base64 in JSON)
@@ -55,9 +59,11 @@ aamp runs code in disposable, isolated sandboxes and runs aamp agents, under you
 grants, policies and audit. Make a sandbox (sandbox_create), run commands in it
 (sandbox_exec: argv, not a shell line — use ["sh", "-c", "..."] for one), move files
 (sandbox_write_file, sandbox_read_file), and destroy it when done (sandbox_destroy); it is
-destroyed anyway when its lifetime ends. Start an agent's run with run_start, follow it with
-run_status, and fetch what it made with run_artifacts and run_fetch_artifact. A refusal names
-the rule that refused; it is not retried by asking again."""
+destroyed anyway when its lifetime ends. browser_screenshot shows a web page as the
+policy's egress rules let a sandbox's browser see it. Start an agent's run with run_start,
+follow it with run_status, and fetch what it made with run_artifacts and
+run_fetch_artifact. A refusal names the rule that refused; it is not retried by asking
+again."""
 
 
 def _refusal(exc: ClientError) -> ToolError:
@@ -87,18 +93,19 @@ def _decode(content: str, encoding: str) -> bytes:
     return content.encode("utf-8")
 
 
-def build_server(credentials: Credentials) -> MCPServer:
-    server = MCPServer("aamp", version=__version__, instructions=INSTRUCTIONS)
+def build_server(client_for: ClientFor) -> MCPServer:
+    # The MCP SDK logs every request at INFO ("Terminating session" for each stateless call),
+    # and by default installs a rich-text handler for it: a line rendered and written per tool
+    # call, several milliseconds of a busy host each time. Its warnings and errors still show.
+    logging.getLogger("mcp").setLevel(logging.WARNING)
+    server = MCPServer("aamp", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
 
     async def with_client(ctx: Context, work: Callable[[AsyncClient], Awaitable[Any]]) -> Any:
-        url, token = credentials(ctx)
-        client = AsyncClient(url, token, timeout=600)
+        client = await client_for(ctx)
         try:
             return await work(client)
         except ClientError as exc:
             raise _refusal(exc) from None
-        finally:
-            await client.close()
 
     @server.tool()
     async def sandbox_create(
@@ -236,6 +243,52 @@ def build_server(credentials: Credentials) -> MCPServer:
         return await with_client(ctx, destroy)
 
     @server.tool()
+    async def browser_screenshot(
+        ctx: Context,
+        url: Annotated[
+            str,
+            Field(description="the page to load, http:// or https://", pattern=r"^https?://"),
+        ],
+        sandbox_id: Annotated[
+            str | None,
+            Field(
+                description="a browser sandbox of yours (sb-…) to take it in; without one, a "
+                "sandbox is made from `agent` and `policy` for this screenshot and destroyed",
+                min_length=1,
+                max_length=64,
+                pattern=ID_PATTERN,
+            ),
+        ] = None,
+        agent: Annotated[
+            str | None, Field(description="without sandbox_id: an agent you can run (ag-…)")
+        ] = None,
+        policy: Annotated[
+            str | None,
+            Field(description="without sandbox_id: a policy of that agent with image: browser"),
+        ] = None,
+        full_page: Annotated[
+            bool, Field(description="the whole page, not only the visible part")
+        ] = False,
+    ) -> CallToolResult:
+        """Load a web page in a sandbox's browser and return a PNG screenshot of it. The page
+        is reached only through the sandbox policy's egress rules: a domain the policy does
+        not allow is refused (the error names the rule), never loaded."""
+
+        if sandbox_id is None and (agent is None or policy is None):
+            raise ToolError("give sandbox_id, or agent and policy for a one-shot sandbox")
+
+        async def take(client: AsyncClient) -> CallToolResult:
+            if sandbox_id is not None:
+                return await _screenshot(client, sandbox_id, url, full_page)
+            made = await client.sandboxes.create(agent=agent, policy=policy)
+            try:
+                return await _screenshot(client, made.id, url, full_page)
+            finally:
+                await client.call("DELETE", f"/v1/sandboxes/{made.id}")
+
+        return await with_client(ctx, take)
+
+    @server.tool()
     async def run_start(
         ctx: Context,
         agent: Annotated[str, Field(description="the agent's id (ag-…) or name")],
@@ -331,6 +384,23 @@ def build_server(credentials: Credentials) -> MCPServer:
         return await with_client(ctx, fetch)
 
     return server
+
+
+async def _screenshot(
+    client: AsyncClient, sandbox_id: str, url: str, full_page: bool
+) -> CallToolResult:
+    shot = await client.call(
+        "POST",
+        f"/v1/sandboxes/{sandbox_id}/screenshot",
+        json={"url": url, "full_page": full_page},
+    )
+    about = {k: shot[k] for k in ("url", "title", "status", "sha256", "bytes")}
+    return CallToolResult(
+        content=[
+            ImageContent(data=shot["png_b64"], mime_type="image/png"),
+            TextContent(text=json.dumps({"sandbox_id": sandbox_id, **about})),
+        ]
+    )
 
 
 FINISHED = ("succeeded", "failed", "cancelled", "timed_out")
