@@ -116,7 +116,7 @@ def build_control_plane(
         catalog=Catalog(store),
         manager=manager,
         images=images,
-        throttle=LoginThrottle(),
+        throttle=LoginThrottle(store),
         runs=RunService(settings, store, audit, manager, vault),
     )
     return cp, password

@@ -41,7 +41,7 @@ class ControlPlane:
     catalog: Catalog
     manager: SandboxManager
     images: ImageStore
-    throttle: LoginThrottle = field(default_factory=LoginThrottle)
+    throttle: LoginThrottle
     # Who created each live sandbox, for which agent and policy: the facts authorisation
     # needs about a sandbox. Entries go when the manager no longer knows the sandbox.
     sandbox_owners: dict[str, SandboxOwner] = field(default_factory=dict)

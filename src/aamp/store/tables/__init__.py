@@ -8,7 +8,13 @@ from aamp.store.tables.agents import AgentResourceRow, AgentRow
 from aamp.store.tables.audit import AuditCheckpointRow, AuditHeadRow, AuditRecordRow
 from aamp.store.tables.base import Base
 from aamp.store.tables.catalog import ModelEndpointRow, PolicyRow, ServiceRow
-from aamp.store.tables.identity import ApiTokenRow, GrantRow, SessionRow, UserRow
+from aamp.store.tables.identity import (
+    ApiTokenRow,
+    GrantRow,
+    LoginFailureRow,
+    SessionRow,
+    UserRow,
+)
 from aamp.store.tables.runs import (
     RUN_STATUSES,
     AgentVersionRow,
@@ -32,6 +38,7 @@ __all__ = [
     "AuditRecordRow",
     "Base",
     "GrantRow",
+    "LoginFailureRow",
     "ModelEndpointRow",
     "PolicyRow",
     "RunApprovalRow",
