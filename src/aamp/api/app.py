@@ -17,7 +17,17 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute, iter_route_contexts
 
 from aamp import __version__
-from aamp.api import agents, audit, catalog, runs, sandboxes, secrets, users, wheelhouse
+from aamp.api import (
+    agents,
+    audit,
+    catalog,
+    hosts,
+    runs,
+    sandboxes,
+    secrets,
+    users,
+    wheelhouse,
+)
 from aamp.api.context import MAX_EXEC_BODY_BYTES, ControlPlane
 from aamp.api.errors import ERROR_RESPONSES, install_error_handlers
 from aamp.api.guard import RULE_ATTR, cp_of, guard, rule
@@ -56,6 +66,7 @@ def create_app(cp: ControlPlane) -> FastAPI:
         try:
             await cp.manager.start()
             try:
+                await cp.fleet.start()  # registers this process's own host, if it runs one
                 if cp.runs is not None:
                     await cp.runs.recover()  # after the manager reaped their sandboxes
                 try:
@@ -64,6 +75,7 @@ def create_app(cp: ControlPlane) -> FastAPI:
                     if cp.runs is not None:
                         await cp.runs.shutdown()
             finally:
+                await cp.fleet.stop()
                 await cp.manager.shutdown()
         finally:
             await cp.audit.close()
@@ -103,7 +115,7 @@ def create_app(cp: ControlPlane) -> FastAPI:
             "warm_pool": manager.pool_status(),
         }
 
-    for module in (users, agents, catalog, secrets, audit, sandboxes, runs, wheelhouse):
+    for module in (users, agents, catalog, secrets, audit, sandboxes, runs, wheelhouse, hosts):
         app.include_router(module.router())
     install_error_handlers(
         app,

@@ -8,6 +8,7 @@ from aamp.store.tables.agents import AgentResourceRow, AgentRow
 from aamp.store.tables.audit import AuditCheckpointRow, AuditHeadRow, AuditRecordRow
 from aamp.store.tables.base import Base
 from aamp.store.tables.catalog import ModelEndpointRow, PolicyRow, ServiceRow
+from aamp.store.tables.fleet import HOST_STATES, HostRow
 from aamp.store.tables.identity import (
     ApiTokenRow,
     GrantRow,
@@ -28,6 +29,7 @@ from aamp.store.tables.vault import SecretRow
 metadata = Base.metadata
 
 __all__ = [
+    "HOST_STATES",
     "RUN_STATUSES",
     "AgentResourceRow",
     "AgentRow",
@@ -38,6 +40,7 @@ __all__ = [
     "AuditRecordRow",
     "Base",
     "GrantRow",
+    "HostRow",
     "LoginFailureRow",
     "ModelEndpointRow",
     "PolicyRow",

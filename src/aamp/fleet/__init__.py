@@ -1,0 +1,28 @@
+"""The fleet: sandbox hosts registered with the control plane, shared by every replica
+through the store (docs/deployment.md).
+
+- `HostRegistry` (`registry.py`) — add, register (epochs), heartbeat, drain, remove, lost;
+- `FleetUpkeep`, `LocalHost` (`upkeep.py`) — each replica's heartbeat of its own host and
+  its sweep for lost ones.
+
+Names load on first use (`aamp.surface`).
+"""
+
+from aamp.surface import surface
+
+__all__, __getattr__ = surface(
+    __name__,
+    {
+        "registry": (
+            "DEFAULT_HEARTBEAT_SECONDS",
+            "DEFAULT_LOST_SECONDS",
+            "HostFacts",
+            "HostInfo",
+            "HostRefused",
+            "HostRegistry",
+            "StaleEpoch",
+            "check_host_id",
+        ),
+        "upkeep": ("FleetUpkeep", "LocalHost", "machine_facts"),
+    },
+)
