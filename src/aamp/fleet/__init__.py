@@ -2,6 +2,8 @@
 through the store (docs/deployment.md).
 
 - `HostRegistry` (`registry.py`) — add, register (epochs), heartbeat, drain, remove, lost;
+- `Placement` (`placement.py`) — the host a sandbox goes to, its capacity reserved in the
+  same transaction;
 - `FleetUpkeep`, `LocalHost` (`upkeep.py`) — each replica's heartbeat of its own host and
   its sweep for lost ones.
 
@@ -23,6 +25,7 @@ __all__, __getattr__ = surface(
             "StaleEpoch",
             "check_host_id",
         ),
+        "placement": ("Need", "NoCapacity", "Placed", "Placement"),
         "upkeep": ("FleetUpkeep", "LocalHost", "machine_facts"),
     },
 )
