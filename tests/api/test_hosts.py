@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -189,3 +190,19 @@ async def test_the_single_host_plane_registers_its_own_host(plane: Plane) -> Non
     assert local["state"] == "active" and local["epoch"] == 1
     assert local["drivers"] == [DriverDouble.name] and local["sandboxes"] >= 1
     assert local["heartbeat_at"] is not None
+
+
+async def test_a_refused_own_host_does_not_stop_the_sweep(
+    replicas: tuple[Plane, Plane], caplog: pytest.LogCaptureFixture
+) -> None:
+    a, _ = replicas
+    # What a second process starting under the same AAMP_FLEET_HOST_ID does: a new token.
+    await a.cp.store.run(a.cp.hosts.new_token, "replica-a")
+    async with a.client(a.admin_token) as admin:
+        token = await _add(admin, "h1")
+        assert (await _register(admin, "h1", token)).status_code == 200
+    await asyncio.sleep(LOST_SECONDS + 0.1)
+    with caplog.at_level(logging.ERROR, logger="aamp.fleet"):
+        await a.cp.fleet.tick()  # refused for its own host, and still sweeps
+    assert "sandbox host 'replica-a' was refused" in caplog.text
+    assert a.cp.hosts.get("h1").state == "lost"

@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 
 from aamp.audit import AuditSink
-from aamp.errors import NotFound
+from aamp.errors import AampError, NotFound
 from aamp.fleet.registry import HostFacts, HostInfo, HostRegistry
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.manager import SandboxManager
@@ -101,7 +101,17 @@ class FleetUpkeep:
     async def tick(self) -> list[HostInfo]:
         """One heartbeat of the local host and one sweep; the hosts this sweep marked lost."""
         if self.local is not None:
-            await self.registry.store.run(self.local.heartbeat)
+            try:
+                await self.registry.store.run(self.local.heartbeat)
+            except AampError as exc:
+                # Another process registered under the same id (each start makes a new
+                # token), or this one was marked lost while stalled; the sweep still runs.
+                log.error(
+                    "this process's sandbox host %r was refused (%s); is another process"
+                    " registered under the same AAMP_FLEET_HOST_ID?",
+                    self.local.host_id,
+                    exc,
+                )
         lost = await self.registry.store.run(self.registry.mark_lost)
         for host in lost:
             await self.audit.record(
