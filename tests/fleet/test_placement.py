@@ -89,7 +89,7 @@ def test_never_on_a_lost_draining_silent_or_unfit_host(store: Store) -> None:
 def test_concurrent_placements_never_overbook(store: Store) -> None:
     registry = HostRegistry(store)
     for i in range(3):
-        _host(registry, f"h{i}", sandboxes=4)
+        _host(registry, f"h{i}", sandboxes=8)
     placement = Placement(registry, k=2)
 
     def one(_: int) -> str | None:
@@ -98,9 +98,11 @@ def test_concurrent_placements_never_overbook(store: Store) -> None:
         except NoCapacity:
             return None
 
-    with ThreadPoolExecutor(8) as pool:
-        got = list(pool.map(one, range(20)))
+    # More placements at once than hosts: some must wait for busy hosts (never a deadlock,
+    # never "no capacity" while a slot is free), and more placements than slots.
+    with ThreadPoolExecutor(12) as pool:
+        got = list(pool.map(one, range(40)))
     placed = [g for g in got if g is not None]
-    assert len(placed) == 12 and got.count(None) == 8
-    assert sorted(placed.count(f"h{i}") for i in range(3)) == [4, 4, 4]
-    assert [registry.get(f"h{i}").used_sandboxes for i in range(3)] == [4, 4, 4]
+    assert len(placed) == 24 and got.count(None) == 16
+    assert sorted(placed.count(f"h{i}") for i in range(3)) == [8, 8, 8]
+    assert [registry.get(f"h{i}").used_sandboxes for i in range(3)] == [8, 8, 8]

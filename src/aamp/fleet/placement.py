@@ -76,25 +76,25 @@ class Placement:
         registry = self.registry
         fresh = format_time(datetime.fromtimestamp(registry.clock() - registry.lost_after, UTC))
         free_slots = HostRow.sandboxes - HostRow.used_sandboxes
-        candidates = (
-            select(HostRow)
-            .where(
-                HostRow.state == "active",
-                HostRow.heartbeat_at >= fresh,
-                HostRow.drivers.contains(json.dumps(need.driver)),
-                HostRow.millicpus - HostRow.used_millicpus >= need.millicpus,
-                HostRow.memory_mb - HostRow.used_memory_mb >= need.memory_mb,
-                free_slots >= 1,
-            )
-            .order_by(free_slots.desc(), HostRow.id)
-            .limit(self.k)
+        fits = select(HostRow).where(
+            HostRow.state == "active",
+            HostRow.heartbeat_at >= fresh,
+            HostRow.drivers.contains(json.dumps(need.driver)),
+            HostRow.millicpus - HostRow.used_millicpus >= need.millicpus,
+            HostRow.memory_mb - HostRow.used_memory_mb >= need.memory_mb,
+            free_slots >= 1,
         )
         with registry.store.write_session() as s:
-            rows = s.scalars(candidates.with_for_update(skip_locked=True)).all()
+            rows = s.scalars(
+                fits.order_by(free_slots.desc(), HostRow.id)
+                .limit(self.k)
+                .with_for_update(skip_locked=True)
+            ).all()
             if not rows:
                 # Every fitting host may be locked by placements in flight, not full: wait
-                # for them, and judge each host again as they leave it.
-                rows = s.scalars(candidates.with_for_update()).all()
+                # for them and judge each host again as they leave it — locking in id order,
+                # as every waiting placement does, so that no two wait on each other.
+                rows = s.scalars(fits.order_by(HostRow.id).limit(self.k).with_for_update()).all()
             if not rows:
                 raise NoCapacity(
                     f"no active host has a free slot with {need.cpus:g} cpus, "
