@@ -5,16 +5,14 @@ remove; and the single-host SQLite plane registering its own host on the same pa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
-from api_plane import Plane, plane_settings, running_plane
+from api_plane import Plane, running_replicas
 from driver_double import DriverDouble
 from sqlalchemy import text
 
@@ -30,20 +28,13 @@ FACTS = {
 
 @pytest.fixture
 async def replicas(tmp_path: Path, postgres_server) -> AsyncIterator[tuple[Plane, Plane]]:  # type: ignore[no-untyped-def]
-    url = postgres_server.create_database(f"t_{uuid.uuid4().hex[:12]}")
-    shared = {
-        "AAMP_DATABASE_URL": url.render_as_string(hide_password=False),
-        "AAMP_FLEET_HEARTBEAT_SECONDS": "0.25",
-        "AAMP_FLEET_LOST_SECONDS": str(LOST_SECONDS),
-    }
-    a_settings = plane_settings(tmp_path, AAMP_FLEET_HOST_ID="replica-a", **shared)
-    b_settings = plane_settings(
-        tmp_path, AAMP_RUNTIME_DIR=str(tmp_path / "run-b"), AAMP_FLEET_HOST_ID="replica-b", **shared
-    )
-    async with contextlib.AsyncExitStack() as stack:
-        a = await stack.enter_async_context(running_plane(a_settings))
-        b = await stack.enter_async_context(running_plane(b_settings))
-        yield a, b
+    async with running_replicas(
+        tmp_path,
+        postgres_server,
+        AAMP_FLEET_HEARTBEAT_SECONDS="0.25",
+        AAMP_FLEET_LOST_SECONDS=str(LOST_SECONDS),
+    ) as pair:
+        yield pair
 
 
 def _audit(plane: Plane, action: str) -> list[tuple[str, str, str, str]]:

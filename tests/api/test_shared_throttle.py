@@ -5,31 +5,20 @@ limit once."""
 
 from __future__ import annotations
 
-import contextlib
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
-from api_plane import Plane, plane_settings, running_plane
+from api_plane import Plane, running_replicas
 
 from aamp.identity.throttle import DEFAULT_PER_ADDRESS, DEFAULT_PER_USER
 
 
 @pytest.fixture
 async def replicas(tmp_path: Path, postgres_server) -> AsyncIterator[tuple[Plane, Plane]]:  # type: ignore[no-untyped-def]
-    url = postgres_server.create_database(f"t_{uuid.uuid4().hex[:12]}")
-    shared = {"AAMP_DATABASE_URL": url.render_as_string(hide_password=False)}
-    a_settings = plane_settings(tmp_path, **shared)
-    # The same installation (keys under one $AAMP_HOME, as replicas share them), another
-    # process's runtime directory.
-    b_settings = plane_settings(tmp_path, AAMP_RUNTIME_DIR=str(tmp_path / "run-b"), **shared)
-    async with contextlib.AsyncExitStack() as stack:
-        a = await stack.enter_async_context(running_plane(a_settings))
-        b = await stack.enter_async_context(running_plane(b_settings))
-        assert a.cp.store is not b.cp.store and a.cp.store.dialect == "postgresql"
-        yield a, b
+    async with running_replicas(tmp_path, postgres_server) as pair:
+        yield pair
 
 
 def _login(username: str, password: str) -> dict[str, str]:
