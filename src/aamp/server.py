@@ -24,6 +24,8 @@ from aamp.egress.installation import InstallationListeners
 from aamp.egress.ledger import AuditEgressSink
 from aamp.egress.resolver import DnsServerResolver, Resolver, SystemResolver
 from aamp.egress.services import VaultSecretReader
+from aamp.fleet import FleetUpkeep, HostRegistry, LocalHost, check_host_id
+from aamp.fleet.registry import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_LOST_SECONDS
 from aamp.identity import Directory, LoginThrottle
 from aamp.identity.bootstrap import ensure_cli_token, ensure_first_admin
 from aamp.runs.service import RunService
@@ -91,6 +93,36 @@ def build_manager(
     return manager, images
 
 
+def _seconds(settings: Settings, name: str, default: float) -> float:
+    raw = settings.env.get(name, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
+    if not 0 < value <= 86400:
+        raise ValueError(f"{name} must be more than 0 and at most 86400 seconds, got {raw!r}")
+    return value
+
+
+def build_fleet(
+    settings: Settings, store: Store, audit: AuditLog, manager: SandboxManager
+) -> tuple[HostRegistry, FleetUpkeep]:
+    """The host registry and this replica's fleet task, which heartbeats this process's own
+    sandbox host (`AAMP_FLEET_HOST_ID`, default `local`) every AAMP_FLEET_HEARTBEAT_SECONDS
+    and marks lost the hosts silent for AAMP_FLEET_LOST_SECONDS."""
+    heartbeat = _seconds(settings, "AAMP_FLEET_HEARTBEAT_SECONDS", DEFAULT_HEARTBEAT_SECONDS)
+    lost = _seconds(settings, "AAMP_FLEET_LOST_SECONDS", DEFAULT_LOST_SECONDS)
+    if heartbeat * 2 > lost:
+        raise ValueError(
+            f"AAMP_FLEET_LOST_SECONDS ({lost:g}) must be at least twice "
+            f"AAMP_FLEET_HEARTBEAT_SECONDS ({heartbeat:g}), or one late heartbeat loses a host"
+        )
+    host_id = check_host_id(settings.env.get("AAMP_FLEET_HOST_ID", "").strip() or "local")
+    registry = HostRegistry(store, lost_after=lost)
+    local = LocalHost(registry, manager, host_id)
+    return registry, FleetUpkeep(registry, audit, local, heartbeat)
+
+
 def build_control_plane(
     settings: Settings, drivers: dict[str, Driver] | None = None
 ) -> tuple[ControlPlane, str | None]:
@@ -106,6 +138,7 @@ def build_control_plane(
     password = ensure_first_admin(directory, settings.env)
     ensure_cli_token(directory, settings.cli_token_path)
     manager, images = build_manager(settings, audit, drivers, vault)
+    hosts, fleet = build_fleet(settings, store, audit, manager)
     cp = ControlPlane(
         settings=settings,
         store=store,
@@ -116,7 +149,9 @@ def build_control_plane(
         catalog=Catalog(store),
         manager=manager,
         images=images,
-        throttle=LoginThrottle(),
+        throttle=LoginThrottle(store),
+        hosts=hosts,
+        fleet=fleet,
         runs=RunService(settings, store, audit, manager, vault),
     )
     return cp, password

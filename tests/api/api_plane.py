@@ -16,6 +16,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,3 +134,23 @@ async def running_plane(settings: Settings) -> AsyncIterator[Plane]:
             "a test on a plane that boots nothing tried to start a sandbox; "
             "give it booting_plane_settings"
         )
+
+
+@contextlib.asynccontextmanager
+async def running_replicas(
+    tmp_path: Path, postgres_server: object, **extra: str
+) -> AsyncIterator[tuple[Plane, Plane]]:
+    """Two control-plane replicas of one installation on a new database of the real
+    PostgreSQL server: the same $AAMP_HOME (replicas share the keys), each with its own
+    runtime directory, sandbox manager, process state and own host (`replica-a`, `replica-b`)."""
+    url = postgres_server.create_database(f"t_{uuid.uuid4().hex[:12]}")  # type: ignore[attr-defined]
+    shared = {"AAMP_DATABASE_URL": url.render_as_string(hide_password=False), **extra}
+    a_settings = plane_settings(tmp_path, AAMP_FLEET_HOST_ID="replica-a", **shared)
+    b_settings = plane_settings(
+        tmp_path, AAMP_RUNTIME_DIR=str(tmp_path / "run-b"), AAMP_FLEET_HOST_ID="replica-b", **shared
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        a = await stack.enter_async_context(running_plane(a_settings))
+        b = await stack.enter_async_context(running_plane(b_settings))
+        assert a.cp.store is not b.cp.store and a.cp.store.dialect == "postgresql"
+        yield a, b

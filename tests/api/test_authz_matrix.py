@@ -129,6 +129,13 @@ EXPECTED: dict[tuple[str, str], dict[str, Expect]] = {
     ("POST", "/v1/wheelhouse"): {"-": admin},
     ("PUT", "/v1/wheelhouse/wheels/{filename}"): {"-": admin},
     ("DELETE", "/v1/wheelhouse/{name}"): {"-": admin},
+    ("GET", "/v1/hosts"): {"-": admin},
+    ("POST", "/v1/hosts"): {"-": admin},
+    ("POST", "/v1/hosts/{host_id}/drain"): {"-": admin},
+    ("DELETE", "/v1/hosts/{host_id}"): {"-": admin},
+    # a host's own calls: its token is checked by the route, as a password is
+    ("POST", "/v1/hosts/{host_id}/register"): {"-": anyone},
+    ("POST", "/v1/hosts/{host_id}/heartbeat"): {"-": anyone},
     ("GET", "/v1/sandboxes"): {"-": signed_in},
     # A sandbox for an agent uses only what is granted to that agent, whoever asks; only
     # admins give a policy inline or make one without an agent and policy.
@@ -231,6 +238,7 @@ def request_for(
         "run_id": sc.own_run if variant == "own" else sc.other_run,
         "approval_id": sc.approval if variant == "own" else sc.other_approval,
         "filename": "scratch-1.0-py3-none-any.whl",
+        "host_id": "scratch-host",
         "version": {"draft": "draft", "unpublished-number": "5"}.get(variant, "latest"),
     }
     if path.startswith("/v1/agents/{agent_id}/resources/"):
@@ -259,6 +267,14 @@ def request_for(
         ("POST", "/v1/sandboxes/{sandbox_id}/screenshot"): {"url": "http://app.test/"},
         ("PUT", "/v1/agents/{agent_id}/draft"): {"tools": ["nonsense"]},
         ("POST", "/v1/approvals/{approval_id}"): {"decision": "deny"},
+        ("POST", "/v1/hosts"): {"id": f"host-new{n}"},
+        ("POST", "/v1/hosts/{host_id}/register"): {
+            "drivers": ["gvisor"],
+            "cpus": 1,
+            "memory_mb": 512,
+            "sandboxes": 1,
+        },
+        ("POST", "/v1/hosts/{host_id}/heartbeat"): {"epoch": 1},
     }
     if (method, path) in body:
         kw["json"] = body[(method, path)]
@@ -290,6 +306,8 @@ def request_for(
         }[variant]
     if (method, path) == ("PUT", "/v1/policies/{name}"):
         kw["json"] = {"name": "scratch"}
+    if path.startswith("/v1/hosts/{host_id}/"):
+        kw["headers"] = {"x-aamp-host-token": "aamph_not-a-host-token"}
     if path.endswith("/files"):
         kw["params"] = {"path": "x.txt"}
         if method == "PUT":

@@ -354,3 +354,24 @@ def test_wheelhouse_add_from_a_directory_ls_rm_and_a_refused_policy(cp, tmp_path
     assert "aampdemo" not in cp.aamp("wheelhouse", "ls").stdout.decode()
     neither = cp.aamp("wheelhouse", "add")
     assert neither.returncode == 1 and b"give requirements or --from DIR" in neither.stderr
+
+
+def test_host_add_ls_drain_rm(cp):
+    """`aamp up` registers its own machine as host `local`; an admin adds, drains and
+    removes another host from the command line."""
+    listed = cp.aamp("host", "ls")
+    assert listed.returncode == 0, listed.stderr
+    local = next(line for line in listed.stdout.decode().splitlines() if line.startswith("local"))
+    assert local.split()[1:3] == ["active", "1"]
+
+    added = cp.aamp("host", "add", "rack1-node2")
+    assert added.returncode == 0, added.stderr
+    assert added.stdout.decode().strip().startswith("aamph_")
+    again = cp.aamp("host", "add", "rack1-node2")
+    assert again.returncode == 1 and b"already exists" in again.stderr
+    active = cp.aamp("host", "rm", "local")
+    assert active.returncode == 1 and b"drain it first" in active.stderr
+
+    assert cp.aamp("host", "drain", "rack1-node2").stdout == b"draining\n"
+    assert cp.aamp("host", "rm", "rack1-node2").returncode == 0
+    assert "rack1-node2" not in cp.aamp("host", "ls").stdout.decode()

@@ -38,6 +38,7 @@ COMMAND_LINES = [
     ["whoami"],
     ["grant", "ls", "reporter"],
     ["policy", "ls"],
+    ["host", "ls"],
     ["service", "ls"],
     ["model-endpoint", "ls"],
     ["secret", "ls"],

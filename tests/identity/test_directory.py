@@ -72,9 +72,9 @@ def test_bootstrap_admin_and_cli_token(directory: Directory, tmp_path: Path) -> 
     assert ensure_cli_token(directory, path) != token
 
 
-def test_throttle_per_user_and_per_address() -> None:
+def test_throttle_per_user_and_per_address(directory: Directory) -> None:
     now = [0.0]
-    t = LoginThrottle(window=60, per_user=2, per_address=3, clock=lambda: now[0])
+    t = LoginThrottle(directory.store, window=60, per_user=2, per_address=3, clock=lambda: now[0])
     t.failed("a", "10.0.0.1")
     t.failed("a", "10.0.0.1")
     with pytest.raises(Throttled, match="user 'a'"):

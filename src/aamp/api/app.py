@@ -21,6 +21,7 @@ from aamp.api import (
     agents,
     audit,
     catalog,
+    hosts,
     runs,
     sandboxes,
     screenshots,
@@ -66,6 +67,7 @@ def create_app(cp: ControlPlane) -> FastAPI:
         try:
             await cp.manager.start()
             try:
+                await cp.fleet.start()  # registers this process's own host, if it runs one
                 if cp.runs is not None:
                     await cp.runs.recover()  # after the manager reaped their sandboxes
                 try:
@@ -74,6 +76,7 @@ def create_app(cp: ControlPlane) -> FastAPI:
                     if cp.runs is not None:
                         await cp.runs.shutdown()
             finally:
+                await cp.fleet.stop()
                 await cp.manager.shutdown()
         finally:
             await cp.audit.close()
@@ -123,6 +126,7 @@ def create_app(cp: ControlPlane) -> FastAPI:
         screenshots,
         runs,
         wheelhouse,
+        hosts,
     ):
         app.include_router(module.router())
     install_error_handlers(

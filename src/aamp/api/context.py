@@ -11,6 +11,7 @@ from aamp.agents.registry import AgentRegistry
 from aamp.audit import AuditLog
 from aamp.catalog import Catalog
 from aamp.config import Settings
+from aamp.fleet import FleetUpkeep, HostRegistry
 from aamp.identity import Directory, LoginThrottle
 from aamp.runs.service import RunService
 from aamp.sandbox.images import ImageStore
@@ -41,7 +42,10 @@ class ControlPlane:
     catalog: Catalog
     manager: SandboxManager
     images: ImageStore
-    throttle: LoginThrottle = field(default_factory=LoginThrottle)
+    throttle: LoginThrottle
+    # The fleet's hosts (shared by every replica) and this replica's fleet task.
+    hosts: HostRegistry
+    fleet: FleetUpkeep
     # Who created each live sandbox, for which agent and policy: the facts authorisation
     # needs about a sandbox. Entries go when the manager no longer knows the sandbox.
     sandbox_owners: dict[str, SandboxOwner] = field(default_factory=dict)

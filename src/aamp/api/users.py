@@ -102,11 +102,11 @@ def router() -> APIRouter:
         address = _address(request)
         subject = f"user:{body.username}" if USERNAME_RE.match(body.username) else "user:?"
         try:
-            cp.throttle.check(body.username, address)
+            await cp.store.run(cp.throttle.check, body.username, address)
             user = await cp.store.run(cp.directory.check_password, body.username, body.password)
         except Exception as exc:
             if isinstance(exc, AuthenticationFailed):
-                cp.throttle.failed(body.username, address)
+                await cp.store.run(cp.throttle.failed, body.username, address)
             await cp.audit.record(
                 actor="anonymous",
                 action="login",
@@ -117,7 +117,7 @@ def router() -> APIRouter:
                 details={"address": address},
             )
             raise
-        cp.throttle.succeeded(body.username)
+        await cp.store.run(cp.throttle.succeeded, body.username)
         secret, csrf = await cp.store.run(cp.directory.create_session, user)
         await cp.audit.record(
             actor=f"user:{user.username}",

@@ -75,6 +75,7 @@ COMMANDS: dict[str, Command] = {
         "offline bundles: bundle create OUT [--sign KEY] | bundle verify PATH [--trust PUB]"
     ),
     "sandbox": Api("sandboxes", "sandbox"),
+    "host": Api("sandbox hosts of the fleet (admins)", "hosts"),
     "user": Api("users", "identity"),
     "token": Api("API tokens", "identity"),
     "grant": Api("per-agent grants", "identity"),

@@ -241,6 +241,10 @@ RULES: dict[str, Rule] = {
     # open
     "health.read": _public,
     "session.create": _public,
+    # a sandbox host's own calls: its token is checked by the route (aamp.fleet), as a
+    # password is by session.create
+    "host.register": _public,
+    "host.heartbeat": _public,
     # any signed-in user (lists are filtered item by item with the item's own action)
     "session.delete": _signed_in,
     "me.read": _signed_in,
@@ -301,6 +305,10 @@ RULES: dict[str, Rule] = {
     "secret.delete": _admin_only,
     "vault.rotate": _admin_only,
     "audit.read": _admin_only,
+    "host.list": _admin_only,
+    "host.add": _admin_only,
+    "host.drain": _admin_only,
+    "host.remove": _admin_only,
     "wheelhouse.list": _roles(*_STAFF),
     "wheelhouse.add": _admin_only,
     "wheelhouse.remove": _admin_only,

@@ -8,7 +8,14 @@ from aamp.store.tables.agents import AgentResourceRow, AgentRow
 from aamp.store.tables.audit import AuditCheckpointRow, AuditHeadRow, AuditRecordRow
 from aamp.store.tables.base import Base
 from aamp.store.tables.catalog import ModelEndpointRow, PolicyRow, ServiceRow
-from aamp.store.tables.identity import ApiTokenRow, GrantRow, SessionRow, UserRow
+from aamp.store.tables.fleet import HOST_STATES, HostRow
+from aamp.store.tables.identity import (
+    ApiTokenRow,
+    GrantRow,
+    LoginFailureRow,
+    SessionRow,
+    UserRow,
+)
 from aamp.store.tables.runs import (
     RUN_STATUSES,
     AgentVersionRow,
@@ -22,6 +29,7 @@ from aamp.store.tables.vault import SecretRow
 metadata = Base.metadata
 
 __all__ = [
+    "HOST_STATES",
     "RUN_STATUSES",
     "AgentResourceRow",
     "AgentRow",
@@ -32,6 +40,8 @@ __all__ = [
     "AuditRecordRow",
     "Base",
     "GrantRow",
+    "HostRow",
+    "LoginFailureRow",
     "ModelEndpointRow",
     "PolicyRow",
     "RunApprovalRow",

@@ -3,7 +3,9 @@
 Credentials are never stored: passwords as argon2id hashes, API tokens and session ids as the
 SHA-256 of a 256-bit random value (a fast hash is enough for an unguessable token; a slow one
 would only slow every request). A grant gives either one user or one whole role a level on one
-agent; the check constraint keeps it to exactly one subject.
+agent; the check constraint keeps it to exactly one subject. `login_failures` holds one row per
+key (`user:NAME`, `addr:ADDRESS`) per failed login inside the throttle's window, so every
+control-plane replica on one database counts the same failures (`aamp.identity.throttle`).
 """
 
 from __future__ import annotations
@@ -84,4 +86,17 @@ class GrantRow(Base):
         UniqueConstraint("agent_id", "role", name="uq_agent_grants_agent_role"),
         Index("ix_agent_grants_user_id", "user_id"),
         Index("ix_agent_grants_role", "role"),
+    )
+
+
+class LoginFailureRow(Base):
+    __tablename__ = "login_failures"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(String(320))
+    at: Mapped[str] = mapped_column(String(32))
+
+    __table_args__ = (
+        Index("ix_login_failures_key_at", "key", "at"),
+        Index("ix_login_failures_at", "at"),
     )

@@ -62,6 +62,9 @@ class RunRow(Base):
     created_at: Mapped[str] = mapped_column(String(32))
     started_at: Mapped[str | None] = mapped_column(String(32), nullable=True)
     ended_at: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # Which control-plane replica drives the run, until when (`aamp.runs.leases`).
+    lease_owner: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    lease_until: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
 
     # The history's order (newest first) after each filter it takes, so a page is an index
     # range read in order (migration 0006); the prefixes serve plain lookups too.

@@ -1,0 +1,31 @@
+"""The fleet: sandbox hosts registered with the control plane, shared by every replica
+through the store (docs/deployment.md).
+
+- `HostRegistry` (`registry.py`) — add, register (epochs), heartbeat, drain, remove, lost;
+- `Placement` (`placement.py`) — the host a sandbox goes to, its capacity reserved in the
+  same transaction;
+- `FleetUpkeep`, `LocalHost` (`upkeep.py`) — each replica's heartbeat of its own host and
+  its sweep for lost ones.
+
+Names load on first use (`aamp.surface`).
+"""
+
+from aamp.surface import surface
+
+__all__, __getattr__ = surface(
+    __name__,
+    {
+        "registry": (
+            "DEFAULT_HEARTBEAT_SECONDS",
+            "DEFAULT_LOST_SECONDS",
+            "HostFacts",
+            "HostInfo",
+            "HostRefused",
+            "HostRegistry",
+            "StaleEpoch",
+            "check_host_id",
+        ),
+        "placement": ("Need", "NoCapacity", "Placed", "Placement"),
+        "upkeep": ("FleetUpkeep", "LocalHost", "machine_facts"),
+    },
+)

@@ -1,0 +1,284 @@
+"""`HostRegistry`: the sandbox hosts of an installation, as rows every replica shares.
+
+An admin adds a host (`add`: the host's token, shown once, stored as its SHA-256). The host
+then registers with that token (`register`: a new epoch, its drivers, capacity and images;
+`active`, or still `draining` if an admin drained it) and heartbeats (`heartbeat`, naming the
+epoch it registered under). A wrong token, or a host nobody added, is refused with
+`HostRefused`: nothing changes. A heartbeat under an old epoch, or after the host was marked
+lost, is refused with `StaleEpoch`: the host must register again (and destroy what it still
+runs) before it takes work. `mark_lost` marks every host whose last heartbeat is older than
+`lost_after` seconds; any replica may run it, the transaction decides each host once.
+
+Times are the wall clock (`clock`), shared by every replica; their clocks must agree to
+within seconds (NTP).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from aamp.errors import AampError, Conflict, InvalidInput, NotFound, matching
+from aamp.store import Store, existing, format_time, value_of
+from aamp.store.tables import HostRow
+
+HOST_ID_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,62}$")
+TOKEN_PREFIX = "aamph_"
+MAX_IMAGES = 256
+DEFAULT_LOST_SECONDS = 15
+DEFAULT_HEARTBEAT_SECONDS = 3
+
+
+class HostRefused(AampError, code="host_refused", status=401):
+    """A host's credential is not valid (wrong token, or no such host was added)."""
+
+
+class StaleEpoch(AampError, code="stale_epoch", status=409):
+    """A host speaks for an earlier registration, or was marked lost: it must register again."""
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What a host says about itself when it registers."""
+
+    drivers: tuple[str, ...]
+    cpus: int
+    memory_mb: int
+    sandboxes: int
+    images: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        for name in ("cpus", "memory_mb", "sandboxes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 < value < 2**20:
+                raise InvalidInput(f"{name} must be a positive whole number, got {value!r}")
+        if not self.drivers or len(self.drivers) > 8:
+            raise InvalidInput("drivers must name between 1 and 8 isolation drivers")
+        for d in self.drivers:
+            matching(d, re.compile(r"^[a-z][a-z0-9-]{0,31}$"), f"driver name {d!r} is not valid")
+        if len(self.images) > MAX_IMAGES:
+            raise InvalidInput(f"a host may report at most {MAX_IMAGES} images")
+        for i in self.images:
+            matching(
+                i,
+                re.compile(r"^[a-z0-9][a-z0-9-]{0,63}@[0-9a-f]{8,64}$"),
+                f"image {i!r} must be NAME@CONTENT_HASH",
+            )
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    id: str
+    epoch: int
+    state: str
+    drivers: tuple[str, ...]
+    images: tuple[str, ...]
+    cpus: float
+    memory_mb: int
+    sandboxes: int
+    used_cpus: float
+    used_memory_mb: int
+    used_sandboxes: int
+    heartbeat_at: str | None
+    created_at: str
+    created_by: str
+
+
+def _info(row: HostRow) -> HostInfo:
+    return value_of(
+        HostInfo,
+        row,
+        drivers=tuple(json.loads(row.drivers)),
+        images=tuple(json.loads(row.images)),
+        cpus=row.millicpus / 1000,
+        used_cpus=row.used_millicpus / 1000,
+    )
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def check_host_id(host_id: object) -> str:
+    return matching(
+        host_id,
+        HOST_ID_RE,
+        "a host id is 1-63 lower-case letters, digits, dots and dashes, starting with a"
+        " letter or digit",
+    )
+
+
+class HostRegistry:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        lost_after: float = DEFAULT_LOST_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.lost_after = lost_after
+        self.clock = clock
+
+    def _now(self, offset: float = 0.0) -> str:
+        return format_time(datetime.fromtimestamp(self.clock() + offset, UTC))
+
+    # -- an admin's ------------------------------------------------------------------------
+
+    def add(self, host_id: str, *, by: str) -> tuple[HostInfo, str]:
+        """A new host that may register with the returned token (shown only now)."""
+        check_host_id(host_id)
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        with self.store.write_session() as s:
+            if s.get(HostRow, host_id, with_for_update=True) is not None:
+                raise Conflict(f"host {host_id!r} already exists")
+            row = HostRow(
+                id=host_id,
+                token_hash=_digest(token),
+                epoch=0,
+                state="new",
+                drivers="[]",
+                images="[]",
+                millicpus=0,
+                memory_mb=0,
+                sandboxes=0,
+                used_millicpus=0,
+                used_memory_mb=0,
+                used_sandboxes=0,
+                created_at=self._now(),
+                created_by=by,
+            )
+            s.add(row)
+            s.flush()
+            return _info(row), token
+
+    def new_token(self, host_id: str) -> str:
+        """Replace a host's token (the old one stops working at once); the new one is shown
+        only now."""
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        with self.store.write_session() as s:
+            self._row(s, host_id).token_hash = _digest(token)
+        return token
+
+    def list(self) -> list[HostInfo]:
+        with self.store.session() as s:
+            return [_info(r) for r in s.scalars(select(HostRow).order_by(HostRow.id))]
+
+    def get(self, host_id: str) -> HostInfo:
+        with self.store.session() as s:
+            return _info(existing(s, HostRow, host_id, f"no host {host_id!r}"))
+
+    def drain(self, host_id: str) -> HostInfo:
+        """No new work goes to the host; what it runs may finish."""
+        with self.store.write_session() as s:
+            row = self._row(s, host_id)
+            if row.state == "lost":
+                raise Conflict(f"host {host_id!r} is lost; there is nothing to drain")
+            row.state = "draining"
+            s.flush()
+            return _info(row)
+
+    def remove(self, host_id: str) -> None:
+        """Forget a host that takes no work (drained, lost or never registered) and holds no
+        sandboxes."""
+        with self.store.write_session() as s:
+            row = self._row(s, host_id)
+            if row.state == "active":
+                raise Conflict(f"host {host_id!r} is active; drain it first (aamp host drain)")
+            if row.used_sandboxes and row.state != "lost":
+                raise Conflict(
+                    f"host {host_id!r} still runs {row.used_sandboxes} sandboxes; "
+                    "wait for them to finish"
+                )
+            s.delete(row)
+
+    # -- a host's --------------------------------------------------------------------------
+
+    def register(self, host_id: str, token: str, facts: HostFacts) -> HostInfo:
+        """Begin a new life of the host: the next epoch, its facts, a fresh heartbeat."""
+        with self.store.write_session() as s:
+            row = self._authenticated(s, host_id, token)
+            row.epoch += 1
+            row.state = "draining" if row.state == "draining" else "active"
+            row.drivers = json.dumps(list(facts.drivers))
+            row.images = json.dumps(sorted(facts.images))
+            row.millicpus = facts.cpus * 1000
+            row.memory_mb, row.sandboxes = facts.memory_mb, facts.sandboxes
+            # A new life runs nothing yet: whatever an earlier one reserved is gone with it.
+            row.used_millicpus = row.used_memory_mb = row.used_sandboxes = 0
+            row.heartbeat_at = self._now()
+            s.flush()
+            return _info(row)
+
+    def heartbeat(
+        self, host_id: str, token: str, epoch: int, images: tuple[str, ...] | None = None
+    ) -> HostInfo:
+        """The host is alive under `epoch`; `images` (if given) replaces what it has."""
+        with self.store.write_session() as s:
+            row = self._authenticated(s, host_id, token)
+            if row.state == "lost":
+                raise StaleEpoch(
+                    f"host {host_id!r} was marked lost (no heartbeat for {self.lost_after:g} s);"
+                    " destroy its sandboxes and register again"
+                )
+            if epoch != row.epoch:
+                raise StaleEpoch(
+                    f"host {host_id!r} heartbeats for epoch {epoch}, but its current epoch is"
+                    f" {row.epoch}; register again"
+                )
+            if images is not None:
+                if len(images) > MAX_IMAGES:
+                    raise InvalidInput(f"a host may report at most {MAX_IMAGES} images")
+                row.images = json.dumps(sorted(images))
+            row.heartbeat_at = self._now()
+            s.flush()
+            return _info(row)
+
+    # -- any replica's ---------------------------------------------------------------------
+
+    def mark_lost(self) -> list[HostInfo]:
+        """Mark lost every registered host whose last heartbeat is older than `lost_after`;
+        returns them (each exactly once, whichever replica runs this first)."""
+        cutoff = self._now(-self.lost_after)
+        with self.store.write_session() as s:
+            rows = s.scalars(
+                select(HostRow)
+                .where(
+                    HostRow.state.in_(("active", "draining")),
+                    HostRow.heartbeat_at < cutoff,
+                )
+                .with_for_update(skip_locked=True)
+            ).all()
+            for row in rows:
+                row.state = "lost"
+            s.flush()
+            return [_info(r) for r in rows]
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _row(s: Session, host_id: str) -> HostRow:
+        row = s.get(HostRow, host_id, with_for_update=True)
+        if row is None:
+            raise NotFound(f"no host {host_id!r}")
+        return row
+
+    @staticmethod
+    def _authenticated(s: Session, host_id: str, token: str) -> HostRow:
+        """The host's row, locked, if `token` is its token; else `HostRefused` (the same
+        answer whether the host exists or not)."""
+        row = s.get(HostRow, host_id, with_for_update=True) if HOST_ID_RE.match(host_id) else None
+        given = _digest(token) if isinstance(token, str) else ""
+        if row is None or not hmac.compare_digest(given, row.token_hash):
+            raise HostRefused(f"host {host_id[:64]!r} refused: its token is not valid")
+        return row

@@ -1,0 +1,137 @@
+"""`FleetUpkeep`: each replica's one fleet task — heartbeat the host this process runs (if
+any) and mark lost the hosts whose heartbeats stopped.
+
+`aamp up` on one machine runs its own sandbox host in the same process: `LocalHost`
+registers it (host id `local` by default, `AAMP_FLEET_HOST_ID`) with the same
+`HostRegistry.register` a remote host's request reaches, under a token made at start-up and
+kept only in memory. Its heartbeat is taken in the same tick, just before the lost-host
+sweep, so a busy event loop delays both alike and never makes a replica mark its own host
+lost. Each host marked lost is audited (`host.lost`, actor `system`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from dataclasses import dataclass
+
+from aamp.audit import AuditSink
+from aamp.errors import AampError, NotFound
+from aamp.fleet.registry import HostFacts, HostInfo, HostRegistry
+from aamp.sandbox.images import ImageStore
+from aamp.sandbox.manager import SandboxManager
+
+log = logging.getLogger("aamp.fleet")
+# A host's default sandbox slots: one per this much memory (placement counts them).
+MEMORY_MB_PER_SANDBOX = 256
+
+
+def images_present(images: ImageStore) -> tuple[str, ...]:
+    """`NAME@CONTENT_HASH` of every image built on this machine."""
+    return tuple(sorted(f"{i.name}@{i.content_hash}" for i in images.list()))
+
+
+def machine_facts(manager: SandboxManager) -> HostFacts:
+    """What this machine offers as a sandbox host."""
+    memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    return HostFacts(
+        drivers=tuple(sorted(manager.drivers)),
+        cpus=os.cpu_count() or 1,
+        memory_mb=memory_mb,
+        sandboxes=max(1, memory_mb // MEMORY_MB_PER_SANDBOX),
+        images=images_present(manager.images),
+    )
+
+
+@dataclass
+class LocalHost:
+    """The sandbox host in this process: its id, its in-memory token and current epoch."""
+
+    registry: HostRegistry
+    manager: SandboxManager
+    host_id: str
+    token: str = ""
+    epoch: int = 0
+
+    def register(self) -> HostInfo:
+        """(Blocking.) Make sure the host row exists with a fresh token, then register."""
+        try:
+            self.registry.get(self.host_id)
+            self.token = self.registry.new_token(self.host_id)
+        except NotFound:  # not there yet: add it
+            _, self.token = self.registry.add(self.host_id, by="system")
+        info = self.registry.register(self.host_id, self.token, machine_facts(self.manager))
+        self.epoch = info.epoch
+        return info
+
+    def heartbeat(self) -> HostInfo:
+        return self.registry.heartbeat(
+            self.host_id, self.token, self.epoch, images_present(self.manager.images)
+        )
+
+
+class FleetUpkeep:
+    def __init__(
+        self,
+        registry: HostRegistry,
+        audit: AuditSink,
+        local: LocalHost | None,
+        interval: float,
+    ) -> None:
+        self.registry = registry
+        self.audit = audit
+        self.local = local
+        self.interval = interval
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if self.local is not None:
+            await self.registry.store.run(self.local.register)
+        self._task = asyncio.create_task(self._loop(), name="fleet-upkeep")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def tick(self) -> list[HostInfo]:
+        """One heartbeat of the local host and one sweep; the hosts this sweep marked lost."""
+        if self.local is not None:
+            try:
+                await self.registry.store.run(self.local.heartbeat)
+            except AampError as exc:
+                # Another process registered under the same id (each start makes a new
+                # token), or this one was marked lost while stalled; the sweep still runs.
+                log.error(
+                    "this process's sandbox host %r was refused (%s); is another process"
+                    " registered under the same AAMP_FLEET_HOST_ID?",
+                    self.local.host_id,
+                    exc,
+                )
+        lost = await self.registry.store.run(self.registry.mark_lost)
+        for host in lost:
+            await self.audit.record(
+                actor="system",
+                action="host.lost",
+                resource=f"host:{host.id}",
+                decision="allow",
+                reason=(
+                    f"no heartbeat since {host.heartbeat_at} "
+                    f"(lost after {self.registry.lost_after:g} s)"
+                ),
+                details={"epoch": host.epoch},
+            )
+            log.warning("host %s marked lost (last heartbeat %s)", host.id, host.heartbeat_at)
+        return lost
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.tick()
+            except Exception:  # keep the fleet's clock running whatever one tick does
+                log.exception("fleet upkeep tick failed")

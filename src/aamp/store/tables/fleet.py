@@ -1,0 +1,40 @@
+"""The fleet: sandbox hosts registered with the control plane (see `aamp.fleet`).
+
+A host row is made by an admin (`aamp host add`: its token is shown once and stored only as
+its SHA-256) and filled in by the host at each registration: its epoch (one more at every
+registration, so work addressed to an earlier life of the host can be told apart), drivers,
+capacity and images, and its heartbeat. `used_*` is the capacity placements reserved.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import CheckConstraint, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from aamp.store.tables.base import Base
+
+HOST_STATES = ("new", "active", "draining", "lost")
+
+
+class HostRow(Base):
+    __tablename__ = "hosts"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_hash: Mapped[str] = mapped_column(String(64))
+    epoch: Mapped[int] = mapped_column(Integer, default=0)
+    state: Mapped[str] = mapped_column(String(16))
+    drivers: Mapped[str] = mapped_column(Text, default="[]")  # JSON list
+    images: Mapped[str] = mapped_column(Text, default="[]")  # JSON list of name@hash
+    millicpus: Mapped[int] = mapped_column(Integer, default=0)  # a policy's cpus may be 0.5
+    memory_mb: Mapped[int] = mapped_column(Integer, default=0)
+    sandboxes: Mapped[int] = mapped_column(Integer, default=0)
+    used_millicpus: Mapped[int] = mapped_column(Integer, default=0)
+    used_memory_mb: Mapped[int] = mapped_column(Integer, default=0)
+    used_sandboxes: Mapped[int] = mapped_column(Integer, default=0)
+    heartbeat_at: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    created_at: Mapped[str] = mapped_column(String(32))
+    created_by: Mapped[str] = mapped_column(String(256))
+
+    __table_args__ = (
+        CheckConstraint("state IN (" + ", ".join(f"'{s}'" for s in HOST_STATES) + ")", "state"),
+    )
