@@ -85,6 +85,11 @@ def docs_image() -> object:
 
 
 @pytest.fixture(scope="session")
+def rag_image() -> object:
+    return _build("rag")
+
+
+@pytest.fixture(scope="session")
 def postgres_server() -> Iterator[object]:
     """One real PostgreSQL server for the whole run, started from Debian's binaries."""
     from pgtemp import TemporaryPostgres
