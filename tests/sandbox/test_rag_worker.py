@@ -7,16 +7,13 @@ index file that comes back passing the host's header check — while the sandbox
 
 from __future__ import annotations
 
-import asyncio
 import json
-import shutil
 
 import pytest
-from conftest import make_settings
+from gvisor_plane import run_once
 from rag_corpus import make_corpus, malformed_html, million_page_pdf, zip_bomb_docx
 
-from aamp.sandbox.gvisor import GVisorDriver
-from aamp.sandbox.images import ImageStore
+from aamp.config import Settings
 from aamp.sandbox.manager import CreateRequest, SandboxManager
 from aamp.sandbox.rag_worker import BadIndex, call, check_index_header
 
@@ -39,76 +36,64 @@ print(json.dumps(db.execute("SELECT doc_id, id, text FROM chunks ORDER BY id").f
 """
 
 
-async def _scenario(settings) -> dict:
-    drivers = {"gvisor": GVisorDriver(settings.runtime_dir)}
-    manager = SandboxManager(settings, ImageStore(settings), drivers, "gvisor")
-    await manager.start()
+async def _scenario(_: Settings, manager: SandboxManager) -> dict:
     report: dict = {"searches": {}}
-    try:
-        sb = await manager.create(CreateRequest(image="rag"))
-        async with manager.use(sb.id) as channel:
-            for name, data in FILES.items():
-                await channel.put(f"kb/docs/{name}", data, len(data))
-            docs = [{"id": IDS[n], "name": n, "path": f"kb/docs/{n}"} for n in sorted(FILES)]
-            index = {"action": "index", "index": "kb/index.sqlite", "documents": docs}
-            report["index"] = await call(channel, index, timeout=900)
+    sb = await manager.create(CreateRequest(image="rag"))
+    async with manager.use(sb.id) as channel:
+        for name, data in FILES.items():
+            await channel.put(f"kb/docs/{name}", data, len(data))
+        docs = [{"id": IDS[n], "name": n, "path": f"kb/docs/{n}"} for n in sorted(FILES)]
+        index = {"action": "index", "index": "kb/index.sqlite", "documents": docs}
+        report["index"] = await call(channel, index, timeout=900)
 
-            async def rows() -> list:
-                result, out, err = await channel.run(["python3", "-c", ROWS], timeout=60)
-                assert result.exit_code == 0, err
-                return json.loads(out)
+        async def rows() -> list:
+            result, out, err = await channel.run(["python3", "-c", ROWS], timeout=60)
+            assert result.exit_code == 0, err
+            return json.loads(out)
 
-            report["rows_before"] = await rows()
-            queries = [q.text for q in CORPUS.questions]
-            for mode in ("vector", "bm25", "hybrid"):
-                request = {"action": "search", "index": "kb/index.sqlite",
-                           "queries": queries, "k": 5, "mode": mode}  # fmt: skip
-                answer = await call(channel, request, timeout=300)
-                assert answer["ok"] is True, answer
-                for query, result in zip(queries, answer["results"], strict=True):
-                    report["searches"][(query, mode)] = {"ok": True, **result}
-            stream = await channel.get("kb/index.sqlite")
-            report["index_size"] = stream.size
-            report["index_head"] = b"".join([c async for c in stream])[:100]
+        report["rows_before"] = await rows()
+        queries = [q.text for q in CORPUS.questions]
+        for mode in ("vector", "bm25", "hybrid"):
+            request = {"action": "search", "index": "kb/index.sqlite",
+                       "queries": queries, "k": 5, "mode": mode}  # fmt: skip
+            answer = await call(channel, request, timeout=300)
+            assert answer["ok"] is True, answer
+            for query, result in zip(queries, answer["results"], strict=True):
+                report["searches"][(query, mode)] = {"ok": True, **result}
+        stream = await channel.get("kb/index.sqlite")
+        report["index_size"] = stream.size
+        report["index_head"] = b"".join([c async for c in stream])[:100]
 
-            # Re-index one document with new text: only its rows change.
-            changed = "md-guide-1.md"
-            new_text = (
-                b"# Changed\n\n## Pelican lighthouse\n\nThe Pelican lighthouse is 88 m tall.\n"
-            )
-            await channel.put(f"kb/docs/{changed}", new_text, len(new_text))
-            again = {"action": "index", "index": "kb/index.sqlite",
-                     "documents": [{"id": IDS[changed], "name": changed,
-                                    "path": f"kb/docs/{changed}"}]}  # fmt: skip
-            report["reindex"] = await call(channel, again, timeout=300)
-            report["rows_after_reindex"] = await rows()
-            remove = {
-                "action": "remove",
-                "index": "kb/index.sqlite",
-                "ids": [IDS["pdf-guide-1.pdf"]],
-            }
-            report["remove"] = await call(channel, remove, timeout=120)
-            report["rows_after_remove"] = await rows()
-            report["bad_request"] = await call(
-                channel, {"action": "search", "index": "kb/index.sqlite", "query": "x",
-                          "mode": "sql"}, timeout=60)  # fmt: skip
-            report["fts_syntax"] = await call(
-                channel, {"action": "search", "index": "kb/index.sqlite", "mode": "bm25",
-                          "query": 'lighthouse" OR x MATCH "*) NEAR(', "k": 3},
-                timeout=60)  # fmt: skip
-        await manager.destroy(sb.id)
-    finally:
-        await manager.shutdown()
+        # Re-index one document with new text: only its rows change.
+        changed = "md-guide-1.md"
+        new_text = b"# Changed\n\n## Pelican lighthouse\n\nThe Pelican lighthouse is 88 m tall.\n"
+        await channel.put(f"kb/docs/{changed}", new_text, len(new_text))
+        again = {"action": "index", "index": "kb/index.sqlite",
+                 "documents": [{"id": IDS[changed], "name": changed,
+                                "path": f"kb/docs/{changed}"}]}  # fmt: skip
+        report["reindex"] = await call(channel, again, timeout=300)
+        report["rows_after_reindex"] = await rows()
+        remove = {
+            "action": "remove",
+            "index": "kb/index.sqlite",
+            "ids": [IDS["pdf-guide-1.pdf"]],
+        }
+        report["remove"] = await call(channel, remove, timeout=120)
+        report["rows_after_remove"] = await rows()
+        report["bad_request"] = await call(
+            channel, {"action": "search", "index": "kb/index.sqlite", "query": "x",
+                      "mode": "sql"}, timeout=60)  # fmt: skip
+        report["fts_syntax"] = await call(
+            channel, {"action": "search", "index": "kb/index.sqlite", "mode": "bm25",
+                      "query": 'lighthouse" OR x MATCH "*) NEAR(', "k": 3},
+            timeout=60)  # fmt: skip
+    await manager.destroy(sb.id)
     return report
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    settings = make_settings(tmp_path_factory.mktemp("rag") / "home")
-    try:
-        return asyncio.run(_scenario(settings))
-    finally:
-        shutil.rmtree(settings.runtime_dir, ignore_errors=True)
+    return run_once(tmp_path_factory.mktemp("rag") / "home", _scenario)
 
 
 def _by_name(report: dict) -> dict[str, dict]:
