@@ -17,7 +17,17 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute, iter_route_contexts
 
 from aamp import __version__
-from aamp.api import agents, audit, catalog, runs, sandboxes, secrets, users, wheelhouse
+from aamp.api import (
+    agents,
+    audit,
+    catalog,
+    knowledge_bases,
+    runs,
+    sandboxes,
+    secrets,
+    users,
+    wheelhouse,
+)
 from aamp.api.context import MAX_EXEC_BODY_BYTES, ControlPlane
 from aamp.api.errors import ERROR_RESPONSES, install_error_handlers
 from aamp.api.guard import RULE_ATTR, cp_of, guard, rule
@@ -40,6 +50,8 @@ def _limit_for(cp: ControlPlane):  # type: ignore[no-untyped-def]
     def limit(path: str) -> int | None:
         if path.startswith("/v1/sandboxes/") and path.endswith("/files"):
             return None  # the route checks AAMP_MAX_FILE_BYTES itself
+        if path.startswith("/v1/knowledge-bases/") and "/documents/" in path:
+            return None  # the route checks MAX_DOCUMENT_BYTES itself
         if path.startswith("/v1/sandboxes/") and path.endswith("/exec"):
             return MAX_EXEC_BODY_BYTES
         if path.startswith("/v1/agents/") and path.endswith("/runs"):
@@ -103,7 +115,8 @@ def create_app(cp: ControlPlane) -> FastAPI:
             "warm_pool": manager.pool_status(),
         }
 
-    for module in (users, agents, catalog, secrets, audit, sandboxes, runs, wheelhouse):
+    routers = (users, agents, catalog, secrets, audit, sandboxes, runs, wheelhouse, knowledge_bases)
+    for module in routers:
         app.include_router(module.router())
     install_error_handlers(
         app,

@@ -15,7 +15,8 @@ The rules, in words:
   their own role or status, or grant themselves access (nobody can);
 - users read themselves and change their own password; tokens are their owner's (or an admin's);
 - builders read policies, services and secret metadata (never values), and create agents (they
-  own what they create, which counts as `edit`);
+  own what they create, which counts as `edit`); admins and builders make, fill, change and
+  remove knowledge bases;
 - on an agent: `view` reads it and the resources it is granted; `run` makes sandboxes for it;
   `edit` shares it with grants. Operators never get more than `run`, whatever a grant says;
 - a non-admin makes a sandbox only for an agent they can `run`, from a named policy; only
@@ -284,6 +285,11 @@ RULES: dict[str, Rule] = {
     "secret.delete": _admin_only,
     "vault.rotate": _admin_only,
     "audit.read": _admin_only,
+    "knowledge_base.list": _roles(*_STAFF),
+    "knowledge_base.read": _roles(*_STAFF),
+    "knowledge_base.create": _roles(*_STAFF),
+    "knowledge_base.change": _roles(*_STAFF),
+    "knowledge_base.delete": _roles(*_STAFF),
     "wheelhouse.list": _roles(*_STAFF),
     "wheelhouse.add": _admin_only,
     "wheelhouse.remove": _admin_only,
