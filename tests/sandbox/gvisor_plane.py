@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import make_settings
+from installation_settings import make_settings
 
 from aamp.config import Settings
 from aamp.sandbox.gvisor import GVisorDriver

@@ -34,6 +34,7 @@ from typing import Any
 
 from aamp.config import Settings
 from aamp.errors import Conflict, InvalidInput, NotFound, matching
+from aamp.policy import Resources
 from aamp.policy.model import NAME_RE
 from aamp.sandbox import (
     MAX_INDEX_BYTES,
@@ -50,6 +51,9 @@ MAX_DOCUMENT_BYTES = 100_000_000
 MAX_DOCUMENTS = 10_000
 DOCUMENT_NAME_MAX = 200
 INDEX_TIMEOUT = 1800.0
+# The indexing sandbox: room for the model and one document's extraction child (whose own
+# limit, guest/rag.py's EXTRACT_MEMORY, is below this, so a hostile document fails alone).
+INDEXING_RESOURCES = Resources(cpus=2, memory="3GiB", pids=256, disk="4GiB")
 # What the indexer reads, and how the first bytes of each kind must look.
 _TEXT = ("html", "htm", "md", "markdown", "txt")
 DOCUMENT_TYPES = ("pdf", "docx", *_TEXT)
@@ -288,7 +292,8 @@ class KnowledgeBases:
     ) -> tuple[Path, dict[str, dict[str, Any]]]:
         """The change made in a fresh sandbox; (the new index file, the worker's per-document
         answers by id). The index file is the caller's to remove."""
-        sandbox = await self.manager.create(CreateRequest(image="rag"))
+        request = CreateRequest(image="rag", resources=INDEXING_RESOURCES)
+        sandbox = await self.manager.create(request)
         results: dict[str, dict[str, Any]] = {}
         try:
             async with self.manager.use(sandbox.id) as channel:

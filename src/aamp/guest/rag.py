@@ -33,7 +33,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-EXTRACT_MEMORY = 1536 * 2**20
+# Below the indexing sandbox's own memory (`knowledge_bases.INDEXING_RESOURCES`), so a
+# document that exhausts it fails alone instead of taking the sandbox down.
+EXTRACT_MEMORY = 1024 * 2**20
 EXTRACT_CPU = 120
 EXTRACT_SECONDS = 180
 MAX_EXTRACT_OUTPUT = 64 * 2**20

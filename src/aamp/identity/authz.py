@@ -24,7 +24,8 @@ The rules, in words:
   they created, and only while they can still run its agent;
 - an agent uses only what an admin granted it: a sandbox made for an agent (by anyone, admins
   included) and every run of it need the policy, its image and each of its services granted
-  to that agent, and a run also its model endpoint — confirmed by an admin;
+  to that agent, and a run also its model endpoint — confirmed by an admin — and each
+  knowledge base it searches;
 - agent versions: `view` reads the published ones; `edit` also reads and saves the draft,
   publishes it, and test-runs it (the draft, or any unpublished number); `run` starts runs of
   published versions, by number or `latest`;
