@@ -4,7 +4,6 @@ where `scripts/install` put them (see install_layout.py), so the suite reuses th
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import sys
 import uuid
@@ -12,26 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from install_layout import shared_home, shared_image_dir
+from install_layout import shared_home
+from installation_settings import make_settings, shared_env
 
 from aamp.config import Settings
-
-
-def _shared_env() -> dict[str, str]:
-    return {
-        "AAMP_IMAGE_DIR": str(shared_image_dir()),
-        "AAMP_DOWNLOAD_CACHE": os.environ.get("AAMP_DOWNLOAD_CACHE") or "/var/cache/aamp/downloads",
-    }
-
-
-def make_settings(home: Path, **extra: str) -> Settings:
-    env = {
-        **_shared_env(),
-        "AAMP_HOME": str(home),
-        "AAMP_RUNTIME_DIR": f"/run/aamp-t{secrets.token_hex(4)}",
-        **extra,
-    }
-    return Settings.from_env(env)
 
 
 @pytest.fixture
@@ -54,7 +37,7 @@ def _build(name: str) -> object:
     from aamp.sandbox.images import ImageStore
 
     # Built as `scripts/install` builds them, with the installation's CA baked in.
-    shared = Settings.from_env({**_shared_env(), "AAMP_HOME": str(shared_home())})
+    shared = Settings.from_env({**shared_env(), "AAMP_HOME": str(shared_home())})
     ca = InstallationCA.load_or_create(ca_dir(shared))
 
     def progress(line: str) -> None:
@@ -82,6 +65,11 @@ def browser_image() -> object:
 @pytest.fixture(scope="session")
 def docs_image() -> object:
     return _build("docs")
+
+
+@pytest.fixture(scope="session")
+def rag_image() -> object:
+    return _build("rag")
 
 
 @pytest.fixture(scope="session")

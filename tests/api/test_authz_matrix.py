@@ -125,6 +125,12 @@ EXPECTED: dict[tuple[str, str], dict[str, Expect]] = {
     ("GET", "/v1/audit"): {"-": admin},
     ("GET", "/v1/audit/verify"): {"-": admin},
     ("GET", "/v1/images"): {"-": signed_in},
+    ("GET", "/v1/knowledge-bases"): {"-": staff},
+    ("POST", "/v1/knowledge-bases"): {"-": staff},
+    ("GET", "/v1/knowledge-bases/{name}"): {"-": staff},
+    ("DELETE", "/v1/knowledge-bases/{name}"): {"-": staff},
+    ("PUT", "/v1/knowledge-bases/{name}/documents/{document}"): {"-": staff},
+    ("DELETE", "/v1/knowledge-bases/{name}/documents/{document}"): {"-": staff},
     ("GET", "/v1/wheelhouse"): {"-": staff},
     ("POST", "/v1/wheelhouse"): {"-": admin},
     ("PUT", "/v1/wheelhouse/wheels/{filename}"): {"-": admin},
@@ -239,6 +245,7 @@ def request_for(
         "approval_id": sc.approval if variant == "own" else sc.other_approval,
         "filename": "scratch-1.0-py3-none-any.whl",
         "host_id": "scratch-host",
+        "document": "notes.md",
         "version": {"draft": "draft", "unpublished-number": "5"}.get(variant, "latest"),
     }
     if path.startswith("/v1/agents/{agent_id}/resources/"):
@@ -255,6 +262,7 @@ def request_for(
         ("POST", "/v1/tokens"): {"name": "matrix"},
         ("POST", "/v1/users/{username}/tokens"): {"name": "matrix"},
         ("POST", "/v1/agents"): {"name": f"agent-new{n}"},
+        ("POST", "/v1/knowledge-bases"): {"name": f"kb-new{n}"},
         ("POST", "/v1/agents/{agent_id}/resources"): {"kind": "image", "name": "docs"},
         ("PUT", "/v1/services/{name}"): {
             "upstream": "https://crm.internal.example",

@@ -375,3 +375,30 @@ def test_host_add_ls_drain_rm(cp):
     assert cp.aamp("host", "drain", "rack1-node2").stdout == b"draining\n"
     assert cp.aamp("host", "rm", "rack1-node2").returncode == 0
     assert "rack1-node2" not in cp.aamp("host", "ls").stdout.decode()
+
+
+@pytest.mark.usefixtures("rag_image")
+def test_kb_commands_index_documents_with_a_progress_bar_and_report_failures(cp, tmp_path):
+    from rag_corpus import markdown, zip_bomb_docx
+
+    guide = tmp_path / "guide.md"
+    guide.write_bytes(markdown("Guide", [("Ferries", "The Orme ferry carries 412 people.")]))
+    bomb = tmp_path / "bomb.docx"
+    bomb.write_bytes(zip_bomb_docx())
+    assert cp.aamp("kb", "create", "handbook").returncode == 0
+    added = cp.aamp("kb", "add", "handbook", str(guide), str(bomb), timeout=600)
+    err = added.stderr.decode()
+    assert added.returncode == 1, err  # one document failed: said, and the exit code says so
+    assert f"[{'#' * 15}{'.' * 15}] 1/2 guide.md: indexed (1 chunks)" in err
+    assert f"[{'#' * 30}] 2/2 bomb.docx: failed (0 chunks)" in err
+    assert "bomb.docx: failed: refused: word/document.xml unpacks" in err
+    shown = cp.aamp("kb", "show", "handbook").stdout.decode()
+    assert "version 2, 2 document(s), 1 failed" in shown and "guide.md" in shown
+    listed = cp.aamp("kb", "ls").stdout.decode()
+    assert "handbook" in listed.splitlines()[1]
+    removed = cp.aamp("kb", "rm-doc", "handbook", "guide.md", timeout=300)
+    assert removed.returncode == 0 and "version 3, 1 document(s)" in removed.stdout.decode()
+    missing = cp.aamp("kb", "show", "nope")
+    assert missing.returncode == 1 and "no knowledge base named 'nope'" in missing.stderr.decode()
+    assert cp.aamp("kb", "rm", "handbook").returncode == 0
+    assert "handbook" not in cp.aamp("kb", "ls").stdout.decode()

@@ -47,6 +47,7 @@ COMMAND_LINES = [
     ["run", "reporter", "a task"],
     ["approval", "ls"],
     ["wheelhouse", "ls"],
+    ["kb", "ls"],
 ]
 
 # Runs one command in this interpreter and writes what it loaded, beyond the interpreter's own

@@ -108,7 +108,7 @@ class Recorder:
 
 def test_names_and_unknown_image(tmp_path: Path) -> None:
     store = ImageStore(_settings(tmp_path / "images"))
-    assert store.names() == ["base", "browser", "docs"]
+    assert store.names() == ["base", "browser", "docs", "rag"]
     for bad in ("nope", "../base", "Base", ""):
         with pytest.raises(UnknownImage) as err:
             store.get(bad)

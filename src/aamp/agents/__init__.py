@@ -8,6 +8,7 @@
   `BrowserTool` — the browser tool's calls to the sandbox's one browser (`browser_tool.py`,
   the agent's `browser:` block in `browser_settings.py`); `DocumentsTool` — the documents
   tool's calls to the worker in the sandbox (`documents_tool.py`, `documents_schema.py`);
+  `RagTool` — `search` over the run's granted knowledge bases (`rag_tool.py`);
   `run_loop` — model, tools, observations until an answer or a limit (`loop.py`);
 - `guest_scripts` — the small programs tools run inside the guest; `local_model` — the
   optional air-gapped model server (`aamp model serve`).
@@ -22,6 +23,7 @@ __all__, __getattr__ = surface(
     {
         "browser_tool": ("BrowserTool",),
         "documents_tool": ("DocumentsTool",),
+        "rag_tool": ("RagTool", "rag_index_path"),
         "definition": (
             "AgentDefinition",
             "DefinitionError",

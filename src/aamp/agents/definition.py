@@ -117,8 +117,14 @@ def _tool(item: object) -> str:
     if item.startswith("service:"):
         if not SERVICE_RE.match(item.split(":", 1)[1]):
             raise ValueError(f"{item!r} does not name a service")
+    elif item.startswith("knowledge-base:"):
+        if not NAME_RE.match(item.split(":", 1)[1]):
+            raise ValueError(f"{item!r} does not name a knowledge base")
     elif item not in BUILTIN_TOOLS:
-        raise ValueError(f"unknown tool {item!r}; use {', '.join(BUILTIN_TOOLS)} or service:NAME")
+        raise ValueError(
+            f"unknown tool {item!r}; use {', '.join(BUILTIN_TOOLS)}, service:NAME or "
+            "knowledge-base:NAME"
+        )
     return item
 
 
@@ -188,6 +194,12 @@ class AgentDefinition:
     def services(self) -> tuple[str, ...]:
         """The services named as tools (`service:NAME`)."""
         return tuple(t.split(":", 1)[1] for t in self.tools if t.startswith("service:"))
+
+    @property
+    def knowledge_bases(self) -> tuple[str, ...]:
+        """The knowledge bases named as tools (`knowledge-base:NAME`): the `rag` tool searches
+        them."""
+        return tuple(t.split(":", 1)[1] for t in self.tools if t.startswith("knowledge-base:"))
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

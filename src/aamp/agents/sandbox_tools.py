@@ -17,6 +17,7 @@ from aamp.agents import guest_scripts
 from aamp.agents.browser_tool import BrowserTool
 from aamp.agents.documents_tool import DocumentsTool
 from aamp.agents.observation import Observation
+from aamp.agents.rag_tool import RagTool
 from aamp.agents.tools import SERVICE_PREFIX
 from aamp.sandbox import (
     FileTooLargeError,
@@ -46,6 +47,7 @@ class SandboxTools:
         *,
         browser: BrowserTool | None = None,
         documents: DocumentsTool | None = None,
+        rag: RagTool | None = None,
     ) -> None:
         """`services` maps each service tool's name to the upstream URL the guest calls;
         `browser` and `documents` are the run's browser and documents tools (default: ones
@@ -55,6 +57,7 @@ class SandboxTools:
         self.timeout_cap = timeout_cap
         self.browser = browser or BrowserTool(borrow, timeout_cap)
         self.documents = documents or DocumentsTool(borrow, timeout_cap)
+        self.rag = rag or RagTool(borrow, timeout_cap, ())
 
     def _timeout(self, args: dict[str, Any]) -> float:
         return float(min(int(args.get("timeout", self.timeout_cap)), self.timeout_cap))
@@ -72,6 +75,8 @@ class SandboxTools:
                 return await self.browser.run(args)
             if name == "documents":
                 return await self.documents.run(args)
+            if name == "rag":
+                return await self.rag.run(args)
             if name.startswith(SERVICE_PREFIX) and name in self.services:
                 return await self._service(self.services[name], args)
         except (PathEscapeError, FileTooLargeError, GuestError) as exc:

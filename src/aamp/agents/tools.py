@@ -16,6 +16,7 @@ import jsonschema_rs
 
 from aamp.agents.browser_schema import SCHEMA as BROWSER_SCHEMA
 from aamp.agents.documents_schema import SCHEMA as DOCUMENTS_SCHEMA
+from aamp.agents.rag_tool import schema as rag_schema
 
 SERVICE_PREFIX = "service_"
 
@@ -119,7 +120,14 @@ class ToolSet:
     def build(cls, tools: tuple[str, ...], services: dict[str, str]) -> ToolSet:
         """`tools` from the definition; `services` maps each granted service to its upstream."""
         specs = []
+        knowledge_bases = tuple(
+            t.split(":", 1)[1] for t in tools if t.startswith("knowledge-base:")
+        )
+        if knowledge_bases:  # one `rag` tool for all of them
+            specs.append(ToolSpec("rag", **rag_schema(knowledge_bases)))
         for tool in tools:
+            if tool.startswith("knowledge-base:"):
+                continue
             if tool.startswith("service:"):
                 name = tool.split(":", 1)[1]
                 schema = service_schema(name, services[name])

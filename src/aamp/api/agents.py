@@ -19,7 +19,7 @@ from aamp.identity.model import Actor, Resource
 
 AgentId = Annotated[str, Path(min_length=1, max_length=32)]
 LevelName = Literal["view", "run", "edit"]
-KindName = Literal["policy", "service", "image", "model-endpoint"]
+KindName = Literal["policy", "service", "image", "model-endpoint", "knowledge-base"]
 VERSION_PATTERN = r"^(draft|latest|[0-9]{1,9})$"
 
 

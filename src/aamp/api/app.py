@@ -22,6 +22,7 @@ from aamp.api import (
     audit,
     catalog,
     hosts,
+    knowledge_bases,
     runs,
     sandboxes,
     screenshots,
@@ -51,6 +52,8 @@ def _limit_for(cp: ControlPlane):  # type: ignore[no-untyped-def]
     def limit(path: str) -> int | None:
         if path.startswith("/v1/sandboxes/") and path.endswith("/files"):
             return None  # the route checks AAMP_MAX_FILE_BYTES itself
+        if path.startswith("/v1/knowledge-bases/") and "/documents/" in path:
+            return None  # the route checks MAX_DOCUMENT_BYTES itself
         if path.startswith("/v1/sandboxes/") and path.endswith("/exec"):
             return MAX_EXEC_BODY_BYTES
         if path.startswith("/v1/agents/") and path.endswith("/runs"):
@@ -127,6 +130,7 @@ def create_app(cp: ControlPlane) -> FastAPI:
         runs,
         wheelhouse,
         hosts,
+        knowledge_bases,
     ):
         app.include_router(module.router())
     install_error_handlers(

@@ -10,12 +10,14 @@ and admins.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path as FilePath
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request, Response
@@ -28,6 +30,7 @@ from aamp.api.context import ControlPlane
 from aamp.api.errors import ApiError
 from aamp.api.guard import actor_of, check, cp_of, json_body, record_change, request_id, rule
 from aamp.api.sandboxes import sandbox_from
+from aamp.catalog import KnowledgeBases
 from aamp.catalog.catalog import AgentNeeds
 from aamp.errors import NotFound
 from aamp.identity.model import Actor, Resource
@@ -140,7 +143,10 @@ async def _planned(request: Request, cp: ControlPlane, which: str | int | None) 
             return RunPlan(None, None)
         d = version.definition
         return RunPlan(
-            version, cp.catalog.agent_needs(agent_id, d.policy, endpoint=d.model.endpoint)
+            version,
+            cp.catalog.agent_needs(
+                agent_id, d.policy, endpoint=d.model.endpoint, knowledge_bases=d.knowledge_bases
+            ),
         )
 
     found = await cp.store.run(plan)
@@ -202,6 +208,29 @@ async def _refuse_input(request: Request, agent_id: str, message: str, details: 
     )
 
 
+async def _knowledge_bases(
+    cp: ControlPlane, names: tuple[str, ...], image: str
+) -> dict[str, tuple[int, FilePath]]:
+    """The index (version, file) of each knowledge base the agent searches — granted, which
+    `allowed` decided — or the reason the run cannot use it."""
+    if names and image != "rag":
+        raise ApiError(
+            400,
+            "invalid_request",
+            f"tools: knowledge-base:{names[0]} needs a policy with image: rag, not {image!r}",
+        )
+    kbs = KnowledgeBases(cp.settings, cp.manager)
+    found = {}
+    for name in names:
+        current = await asyncio.to_thread(kbs.current_index, name)
+        if current is None:
+            raise ApiError(
+                400, "invalid_request", f"knowledge base {name!r} has no document indexed yet"
+            )
+        found[name] = current
+    return found
+
+
 def router() -> APIRouter:
     r = APIRouter(prefix="/v1", tags=["runs"])
 
@@ -256,6 +285,7 @@ def router() -> APIRouter:
                     f"tools: service:{name} is not among the services of policy {d.policy!r}",
                 )
             services[name] = upstreams[name]
+        indexes = await _knowledge_bases(cp, d.knowledge_bases, policy.image)
         inputs = _decode_inputs(body)
         inbound = policy.data.inbound
         total = 0
@@ -297,6 +327,7 @@ def router() -> APIRouter:
                 services,
                 actor.audit_name,
                 needs.endpoint,
+                indexes,
             )
         )
         return run.to_dict()

@@ -3,7 +3,9 @@
 
 - `Catalog` — the store of all of it (`catalog.py`), and `AgentNeeds`, what a sandbox or run
   for an agent would use with what of it is not granted;
-- `ModelEndpoint` and its checks (`model_endpoints.py`).
+- `ModelEndpoint` and its checks (`model_endpoints.py`);
+- `KnowledgeBases` — documents and their versioned, content-hashed indexes, indexed inside
+  rag sandboxes (`knowledge_bases.py`).
 
 Names load on first use (`aamp.surface`).
 """
@@ -22,6 +24,14 @@ __all__, __getattr__ = surface(
             "StoredPolicy",
             "check_upstream",
             "parse_policy_document",
+        ),
+        "knowledge_bases": (
+            "DOCUMENT_TYPES",
+            "MAX_DOCUMENT_BYTES",
+            "Document",
+            "KnowledgeBaseError",
+            "KnowledgeBases",
+            "check_document",
         ),
         "model_endpoints": (
             "ENDPOINT_NAME_RE",

@@ -43,7 +43,7 @@ from aamp.store.tables import (
 from aamp.store.timestamps import now
 from aamp.vault.vault import NAME_RE as SECRET_NAME_RE
 
-RESOURCE_KINDS = ("policy", "service", "image", "model-endpoint")
+RESOURCE_KINDS = ("policy", "service", "image", "model-endpoint", "knowledge-base")
 AUTH_KINDS = ("bearer", "basic", "header")
 # How many secrets each auth kind takes: bearer a token, basic a username and a password,
 # header the header's value.
@@ -401,6 +401,8 @@ class Catalog:
             raise InvalidInput(f"kind must be one of {', '.join(RESOURCE_KINDS)}; got {kind!r}")
         if kind == "image":
             matching(name, IMAGE_RE, "name: not a valid image name")
+        if kind == "knowledge-base":  # kept as files (`knowledge_bases.py`), named like these
+            matching(name, NAME_RE, "name: not a valid knowledge base name")
         with self.store.write_session() as s:
             existing(s, AgentRow, agent_id, f"no agent {agent_id!r}")
             if kind == "policy" and s.get(PolicyRow, name) is None:
@@ -448,11 +450,17 @@ class Catalog:
             s.delete(row)
 
     def agent_needs(
-        self, agent_id: str | None, policy: str, *, endpoint: str | None = None
+        self,
+        agent_id: str | None,
+        policy: str,
+        *,
+        endpoint: str | None = None,
+        knowledge_bases: tuple[str, ...] = (),
     ) -> AgentNeeds:
-        """Policy `policy` with its services (and model endpoint `endpoint`, for a run), and
-        what of it `agent_id` is not granted, in one snapshot (see `AgentNeeds`); without an
-        agent nothing is checked against grants."""
+        """Policy `policy` with its services (and model endpoint `endpoint` and the
+        `knowledge_bases` it searches, for a run), and what of it `agent_id` is not granted,
+        in one snapshot (see `AgentNeeds`); without an agent nothing is checked against
+        grants."""
         with self.store.session() as s:
             row = s.get(PolicyRow, policy)
             stored = self._policy(row) if row is not None else None
@@ -477,6 +485,7 @@ class Catalog:
             needed.extend(("service", n) for n in stored.policy.services)
         if endpoint is not None:
             needed.append(("model-endpoint", endpoint))
+        needed.extend(("knowledge-base", n) for n in knowledge_bases)
         ungranted = (
             tuple(f"{k}:{n}" for k, n in needed if (k, n) not in granted)
             if agent_id is not None

@@ -86,6 +86,11 @@ COMMANDS: dict[str, Command] = {
     "wheelhouse": Api(
         "the offline wheelhouse behind policies' packages: add|ls|rm", "wheelhouse", 1800.0
     ),
+    "kb": Api(
+        "knowledge bases (documents indexed in sandboxes): create|add|rm-doc|ls|show|rm",
+        "kb",
+        1800.0,
+    ),
     "audit": Local("the audit log (local)"),
     "agent": Api("agents", "agents", AGENT_API_TIMEOUT),
     "run": Api(

@@ -61,8 +61,14 @@ def grant_arguments(p: argparse.ArgumentParser) -> None:
     gr = action(grant, "rm", "remove a grant", "agent")
     gr.add_argument("grant_id", type=int)
     for name, text in (("attach", "grant an agent a resource"), ("detach", "take it back")):
-        r = action(grant, name, f"{text}: policy, service, image or model-endpoint", "agent")
-        r.add_argument("kind", choices=["policy", "service", "image", "model-endpoint"])
+        r = action(
+            grant,
+            name,
+            f"{text}: policy, service, image, model-endpoint or knowledge-base",
+            "agent",
+        )
+        kinds = ["policy", "service", "image", "model-endpoint", "knowledge-base"]
+        r.add_argument("kind", choices=kinds)
         r.add_argument("name")
 
 

@@ -15,7 +15,8 @@ The rules, in words:
   their own role or status, or grant themselves access (nobody can);
 - users read themselves and change their own password; tokens are their owner's (or an admin's);
 - builders read policies, services and secret metadata (never values), and create agents (they
-  own what they create, which counts as `edit`);
+  own what they create, which counts as `edit`); admins and builders make, fill, change and
+  remove knowledge bases;
 - on an agent: `view` reads it and the resources it is granted; `run` makes sandboxes for it;
   `edit` shares it with grants. Operators never get more than `run`, whatever a grant says;
 - a non-admin makes a sandbox only for an agent they can `run`, from a named policy; only
@@ -23,7 +24,8 @@ The rules, in words:
   they created, and only while they can still run its agent;
 - an agent uses only what an admin granted it: a sandbox made for an agent (by anyone, admins
   included) and every run of it need the policy, its image and each of its services granted
-  to that agent, and a run also its model endpoint — confirmed by an admin;
+  to that agent, and a run also its model endpoint — confirmed by an admin — and each
+  knowledge base it searches;
 - agent versions: `view` reads the published ones; `edit` also reads and saves the draft,
   publishes it, and test-runs it (the draft, or any unpublished number); `run` starts runs of
   published versions, by number or `latest`; what a run's input files may be (its policy's
@@ -309,6 +311,11 @@ RULES: dict[str, Rule] = {
     "host.add": _admin_only,
     "host.drain": _admin_only,
     "host.remove": _admin_only,
+    "knowledge_base.list": _roles(*_STAFF),
+    "knowledge_base.read": _roles(*_STAFF),
+    "knowledge_base.create": _roles(*_STAFF),
+    "knowledge_base.change": _roles(*_STAFF),
+    "knowledge_base.delete": _roles(*_STAFF),
     "wheelhouse.list": _roles(*_STAFF),
     "wheelhouse.add": _admin_only,
     "wheelhouse.remove": _admin_only,

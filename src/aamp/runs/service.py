@@ -22,11 +22,12 @@ import hashlib
 import logging
 import posixpath
 import shutil
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aamp.agents import DocumentsTool, guest_scripts
+from aamp.agents import DocumentsTool, RagTool, guest_scripts, rag_index_path
 from aamp.agents.browser_tool import BrowserTool
 from aamp.agents.definition import AgentDefinition
 from aamp.agents.loop import run_loop, summarise
@@ -66,6 +67,9 @@ class RunRequest:
     services: dict[str, str]  # service tool name -> the upstream URL the guest calls
     actor: str
     endpoint: ModelEndpoint  # the agent's model endpoint, granted and confirmed
+    # Each granted knowledge base the agent searches -> (version, index file): the one
+    # version the whole run uses.
+    knowledge_bases: dict[str, tuple[int, Path]] = field(default_factory=dict)
 
 
 class ApprovalRefused(Exception):
@@ -278,6 +282,7 @@ class RunService:
                 },
             )
             await self._put_inputs(run_id, sandbox_id, req.inputs)
+            await self._put_indexes(run_id, sandbox_id, req.knowledge_bases)
             model = ModelClient(d.model, self._endpoint_access(run_id, req.endpoint))
             tools = ToolSet.build(d.tools, {n: u for n, u in req.services.items()})
             live = self._live[run_id]
@@ -300,6 +305,7 @@ class RunService:
                         d.limits.tool_timeout_seconds,
                         self.manager.egress_view(sandbox_id) if "documents" in d.tools else None,
                     ),
+                    rag=RagTool(borrow, d.limits.tool_timeout_seconds, tuple(req.knowledge_bases)),
                 ),
                 live,
                 asking,
@@ -441,6 +447,20 @@ class RunService:
                     {"path": path, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()},
                 )
 
+    async def _put_indexes(
+        self, run_id: str, sandbox_id: str, indexes: dict[str, tuple[int, Path]]
+    ) -> None:
+        """Each knowledge base's index file into the sandbox, where only the worker reads it."""
+        async with self.manager.use(sandbox_id) as channel:
+            for name, (version, path) in indexes.items():
+                size = path.stat().st_size
+                await channel.put(rag_index_path(name), _file_blocks(path), size)
+                await self.emit(
+                    run_id,
+                    "knowledge_base.mounted",
+                    {"name": name, "version": version, "index": path.stem, "size": size},
+                )
+
     async def _collect(self, run_id: str, sandbox_id: str, req: RunRequest) -> list[str]:
         """Copy /workspace/out's files out as artifacts; returns the refusals' reasons."""
         rule = req.policy.data.outbound
@@ -493,3 +513,9 @@ class RunService:
 
     def forget_artifacts(self, run_id: str) -> None:
         shutil.rmtree(artifacts_dir(self.settings, run_id), ignore_errors=True)
+
+
+async def _file_blocks(path: Path) -> AsyncIterator[bytes]:
+    with open(path, "rb") as f:
+        while block := await asyncio.to_thread(f.read, 1 << 20):
+            yield block

@@ -10,6 +10,8 @@ manager that owns every live sandbox on this host.
   (`wheelhouse.py`); what an offline bundle carries for them: `RECIPES`, the mirror
   (`debian_mirror.py`), the pinned Firecracker wheel (`firecracker_wheel.py`) and the guest
   kernel's packages (`kernel_packages.py`), all standard library only;
+- the knowledge-base worker's host side: one request and its answer (`call`), and the check
+  an index file passes on its bytes before it is kept (`check_index_header`, `rag_worker.py`);
 - `GuestChannel` — exec and files inside a running sandbox, and its errors (`channel/`);
   `workspace_path`, the one rule for paths a caller may name (`channel/workspace.py`).
 
@@ -73,6 +75,13 @@ __all__, __getattr__ = surface(
             "SandboxStopped",
             "SandboxUnavailable",
             "UnknownSandbox",
+        ),
+        "rag_worker": (
+            "MAX_INDEX_BYTES",
+            "BadIndex",
+            "WorkerFailed",
+            "call",
+            "check_index_header",
         ),
         "wheelhouse": ("MAX_WHEEL_BYTES", "Wheel", "Wheelhouse", "WheelhouseError"),
     },

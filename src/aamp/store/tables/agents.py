@@ -37,5 +37,8 @@ class AgentResourceRow(Base):
     created_by: Mapped[str] = mapped_column(String(256))
 
     __table_args__ = (
-        CheckConstraint("kind IN ('policy', 'service', 'image', 'model-endpoint')", name="kind"),
+        CheckConstraint(
+            "kind IN ('policy', 'service', 'image', 'model-endpoint', 'knowledge-base')",
+            name="kind",
+        ),
     )

