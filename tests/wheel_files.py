@@ -12,7 +12,9 @@ from pathlib import Path
 def make_wheel(
     directory: Path, name: str, version: str, code: str, requires: Sequence[str] = ()
 ) -> Path:
-    """A real (pure-Python) wheel: a module, METADATA, WHEEL and a RECORD with hashes."""
+    """A real (pure-Python) wheel: a module, METADATA, WHEEL and a RECORD with hashes. The same
+    arguments make the same bytes (every entry dated 1980-01-01, as reproducible wheels are), so
+    an image built with it is found again by its content hash."""
     dist = f"{name}-{version}.dist-info"
     files = {
         f"{name}.py": code,
@@ -30,5 +32,7 @@ def make_wheel(
     wheel = directory / f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as z:
         for path, text in files.items():
-            z.writestr(path, text)
+            entry = zipfile.ZipInfo(path, date_time=(1980, 1, 1, 0, 0, 0))
+            entry.external_attr = 0o600 << 16  # what `writestr(name, ...)` gives an entry
+            z.writestr(entry, text)
     return wheel

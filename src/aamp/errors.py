@@ -11,7 +11,9 @@ aamp, so any part may use it.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class AampError(Exception):
@@ -42,6 +44,14 @@ def matching(value: object, pattern: re.Pattern[str], message: str) -> str:
 
 class NotFound(AampError, code="not_found", status=404):
     """What the request names does not exist; the message names it."""
+
+
+def found(value: T | None, missing: str) -> T:
+    """`value` if a lookup found it; else `NotFound(missing)`. The one way a lookup that came
+    back empty becomes the answer "there is no such thing"."""
+    if value is None:
+        raise NotFound(missing)
+    return value
 
 
 class Conflict(AampError, code="conflict", status=409):

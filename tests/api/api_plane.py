@@ -12,10 +12,12 @@ Two kinds, chosen by the settings a test builds:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import secrets
 import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ from sqlalchemy import text
 from aamp.api.context import ControlPlane
 from aamp.config import Settings
 from aamp.sandbox.driver import Driver
+from aamp.store.url import DATABASE_URL_ENV, SQLITE_FILENAME
 
 ADMIN_PASSWORD = "admin-password-for-tests"
 
@@ -112,12 +115,40 @@ def plane_drivers(settings: Settings) -> dict[str, Driver]:
     return gvisor_only(settings)
 
 
+_MIGRATED: list[Path] = []  # this process's empty database at the newest schema, once made
+
+
+def _migrated_database() -> Path:
+    """An SQLite database the store's own migrations brought to the newest schema, made once a
+    process: a plane's copy of it is what those migrations would make (the migrations
+    themselves are tested in tests/store), without running them again for every plane."""
+    if not _MIGRATED:
+        from aamp.store import Store
+
+        home = Path(tempfile.mkdtemp(prefix="aamp-migrated-"))
+        atexit.register(shutil.rmtree, home, True)
+        Store.open(Settings.from_env({"AAMP_HOME": str(home)})).close()
+        _MIGRATED.append(home / SQLITE_FILENAME)
+    return _MIGRATED[0]
+
+
+def _start_from_migrated_database(settings: Settings) -> None:
+    """Give a new SQLite installation the migrated empty database (a test that wrote its own,
+    or that uses PostgreSQL, keeps it)."""
+    database = settings.home / SQLITE_FILENAME
+    if settings.env.get(DATABASE_URL_ENV) or database.exists():
+        return
+    settings.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    shutil.copy2(_migrated_database(), database)
+
+
 @contextlib.asynccontextmanager
 async def running_plane(settings: Settings) -> AsyncIterator[Plane]:
     """A control plane built from `settings`, its app started (lifespan), then torn down."""
     from aamp.api.app import create_app
     from aamp.server import build_control_plane
 
+    _start_from_migrated_database(settings)
     drivers = plane_drivers(settings)
     cp, _ = build_control_plane(settings, drivers)
     app = create_app(cp)

@@ -14,6 +14,7 @@ import pytest
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 
+from install_layout import shared_image_dir  # noqa: E402  (tests/install_layout.py)
 from wheel_files import make_wheel  # noqa: E402  (tests/wheel_files.py)
 
 from aamp.config import Settings  # noqa: E402
@@ -33,11 +34,11 @@ files:
 """
 
 
-def _settings(tmp_path: Path) -> Settings:
+def _settings(tmp_path: Path, images: Path | None = None) -> Settings:
     return Settings.from_env(
         {
             "AAMP_HOME": str(tmp_path / "home"),
-            "AAMP_IMAGE_DIR": str(tmp_path / "images"),
+            "AAMP_IMAGE_DIR": str(images or tmp_path / "images"),
             "AAMP_RUNTIME_DIR": f"/run/aamp-t{secrets.token_hex(4)}",
             "AAMP_DOWNLOAD_CACHE": os.environ.get("AAMP_DOWNLOAD_CACHE")
             or "/var/cache/aamp/downloads",
@@ -74,7 +75,11 @@ async def test_a_custom_image_builds_and_a_sandbox_runs_from_it(tmp_path: Path) 
     from aamp.sandbox.gvisor import GVisorDriver
     from aamp.sandbox.manager import CreateRequest, SandboxManager
 
-    settings = _settings(tmp_path)
+    # Its own image directory beside the shared one, kept between sessions: images are keyed
+    # by content hash (recipe, wheel bytes, guest agent, builder format), so a warm session
+    # reuses the build only while it is exactly what this code would build.
+    images = shared_image_dir().with_name(shared_image_dir().name + "-custom-test")
+    settings = _settings(tmp_path, images)
     wheel = make_wheel(tmp_path, "aamphello", "1.0", "def hi():\n    return 'hi from acme'\n")
     Wheelhouse(settings).add_files([wheel], by="admin")
     _recipe(settings, "acme", RECIPE)

@@ -24,6 +24,7 @@ import binascii
 import json
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, suppress
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -133,23 +134,19 @@ def observe(
     return _Report(args, answer, list(refused), settings).observation()
 
 
+@dataclass
 class _Report:
     """One answer from the driver, checked, turned into the model's observation."""
 
-    def __init__(
-        self,
-        args: dict[str, Any],
-        answer: dict[str, Any],
-        refused: list[EgressEvent],
-        settings: BrowserSettings,
-    ) -> None:
-        self.args = args
-        self.answer = answer
-        self.refused = refused
-        self.settings = settings
-        self.lines: list[str] = []
-        self.ok = answer.get("ok") is True
-        self.detail: dict[str, Any] = {"action": args["action"]}
+    args: dict[str, Any]
+    answer: dict[str, Any]
+    refused: list[EgressEvent]
+    settings: BrowserSettings
+    lines: list[str] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        self.ok = self.answer.get("ok") is True
+        self.detail: dict[str, Any] = {"action": self.args["action"]}
 
     def observation(self) -> Observation:
         a = self.answer

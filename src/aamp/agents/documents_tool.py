@@ -19,16 +19,11 @@ from typing import Any
 from aamp.agents import guest_scripts
 from aamp.agents.observation import Observation
 from aamp.egress.recent import EgressView
-from aamp.sandbox import GuestChannel
+from aamp.sandbox import GuestChannel, run_worker
 
 Borrow = Callable[[], AbstractAsyncContextManager[GuestChannel]]
 
 MAX_ANSWER = 8_000_000
-GUEST_LIB = "/opt/aamp/lib"
-BOOT = (
-    "import sys; sys.path.insert(0, sys.argv[1]); "
-    "from aamp.guest.documents import main; raise SystemExit(main(sys.argv[2:]))"
-)
 _REFUSED = ("refused", "cut")
 
 
@@ -51,13 +46,7 @@ class DocumentsTool:
         request = {k: v for k, v in args.items() if k != "timeout"}
         mark = self.egress.mark() if self.egress is not None else 0
         async with self.borrow() as channel:
-            result, out, err = await channel.run(
-                ["python3", "-I", "-c", BOOT, GUEST_LIB],
-                cwd="/workspace",
-                stdin=json.dumps(request).encode(),
-                timeout=timeout,
-                max_output=MAX_ANSWER,
-            )
+            result, out, err = await run_worker(channel, "documents", request, timeout, MAX_ANSWER)
         await asyncio.sleep(0)  # the proxy's last ledger events are handed on in the loop
         refused = []
         if self.egress is not None:

@@ -11,31 +11,27 @@ from __future__ import annotations
 
 import re
 import secrets
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from sqlalchemy import delete, select
-from sqlalchemy.exc import IntegrityError
 
-from aamp.errors import Conflict, NotFound, matching
-from aamp.store import Store, existing, value_of
+from aamp.errors import found, matching
+from aamp.store import Store, added, existing, value_of
 from aamp.store.store import ReadPlan, read_plan
 from aamp.store.tables import AgentRow, GrantRow
 from aamp.store.timestamps import now
+from aamp.values import Shown
 
 AGENT_NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$")
 AGENT_SQL = "SELECT id, name, owner, created_at FROM agents WHERE id = :agent_id"
 
 
 @dataclass(frozen=True)
-class AgentInfo:
+class AgentInfo(Shown):
     id: str
     name: str
     owner: str
     created_at: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _agent(row: AgentRow) -> AgentInfo:
@@ -60,16 +56,11 @@ class AgentRegistry:
             "agent name must be 1-64 lowercase letters, digits, '.', '_' or '-', "
             "starting and ending with a letter or digit",
         )
-        try:
-            with self.store.write_session() as s:
-                row = AgentRow(
-                    id=f"ag-{secrets.token_hex(6)}", name=name, owner=owner, created_at=now()
-                )
-                s.add(row)
-                s.flush()
-                return _agent(row)
-        except IntegrityError:
-            raise Conflict(f"an agent named {name!r} already exists") from None
+        with self.store.write_session() as s:
+            row = AgentRow(
+                id=f"ag-{secrets.token_hex(6)}", name=name, owner=owner, created_at=now()
+            )
+            return _agent(added(s, row, f"an agent named {name!r} already exists"))
 
     def list(self) -> list[AgentInfo]:
         with self.store.session() as s:
@@ -86,9 +77,7 @@ class AgentRegistry:
     @read_plan
     def get(self, agent_id: str) -> ReadPlan[AgentInfo]:
         agent = yield from self._find_plan(agent_id)
-        if agent is None:
-            raise NotFound(f"no agent {agent_id!r}")
-        return agent
+        return found(agent, f"no agent {agent_id!r}")
 
     def delete(self, agent_id: str) -> None:
         """Delete the agent and the grants on it."""

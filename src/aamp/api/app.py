@@ -31,7 +31,7 @@ from aamp.api import (
     wheelhouse,
 )
 from aamp.api.context import MAX_EXEC_BODY_BYTES, ControlPlane
-from aamp.api.errors import ERROR_RESPONSES, install_error_handlers
+from aamp.api.errors import ERROR_RESPONSES, document_errors, install_error_handlers
 from aamp.api.guard import RULE_ATTR, cp_of, guard, rule
 from aamp.api.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from aamp.audit import AuditInputError
@@ -153,6 +153,7 @@ def create_app(cp: ControlPlane) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, limit_for=_limit_for(cp))
     app.add_middleware(RequestIdMiddleware)
     _check_every_route_is_guarded(app)
+    document_errors(app)
     return app
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,8 +22,13 @@ class ErrorOut(BaseModel):
 
 
 # Documented on every route, so clients (and the schema fuzzer) know what errors look like.
+# Each names the one `ErrorOut` schema (`document_errors` puts it in the document) rather than
+# being given as a `model`: for a model FastAPI builds a validator per status per route, about
+# a thousand at every start that nothing uses (the handlers below write these bodies), and
+# most of the time an app takes to build.
+_ERROR_CONTENT = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}}
 ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
-    status: {"model": ErrorOut, "description": text}
+    status: {"content": _ERROR_CONTENT, "description": text}
     for status, text in (
         (400, "bad request"),
         (401, "not signed in, or the credentials are not valid"),
@@ -39,6 +45,22 @@ ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
         (504, "the sandbox timed out"),
     )
 }
+
+
+def document_errors(app: FastAPI) -> None:
+    """Put the `ErrorOut` schema, which every route's error responses name, into the app's
+    OpenAPI document."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        document = app.openapi_schema
+        if document is None:  # built once, on first use, then kept by FastAPI
+            document = build()
+            schemas = document.setdefault("components", {}).setdefault("schemas", {})
+            schemas["ErrorOut"] = ErrorOut.model_json_schema(mode="serialization")
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 class ApiError(Exception):

@@ -245,32 +245,36 @@ async def check(request: Request, action: str, resource: Resource) -> bool:
     return allowed(actor_of(request), action, resource).allowed
 
 
-async def record_refusal(request: Request, action: str, resource: str, reason: str) -> None:
-    """Record that a route refused an allowed request for what it would do (something in
-    use, say): the denial, its reason and the actor, nothing changed."""
+async def _record_route_outcome(
+    request: Request,
+    action: str,
+    resource: str,
+    decision: str,
+    reason: str | None,
+    details: dict[str, Any],
+) -> None:
     cp = cp_of(request)
     await cp.audit.record(
         actor=actor_of(request).audit_name,
         action=action,
         resource=resource[:512],
-        decision="deny",
+        decision=decision,
         reason=reason,
         request_id=request_id(request),
-        details={},
+        details=details,
     )
+
+
+async def record_refusal(request: Request, action: str, resource: str, reason: str) -> None:
+    """Record that a route refused an allowed request for what it would do (something in
+    use, say): the denial, its reason and the actor, nothing changed."""
+    await _record_route_outcome(request, action, resource, "deny", reason, {})
 
 
 async def record_change(
     request: Request, action: str, resource: str, details: dict[str, Any]
 ) -> None:
     """Record a change a route made (after the guard recorded that it was allowed)."""
-    cp = cp_of(request)
-    await cp.audit.record(
-        actor=actor_of(request).audit_name,
-        action=action,
-        resource=resource[:512],
-        decision="allow",
-        reason=request.state.decision.reason,
-        request_id=request_id(request),
-        details=details,
+    await _record_route_outcome(
+        request, action, resource, "allow", request.state.decision.reason, details
     )

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from sqlalchemy import delete, select
-from sqlalchemy.exc import IntegrityError
 
 from aamp.catalog.model_endpoints import (
     ModelEndpoint,
@@ -29,10 +28,10 @@ from aamp.catalog.model_endpoints import (
 )
 from aamp.egress.services import Auth, Basic, Bearer, Header
 from aamp.egress.services import Service as EgressService
-from aamp.errors import Conflict, InvalidInput, NotFound, matching
+from aamp.errors import Conflict, InvalidInput, NotFound, found, matching
 from aamp.policy import Policy, PolicyError, parse_policy, policy_from_dict
 from aamp.policy.model import IMAGE_RE, NAME_RE, SERVICE_RE
-from aamp.store import Store, existing, locked, locked_or_new, value_of
+from aamp.store import Store, added, existing, locked, locked_or_new, value_of
 from aamp.store.tables import (
     AgentResourceRow,
     AgentRow,
@@ -41,6 +40,7 @@ from aamp.store.tables import (
     ServiceRow,
 )
 from aamp.store.timestamps import now
+from aamp.values import Shown
 from aamp.vault.vault import NAME_RE as SECRET_NAME_RE
 
 RESOURCE_KINDS = ("policy", "service", "image", "model-endpoint", "knowledge-base")
@@ -79,7 +79,7 @@ class StoredPolicy:
 
 
 @dataclass(frozen=True)
-class Service:
+class Service(Shown):
     name: str
     upstream: str
     auth: str
@@ -100,9 +100,6 @@ class Service:
         else:
             auth = Header(self.header_name or "", "{{secret:" + self.secrets[0] + "}}")
         return EgressService(self.name, self.upstream, auth)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -215,10 +212,7 @@ class Catalog:
             return self._policy(row) if row is not None else None
 
     def get_policy(self, name: str) -> StoredPolicy:
-        found = self.find_policy(name)
-        if found is None:
-            raise NotFound(f"no policy named {name!r}")
-        return found
+        return found(self.find_policy(name), f"no policy named {name!r}")
 
     def delete_policy(self, name: str) -> None:
         """Delete a policy no agent is granted (else `Conflict`, naming them)."""
@@ -382,10 +376,7 @@ class Catalog:
             return self._endpoint(row) if row is not None else None
 
     def get_model_endpoint(self, name: str) -> ModelEndpoint:
-        found = self.find_model_endpoint(name)
-        if found is None:
-            raise NotFound(f"no model endpoint named {name!r}")
-        return found
+        return found(self.find_model_endpoint(name), f"no model endpoint named {name!r}")
 
     def delete_model_endpoint(self, name: str) -> None:
         """Delete a model endpoint no agent is granted (else `Conflict`, naming them)."""
@@ -414,14 +405,8 @@ class Catalog:
             row = AgentResourceRow(
                 agent_id=agent_id, kind=kind, name=name, created_at=now(), created_by=by
             )
-            s.add(row)
-            try:
-                s.flush()
-            except IntegrityError:
-                raise Conflict(
-                    f"{kind} {name!r} is already granted to agent {agent_id!r}"
-                ) from None
-            return self._resource(row)
+            taken = f"{kind} {name!r} is already granted to agent {agent_id!r}"
+            return self._resource(added(s, row, taken))
 
     @staticmethod
     def _resource(row: AgentResourceRow) -> dict[str, Any]:

@@ -11,11 +11,11 @@ refused until an admin confirms them (`aamp model-endpoint confirm NAME`). Stora
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from aamp.egress.registered import RegisteredUrl, UrlError
 from aamp.errors import InvalidInput, matching
+from aamp.values import Shown
 from aamp.vault.vault import NAME_RE as SECRET_NAME_RE
 
 ENDPOINT_NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?$")
@@ -24,7 +24,7 @@ MAX_MODELS = 100
 
 
 @dataclass(frozen=True)
-class ModelEndpoint:
+class ModelEndpoint(Shown):
     name: str
     base_url: str
     api_key_secret: str | None
@@ -43,9 +43,6 @@ class ModelEndpoint:
 
     def serves(self, model: str) -> bool:
         return not self.models or model in self.models
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def check_endpoint_name(name: object) -> str:

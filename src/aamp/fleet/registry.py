@@ -22,7 +22,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime
 
 from sqlalchemy import select
@@ -118,17 +118,12 @@ def check_host_id(host_id: object) -> str:
     )
 
 
+@dataclass(eq=False)
 class HostRegistry:
-    def __init__(
-        self,
-        store: Store,
-        *,
-        lost_after: float = DEFAULT_LOST_SECONDS,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.store = store
-        self.lost_after = lost_after
-        self.clock = clock
+    store: Store
+    _: KW_ONLY
+    lost_after: float = DEFAULT_LOST_SECONDS
+    clock: Callable[[], float] = time.time
 
     def _now(self, offset: float = 0.0) -> str:
         return format_time(datetime.fromtimestamp(self.clock() + offset, UTC))

@@ -10,24 +10,23 @@ function of its three arguments.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
-from typing import Any
 
 from sqlalchemy import delete, select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from aamp.errors import Conflict, InvalidInput, NotFound, matching
+from aamp.errors import Conflict, InvalidInput, NotFound, found, matching
 from aamp.identity import credentials as cred
 from aamp.identity import lookup
 from aamp.identity.errors import AuthenticationFailed
 from aamp.identity.model import Actor, AgentAccess, Level, Role
-from aamp.store import Store, existing, value_of
+from aamp.store import Store, added, existing, value_of
 from aamp.store.store import ReadPlan, read_plan
 from aamp.store.tables import AgentRow, ApiTokenRow, GrantRow, SessionRow, UserRow
 from aamp.store.timestamps import format_time, now
+from aamp.values import Shown
 
 USERNAME_RE = re.compile(r"^[a-z][a-z0-9._-]{0,63}$")
 TOKEN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$")
@@ -66,7 +65,9 @@ def _stamp(moment: datetime) -> str:
 
 
 @dataclass(frozen=True)
-class UserInfo:
+class UserInfo(Shown):
+    hidden = ("id",)  # the database's own key: a user is named by username
+
     id: int
     username: str
     role: Role
@@ -74,18 +75,9 @@ class UserInfo:
     created_at: str
     created_by: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "username": self.username,
-            "role": self.role.value,
-            "disabled": self.disabled,
-            "created_at": self.created_at,
-            "created_by": self.created_by,
-        }
-
 
 @dataclass(frozen=True)
-class TokenInfo:
+class TokenInfo(Shown):
     id: str
     username: str
     name: str
@@ -94,12 +86,9 @@ class TokenInfo:
     revoked_at: str | None
     last_used_at: str | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
-class GrantInfo:
+class GrantInfo(Shown):
     id: int
     agent_id: str
     user: str | None
@@ -107,9 +96,6 @@ class GrantInfo:
     level: Level
     created_at: str
     created_by: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _user(row: UserRow) -> UserInfo:
@@ -142,22 +128,17 @@ class Directory:
         except cred.PasswordPolicyError as exc:
             raise InvalidInput(str(exc)) from None
         stamp = now()
-        try:
-            with self.store.write_session() as s:
-                row = UserRow(
-                    username=username,
-                    role=parsed.value,
-                    password_hash=hashed,
-                    disabled=False,
-                    created_at=stamp,
-                    created_by=by,
-                    updated_at=stamp,
-                )
-                s.add(row)
-                s.flush()
-                return _user(row)
-        except IntegrityError:
-            raise Conflict(f"a user named {username!r} already exists") from None
+        row = UserRow(
+            username=username,
+            role=parsed.value,
+            password_hash=hashed,
+            disabled=False,
+            created_at=stamp,
+            created_by=by,
+            updated_at=stamp,
+        )
+        with self.store.write_session() as s:
+            return _user(added(s, row, f"a user named {username!r} already exists"))
 
     def list_users(self) -> list[UserInfo]:
         with self.store.session() as s:
@@ -166,9 +147,7 @@ class Directory:
     def _row(self, s: Session, username: str, *, lock: bool = False) -> UserRow:
         stmt = select(UserRow).where(UserRow.username == username)
         row = s.scalars(stmt.with_for_update() if lock else stmt).first()
-        if row is None:
-            raise NotFound(f"no user named {username!r}")
-        return row
+        return found(row, f"no user named {username!r}")
 
     def get_user(self, username: str) -> UserInfo:
         with self.store.session() as s:
@@ -277,14 +256,14 @@ class Directory:
 
     def revoke_token(self, token_id: str) -> TokenInfo:
         with self.store.write_session() as s:
-            found = s.execute(
-                select(ApiTokenRow, UserRow.username)
-                .join(UserRow)
-                .where(ApiTokenRow.id == token_id)
-            ).first()
-            if found is None:
-                raise NotFound(f"no token {token_id!r}")
-            row, username = found
+            row, username = found(
+                s.execute(
+                    select(ApiTokenRow, UserRow.username)
+                    .join(UserRow)
+                    .where(ApiTokenRow.id == token_id)
+                ).first(),
+                f"no token {token_id!r}",
+            )
             if row.revoked_at is None:
                 row.revoked_at = now()
             s.flush()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime
 
 from sqlalchemy import and_, or_, select, update
@@ -33,19 +34,13 @@ ACTIVE = ("queued", "running", "waiting_approval")
 DEFAULT_LEASE_SECONDS = 15.0
 
 
+@dataclass(eq=False)
 class RunLeases:
-    def __init__(
-        self,
-        store: Store,
-        replica: str,
-        *,
-        seconds: float = DEFAULT_LEASE_SECONDS,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.store = store
-        self.replica = replica
-        self.seconds = seconds
-        self.clock = clock
+    store: Store
+    replica: str
+    _: KW_ONLY
+    seconds: float = DEFAULT_LEASE_SECONDS
+    clock: Callable[[], float] = time.time
 
     def _at(self, offset: float = 0.0) -> str:
         return format_time(datetime.fromtimestamp(self.clock() + offset, UTC))

@@ -80,23 +80,18 @@ def artifacts_dir(settings: Settings, run_id: str) -> Path:
     return settings.home / "artifacts" / run_id
 
 
+@dataclass(eq=False, repr=False)
 class RunService:
-    def __init__(
-        self,
-        settings: Settings,
-        store: Store,
-        audit: AuditSink,
-        manager: SandboxManager,
-        vault: Vault | None,
-    ) -> None:
-        self.settings = settings
-        self.store = store
-        self.runs = RunStore(store)
-        self.audit = audit
-        self.manager = manager
-        self.vault = vault
+    settings: Settings
+    store: Store
+    audit: AuditSink
+    manager: SandboxManager
+    vault: Vault | None
+
+    def __post_init__(self) -> None:
+        self.runs = RunStore(self.store)
         self.bus = EventBus()
-        self.steps = StepLog(store, self.runs, audit, self.bus)
+        self.steps = StepLog(self.store, self.runs, self.audit, self.bus)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancel_reasons: dict[str, tuple[str, str]] = {}
         self._approvals: dict[str, asyncio.Future[Answer]] = {}

@@ -10,6 +10,8 @@ manager that owns every live sandbox on this host.
   (`wheelhouse.py`); what an offline bundle carries for them: `RECIPES`, the mirror
   (`debian_mirror.py`), the pinned Firecracker wheel (`firecracker_wheel.py`) and the guest
   kernel's packages (`kernel_packages.py`), all standard library only;
+- `run_worker` — one run of a guest JSON worker (`aamp.guest.<module>`) in a sandbox, shared
+  by the documents tool and the knowledge-base worker (`guest_worker.py`);
 - the knowledge-base worker's host side: one request and its answer (`call`), and the check
   an index file passes on its bytes before it is kept (`check_index_header`, `rag_worker.py`);
 - `GuestChannel` — exec and files inside a running sandbox, and its errors (`channel/`);
@@ -76,6 +78,7 @@ __all__, __getattr__ = surface(
             "SandboxUnavailable",
             "UnknownSandbox",
         ),
+        "guest_worker": ("run_worker",),
         "rag_worker": (
             "MAX_INDEX_BYTES",
             "BadIndex",

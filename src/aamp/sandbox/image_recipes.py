@@ -32,7 +32,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
 from aamp.config import Settings
@@ -412,6 +412,7 @@ def preflight(settings: Settings, recipe: ResolvedRecipe) -> str:
         raise ImageBuildError(str(exc)) from None
 
 
+@dataclass(eq=False, repr=False)
 class TreeBuilder:
     """Builds one recipe into `directory` (rootfs/, rootfs.ext4, packages.json), step by step.
 
@@ -419,28 +420,20 @@ class TreeBuilder:
     result is cached or current.
     """
 
-    def __init__(
-        self,
-        settings: Settings,
-        recipe: ResolvedRecipe,
-        content_hash: str,
-        *,
-        package_init: bytes,
-        guest: dict[str, bytes],
-        ca: bytes | None,
-        directory: Path,
-        progress: Progress,
-    ) -> None:
-        self.settings = settings
-        self.recipe = recipe
-        self.content_hash = content_hash
-        self.package_init = package_init
-        self.guest = guest
-        self.ca = ca
-        self.tmp = directory
-        self.rootfs = directory / "rootfs"
-        self.progress = progress
-        self.started = time.monotonic()
+    settings: Settings
+    recipe: ResolvedRecipe
+    content_hash: str
+    _: KW_ONLY
+    package_init: bytes
+    guest: dict[str, bytes]
+    ca: bytes | None
+    directory: Path
+    progress: Progress
+    started: float = field(init=False, default_factory=time.monotonic)
+
+    @property
+    def rootfs(self) -> Path:
+        return self.directory / "rootfs"
 
     @contextlib.contextmanager
     def step(self, title: str) -> Iterator[None]:
@@ -571,7 +564,7 @@ class TreeBuilder:
         if self.settings.download_cache is not None:
             wheels = (self.settings.download_cache / "wheels").resolve()
         else:
-            wheels = self.tmp / "wheels"
+            wheels = self.directory / "wheels"
         wheels.mkdir(parents=True, exist_ok=True)
         _run(
             [*_PIP, "download", *guest_pip_target_args(), "--progress-bar=off",
@@ -580,7 +573,7 @@ class TreeBuilder:
             progress=self.progress,
         )  # fmt: skip
         self._pip_install_from(wheels)
-        if self.tmp / "wheels" == wheels:
+        if self.directory / "wheels" == wheels:
             shutil.rmtree(wheels)
 
     def _pip_install_from(self, wheels: Path) -> None:
@@ -598,7 +591,7 @@ class TreeBuilder:
         """The recipe's wheels, from the wheelhouse only: no index, no dependencies but those
         listed, every hash checked."""
         wheels = self.settings.home / "wheelhouse"
-        requirements = self.tmp / "wheelhouse.txt"
+        requirements = self.directory / "wheelhouse.txt"
         requirements.write_text(
             "".join(
                 f"{wheels / name} --hash=sha256:{digest}\n" for name, digest in self.recipe.wheels
@@ -678,7 +671,7 @@ class TreeBuilder:
             label="dpkg-query",
         )  # fmt: skip
         packages = dict(line.split("\t", 1) for line in out.splitlines() if "\t" in line)
-        (self.tmp / "packages.json").write_text(json.dumps(packages, sort_keys=True))
+        (self.directory / "packages.json").write_text(json.dumps(packages, sort_keys=True))
 
     def trim(self) -> None:
         for pattern in _TRIM_GLOBS:
@@ -700,7 +693,7 @@ class TreeBuilder:
         resolv.chmod(0o644)
 
     def make_ext4(self) -> None:
-        make_ext4(self.rootfs, self.tmp / "rootfs.ext4", self.content_hash, self.progress)
+        make_ext4(self.rootfs, self.directory / "rootfs.ext4", self.content_hash, self.progress)
 
 
 def make_ext4(rootfs: Path, ext4: Path, content_hash: str, progress: Progress) -> None:

@@ -128,12 +128,13 @@ class Sandbox:
     image: str
     image_hash: str
     driver: str
-    ttl: float
-    idle: float
     resources: Resources
     handle: SandboxHandle
     channel: GuestChannel
     egress: EgressProxy
+    # A request's own lifetime replaces these when the sandbox is handed out to it.
+    ttl: float = DEFAULT_TTL_SECONDS
+    idle: float = DEFAULT_IDLE_SECONDS
     created_at: float = field(default_factory=time.time)
     started_monotonic: float = field(default_factory=time.monotonic)
     active_uses: int = 0
@@ -415,8 +416,6 @@ class SandboxManager:
             image=image_name,
             image_hash=image.content_hash,
             driver=driver_name,
-            ttl=DEFAULT_TTL_SECONDS,
-            idle=DEFAULT_IDLE_SECONDS,
             resources=resources,
             handle=handle,
             channel=channel,

@@ -14,12 +14,8 @@ import json
 from typing import Any
 
 from aamp.sandbox.channel.guest_channel import GuestChannel
+from aamp.sandbox.guest_worker import run_worker
 
-GUEST_LIB = "/opt/aamp/lib"
-BOOT = (
-    "import sys; sys.path.insert(0, sys.argv[1]); "
-    "from aamp.guest.rag import main; raise SystemExit(main(sys.argv[2:]))"
-)
 MAX_ANSWER = 4_000_000
 MAX_INDEX_BYTES = 2 * 2**30
 _SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -31,13 +27,7 @@ class WorkerFailed(RuntimeError):
 
 async def call(channel: GuestChannel, request: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Run one worker request in the sandbox; its JSON answer (untrusted: check each field)."""
-    result, out, err = await channel.run(
-        ["python3", "-I", "-c", BOOT, GUEST_LIB],
-        cwd="/workspace",
-        stdin=json.dumps(request).encode(),
-        timeout=timeout,
-        max_output=MAX_ANSWER,
-    )
+    result, out, err = await run_worker(channel, "rag", request, timeout, MAX_ANSWER)
     if result.timed_out:
         raise WorkerFailed(f"the knowledge-base worker took longer than {timeout:g} s")
     lines = out.strip().splitlines()

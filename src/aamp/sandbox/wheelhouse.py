@@ -29,7 +29,7 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -40,6 +40,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 
 from aamp.config import Settings
 from aamp.sandbox.image_recipes import GUEST_PYTHON_VERSION, guest_pip_target_args
+from aamp.values import Shown
 
 MAX_WHEEL_BYTES = 500_000_000
 MAX_METADATA_BYTES = 5_000_000
@@ -78,7 +79,7 @@ class WheelhouseError(ValueError):
 
 
 @dataclass(frozen=True)
-class Wheel:
+class Wheel(Shown):
     filename: str
     name: str  # canonical (PEP 503) name
     version: str
@@ -86,9 +87,6 @@ class Wheel:
     size: int
     added_at: str
     added_by: str
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 def guest_can_use(filename: str) -> str | None:

@@ -19,7 +19,7 @@ from aamp.store.keyfiles import (
     read_or_create_key_file,
     replace_key_file,
 )
-from aamp.store.rows import existing, locked, locked_or_new, value_of
+from aamp.store.rows import added, existing, locked, locked_or_new, value_of
 from aamp.store.store import ReadPlan, Store, quick_read, read_plan
 from aamp.store.timestamps import format_time, is_time, now, parse_time
 from aamp.store.url import DATABASE_URL_ENV, DatabaseConfigError, database_url
@@ -30,6 +30,7 @@ __all__ = [
     "KeyFileError",
     "ReadPlan",
     "Store",
+    "added",
     "database_url",
     "existing",
     "format_time",

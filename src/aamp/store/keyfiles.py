@@ -32,8 +32,9 @@ def read_key_file(path: Path) -> bytes:
     return path.read_bytes()
 
 
-def write_key_file(path: Path, content: bytes) -> bool:
-    """Create `path` with `content` (0600) unless it exists; True if this call created it."""
+def _written_beside(path: Path, content: bytes) -> Path:
+    """`content` durably in a 0600 file next to `path` (same directory, so it can be linked or
+    renamed into place), the directory made 0700 if missing."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -43,6 +44,12 @@ def write_key_file(path: Path, content: bytes) -> bool:
         os.fsync(fd)
     finally:
         os.close(fd)
+    return tmp
+
+
+def write_key_file(path: Path, content: bytes) -> bool:
+    """Create `path` with `content` (0600) unless it exists; True if this call created it."""
+    tmp = _written_beside(path, content)
     try:
         os.link(tmp, path)
         created = True
@@ -57,16 +64,7 @@ def write_key_file(path: Path, content: bytes) -> bool:
 
 def replace_key_file(path: Path, content: bytes) -> None:
     """Atomically put `content` at `path` (0600), replacing what is there."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, content)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    os.replace(_written_beside(path, content), path)
     fsync_dir(path.parent)
 
 

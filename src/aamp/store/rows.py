@@ -1,13 +1,15 @@
 """Rows to values: a frozen value built from a table row, each field from the row's column of
 the same name except those the caller converts (a column kept as JSON text, a 0/1 flag); the
-row a request names, or `NotFound` saying what is missing; and the row a write replaces by
-name, locked for the transaction, or a new one.
+row a request names, or `NotFound` saying what is missing; a new row, or `Conflict` saying
+what it would take that is taken; and the row a write replaces by name, locked for the
+transaction, or a new one.
 
 Usage::
 
     value_of(RunInfo, row)
     value_of(Service, row, auth=row.auth_kind, secrets=tuple(json.loads(row.secret_names)))
     row = existing(s, PolicyRow, name, f"no policy named {name!r}")
+    row = added(s, AgentRow(name=name, ...), f"an agent named {name!r} already exists")
     row = locked_or_new(s, PolicyRow.name, name, lambda: PolicyRow(name=name, ...))
 """
 
@@ -18,9 +20,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
-from aamp.errors import NotFound
+from aamp.errors import Conflict, found
 
 T = TypeVar("T")
 
@@ -33,9 +36,17 @@ def value_of(kind: type[T], row: object, **given: Any) -> T:
 
 def existing(session: Session, table: type[T], key: object, missing: str) -> T:
     """The row of `table` whose primary key is `key`; `NotFound(missing)` if there is none."""
-    row = session.get(table, key)
-    if row is None:
-        raise NotFound(missing)
+    return found(session.get(table, key), missing)
+
+
+def added(session: Session, row: T, taken: str) -> T:
+    """`row`, added and flushed; `Conflict(taken)` if a unique key it holds is already held
+    (the transaction is then rolled back as the error leaves it)."""
+    session.add(row)
+    try:
+        session.flush()
+    except IntegrityError:
+        raise Conflict(taken) from None
     return row
 
 

@@ -14,7 +14,7 @@ in AAMP_MASTER_KEY, the caller must put the returned new key there itself.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from aamp.store import Store, locked, locked_or_new, value_of
 from aamp.store.keyfiles import read_key_file, replace_key_file
 from aamp.store.tables import SecretRow
 from aamp.store.timestamps import now
+from aamp.values import Shown
 from aamp.vault.envelope import Sealed, rewrap, seal, unseal
 from aamp.vault.masterkey import MasterKey, MasterKeyError, load_master_key
 
@@ -55,7 +56,7 @@ class VaultKeyError(VaultError):
 
 
 @dataclass(frozen=True)
-class SecretMetadata:
+class SecretMetadata(Shown):
     """Everything about a secret that may be shown: never its value."""
 
     name: str
@@ -64,9 +65,6 @@ class SecretMetadata:
     created_by: str
     updated_at: str
     updated_by: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -176,15 +174,7 @@ class Vault:
         self._check_actor(actor)
         sealed = seal(self._master, name, plaintext)
         meta = await self._store.run(self._put, name, sealed, actor)
-        await self._audit.record(
-            actor=actor,
-            action="secret.put",
-            resource=f"secret:{name}",
-            decision="allow",
-            reason=reason,
-            request_id=request_id,
-            details={"version": meta.version},
-        )
+        await self._record("put", name, meta.version, actor, reason, request_id)
         return meta
 
     def _put(self, name: str, sealed: Sealed, actor: str) -> SecretMetadata:
@@ -231,15 +221,7 @@ class Vault:
         validate_name(name)
         self._check_actor(actor)
         version = await self._store.run(self._delete, name)
-        await self._audit.record(
-            actor=actor,
-            action="secret.delete",
-            resource=f"secret:{name}",
-            decision="allow",
-            reason=reason,
-            request_id=request_id,
-            details={"version": version},
-        )
+        await self._record("delete", name, version, actor, reason, request_id)
 
     def _delete(self, name: str) -> int:
         with self._store.write_session() as s:
@@ -268,16 +250,28 @@ class Vault:
             raise VaultError("reveal needs a purpose (what the value is injected into)")
         self._check_actor(actor)
         row_version, plaintext = await self._store.run(self._reveal, name)
+        await self._record("reveal", name, row_version, actor, purpose, request_id)
+        return SecretValue(name, row_version, plaintext.decode("utf-8"))
+
+    async def _record(
+        self,
+        action: str,
+        name: str,
+        version: int,
+        actor: str,
+        reason: str | None,
+        request_id: str | None,
+    ) -> None:
+        """The audit record of an allowed `secret.ACTION` on one version of one secret."""
         await self._audit.record(
             actor=actor,
-            action="secret.reveal",
+            action=f"secret.{action}",
             resource=f"secret:{name}",
             decision="allow",
-            reason=purpose,
+            reason=reason,
             request_id=request_id,
-            details={"version": row_version},
+            details={"version": version},
         )
-        return SecretValue(name, row_version, plaintext.decode("utf-8"))
 
     async def record_use(
         self,
