@@ -136,15 +136,21 @@ async def _approval_run(plane, model, name: str, answer: str | None, timeout: st
         "data": {"outbound": {"max_bytes": "1MB", "types": ["txt"], "approval": True}},
     }
     op = await plane.user(f"op-{name}", "operator")
+    other_op = await plane.user(f"op2-{name}", "operator")
     editor = await plane.user(f"ed-{name}", "builder")
     async with plane.client(plane.admin_token) as admin:
         agent = await make_agent(
             admin, name, model.base_url, policy, limits={"approval_timeout": timeout}
         )
-        for user, level in ((f"op-{name}", "run"), (f"ed-{name}", "edit")):
+        grants = ((f"op-{name}", "run"), (f"op2-{name}", "run"), (f"ed-{name}", "edit"))
+        for user, level in grants:
             r = await admin.post(f"/v1/agents/{agent}/grants", json={"user": user, "level": level})
             assert r.status_code == 201
-    async with plane.client(op) as c_op, plane.client(editor) as c_ed:
+    async with (
+        plane.client(op) as c_op,
+        plane.client(other_op) as c_other,
+        plane.client(editor) as c_ed,
+    ):
         run_id = await _start(c_op, agent)
         for _ in range(600):
             # Status first: the question is stored in the same transaction that sets
@@ -155,12 +161,16 @@ async def _approval_run(plane, model, name: str, answer: str | None, timeout: st
                 break
             await asyncio.sleep(0.1)
         run = (await c_op.get(f"/v1/runs/{run_id}")).json()
-        operator_sees = (await c_op.get("/v1/approvals")).json()
+        # The run's owner sees its question (and may answer it: the web UI's live view);
+        # another operator with `run` on the same agent sees neither the run nor the question.
+        owner_sees = (await c_op.get("/v1/approvals")).json()
+        other_sees = (await c_other.get("/v1/approvals")).json()
         result = None
         if answer is not None:
             assert run["status"] == "waiting_approval", run
             assert pending[0]["subject"]["name"] == "report.txt"
-            refused = await c_op.post(
+            assert [a["id"] for a in owner_sees] == [pending[0]["id"]]
+            refused = await c_other.post(
                 f"/v1/approvals/{pending[0]['id']}", json={"decision": answer}
             )
             assert refused.status_code == 403
@@ -168,7 +178,7 @@ async def _approval_run(plane, model, name: str, answer: str | None, timeout: st
             assert result.status_code == 200, result.text
         run = await wait_end(c_op, run_id)
         arts = (await c_op.get(f"/v1/runs/{run_id}/artifacts")).json()
-    assert operator_sees == []
+    assert other_sees == []
     return run, arts
 
 
