@@ -72,7 +72,8 @@ COMMANDS: dict[str, Command] = {
     "whoami": Api("who the CLI acts as, and where", "login"),
     "mcp": Local("the MCP server over stdio, acting with the CLI's token", "mcp"),
     "bundle": OwnWords(
-        "offline bundles: bundle create OUT [--sign KEY] | bundle verify PATH [--trust PUB]"
+        "offline bundles: bundle create OUT [--sign KEY] [--wheelhouse FILE]"
+        " | bundle verify PATH [--trust PUB]"
     ),
     "sandbox": Api("sandboxes", "sandbox"),
     "host": Api("sandbox hosts of the fleet (admins)", "hosts"),

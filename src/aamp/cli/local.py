@@ -61,7 +61,10 @@ def bundle(words: list[str]) -> int:
         from aamp.bundle import check_main
 
         return check_main(words[1:])
-    print("usage: aamp bundle create OUT [--sign KEY] | aamp bundle verify PATH [--trust PUB]")
+    print(
+        "usage: aamp bundle create OUT [--sign KEY] [--wheelhouse FILE]"
+        " | aamp bundle verify PATH [--trust PUB]"
+    )
     return EXIT_USAGE
 
 
