@@ -60,6 +60,19 @@ async def test_a_builder_fills_and_empties_a_knowledge_base_and_an_operator_is_r
             assert refused.status_code == 403
             refused_put = await c.put(f"{url}/guide.md", content=GUIDE)
             assert refused_put.status_code == 403
+        async with plane.client(plane.admin_token) as admin:
+            # What an agent is granted is not deleted (as for policies, services, endpoints).
+            agent = (await admin.post("/v1/agents", json={"name": "reader"})).json()["id"]
+            grant = {"kind": "knowledge-base", "name": "handbook"}
+            assert (
+                await admin.post(f"/v1/agents/{agent}/resources", json=grant)
+            ).status_code == 201
+            in_use = await admin.delete("/v1/knowledge-bases/handbook")
+            assert in_use.status_code == 409, in_use.text
+            assert f"in use by agent:{agent}" in in_use.json()["message"]
+            assert (await admin.get("/v1/knowledge-bases/handbook")).status_code == 200
+            detached = await admin.delete(f"/v1/agents/{agent}/resources/knowledge-base/handbook")
+            assert detached.status_code == 204, detached.text
         async with plane.client(builder) as c:
             gone = await c.delete("/v1/knowledge-bases/handbook")
             assert gone.status_code == 200
@@ -83,6 +96,10 @@ async def test_a_builder_fills_and_empties_a_knowledge_base_and_an_operator_is_r
         removed_records = await _records(plane, "knowledge_base.document_removed")
         assert [r["details"]["document"] for r in removed_records] == ["guide.md"]
         assert len(await _records(plane, "knowledge_base.deleted")) == 1
+        refusals = [
+            r for r in await _records(plane, "knowledge_base.delete") if r["decision"] == "deny"
+        ]
+        assert len(refusals) == 1 and "in use by agent:" in refusals[0]["reason"]
         listed_records = await _records(plane, "knowledge_base.list")
         denied = [r for r in listed_records if r["decision"] == "deny"]
         assert denied and denied[0]["actor"] == "user:otto"

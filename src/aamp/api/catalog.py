@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
@@ -120,7 +120,13 @@ def _format(request: Request) -> str:
     raise ApiError(415, "unsupported_media_type", "send the policy as application/json or YAML")
 
 
-async def _delete(request: Request, kind: str, name: str, remove: Callable[[], None]) -> None:
+async def delete_unless_in_use(
+    request: Request,
+    kind: str,
+    name: str,
+    remove: Callable[[], None],
+    details: dict[str, Any] | None = None,
+) -> None:
     """Delete a catalog entry, or record why not (it is in use) and answer 409."""
     action, resource = f"{kind.replace('-', '_')}.deleted", f"{kind}:{name}"
     try:
@@ -128,7 +134,7 @@ async def _delete(request: Request, kind: str, name: str, remove: Callable[[], N
     except Conflict as refused:
         await record_refusal(request, f"{kind.replace('-', '_')}.delete", resource, str(refused))
         raise
-    await record_change(request, action, resource, {})
+    await record_change(request, action, resource, details or {})
 
 
 def router() -> APIRouter:
@@ -180,7 +186,7 @@ def router() -> APIRouter:
     async def delete_policy(name: Name, request: Request) -> None:
         """Delete a policy; refused (409, on record) while an agent is granted it."""
         cp = cp_of(request)
-        await _delete(request, "policy", name, lambda: cp.catalog.delete_policy(name))
+        await delete_unless_in_use(request, "policy", name, lambda: cp.catalog.delete_policy(name))
 
     @r.get("/services", response_model=list[Service], tags=["services"])
     @rule("service.list")
@@ -219,7 +225,9 @@ def router() -> APIRouter:
         """Delete a service; refused (409, on record) while a policy names it or an agent is
         granted it."""
         cp = cp_of(request)
-        await _delete(request, "service", name, lambda: cp.catalog.delete_service(name))
+        await delete_unless_in_use(
+            request, "service", name, lambda: cp.catalog.delete_service(name)
+        )
 
     @r.get("/model-endpoints", response_model=list[ModelEndpoint], tags=["model endpoints"])
     @rule("model_endpoint.list")
@@ -280,7 +288,7 @@ def router() -> APIRouter:
     async def delete_model_endpoint(name: Name, request: Request) -> None:
         """Delete a model endpoint; refused (409, on record) while an agent is granted it."""
         cp = cp_of(request)
-        await _delete(
+        await delete_unless_in_use(
             request, "model-endpoint", name, lambda: cp.catalog.delete_model_endpoint(name)
         )
 

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
 
+from aamp.api.catalog import delete_unless_in_use
 from aamp.api.errors import ApiError
 from aamp.api.guard import cp_of, record_change, rule
 from aamp.catalog import MAX_DOCUMENT_BYTES, Document, KnowledgeBaseError, KnowledgeBases
@@ -54,11 +55,15 @@ def router() -> APIRouter:
     @r.delete("/knowledge-bases/{name}")
     @rule("knowledge_base.delete")
     async def delete_knowledge_base(name: KbName, request: Request) -> dict[str, Any]:
-        kbs = _kbs(request)
+        """Delete a knowledge base no agent is granted (409 naming them, on record)."""
+        catalog, kbs = cp_of(request).catalog, _kbs(request)
         shown = kbs.show(name)
-        kbs.delete(name)
+
+        def remove() -> None:
+            catalog.remove_unused("knowledge-base", name, lambda: kbs.delete(name))
+
         details = {"version": shown["version"], "documents": shown["documents"]}
-        await record_change(request, "knowledge_base.deleted", f"knowledge-base:{name}", details)
+        await delete_unless_in_use(request, "knowledge-base", name, remove, details)
         return {"deleted": name}
 
     @r.put("/knowledge-bases/{name}/documents/{document}", status_code=201)

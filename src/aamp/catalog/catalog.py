@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -213,6 +214,14 @@ class Catalog:
 
     def get_policy(self, name: str) -> StoredPolicy:
         return found(self.find_policy(name), f"no policy named {name!r}")
+
+    def remove_unused(self, kind: str, name: str, remove: Callable[[], None]) -> None:
+        """For what is kept outside the store (knowledge bases): `remove()` it unless agents
+        are granted it (`Conflict`, naming them), under the store's write lock so no grant
+        arrives between the check and the removal."""
+        with self.store.write_session() as s:
+            _refuse_if_in_use(s, kind, name)
+            remove()
 
     def delete_policy(self, name: str) -> None:
         """Delete a policy no agent is granted (else `Conflict`, naming them)."""
