@@ -298,8 +298,7 @@ class KnowledgeBases:
         try:
             async with self.manager.use(sandbox.id) as channel:
                 if current is not None:
-                    size = current.stat().st_size
-                    await channel.put("kb/index.sqlite", _read_blocks(current), size)
+                    await channel.put_file("kb/index.sqlite", current)
                 if removed_ids:
                     answer = await call(channel, {"action": "remove", "index": "kb/index.sqlite",
                                                   "ids": removed_ids}, INDEX_TIMEOUT)  # fmt: skip
@@ -378,12 +377,6 @@ class KnowledgeBases:
         for path in (self.root / "documents").glob("*"):
             if path.name not in documents:
                 path.unlink(missing_ok=True)
-
-
-async def _read_blocks(path: Path) -> AsyncIterator[bytes]:
-    with open(path, "rb") as f:
-        while block := await asyncio.to_thread(f.read, 1 << 20):
-            yield block
 
 
 def _count(value: object) -> int | None:

@@ -22,7 +22,6 @@ import hashlib
 import logging
 import posixpath
 import shutil
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -448,8 +447,7 @@ class RunService:
         """Each knowledge base's index file into the sandbox, where only the worker reads it."""
         async with self.manager.use(sandbox_id) as channel:
             for name, (version, path) in indexes.items():
-                size = path.stat().st_size
-                await channel.put(rag_index_path(name), _file_blocks(path), size)
+                size = await channel.put_file(rag_index_path(name), path)
                 await self.emit(
                     run_id,
                     "knowledge_base.mounted",
@@ -508,9 +506,3 @@ class RunService:
 
     def forget_artifacts(self, run_id: str) -> None:
         shutil.rmtree(artifacts_dir(self.settings, run_id), ignore_errors=True)
-
-
-async def _file_blocks(path: Path) -> AsyncIterator[bytes]:
-    with open(path, "rb") as f:
-        while block := await asyncio.to_thread(f.read, 1 << 20):
-            yield block

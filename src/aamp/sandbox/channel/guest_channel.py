@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from aamp.guest import wire
@@ -109,6 +111,19 @@ class GuestChannel(ConnectionPool):
         if truncated:
             result = dataclasses.replace(result, truncated=True)
         return result, bytes(buffers["stdout"]), bytes(buffers["stderr"])
+
+    async def put_file(self, guest_path: str, host_file: Path) -> int:
+        """Copy a host file into the guest, read in blocks off the event loop; its size (as
+        the open file has it), which is what was sent."""
+        with open(host_file, "rb") as f:
+
+            async def blocks() -> AsyncIterator[bytes]:
+                while block := await asyncio.to_thread(f.read, 1 << 20):
+                    yield block
+
+            size = os.fstat(f.fileno()).st_size
+            await self.put(guest_path, blocks(), size)
+            return size
 
     async def put(self, guest_path: str, source: AsyncIterator[bytes] | bytes, size: int) -> None:
         """Write a file into the guest (atomically: temp file + rename on the guest)."""
