@@ -26,6 +26,8 @@ __all__, __getattr__ = surface(
             "this_machine",
         ),
         "model": (
+            "DEFAULT_IDLE_SECONDS",
+            "DEFAULT_TTL_SECONDS",
             "IMAGE_RE",
             "NAME_RE",
             "SERVICE_RE",
