@@ -92,6 +92,7 @@ def test_max_bytes_out_and_default_allow():
         ("name: p\nlifetime: {ttl: 15x}\n", "lifetime.ttl", "duration"),
         ("name: p\nlifetime: {ttl: 1m, idle: 5m}\n", "lifetime.idle", "longer than ttl"),
         ("name: p\nlifetime: {ttl: 0s}\n", "lifetime.ttl", "longer than zero"),
+        ("name: p\nlifetime: {ttl: 2d}\n", "lifetime.ttl", "at most 24 hours"),
         ("name: p\nresources: {cpus: 0}\n", "resources.cpus", "(0, 64]"),
         ("name: p\nresources: {cpus: true}\n", "resources.cpus", "number"),
         ("name: p\nresources: {memory: 1MiB}\n", "resources.memory", "64MiB"),
@@ -173,3 +174,18 @@ def test_a_rule_naming_loopback_is_refused_saying_what_to_write_instead(rule, wh
 def test_a_dns_name_for_a_host_on_the_network_is_the_way_instead():
     policy = parse_policy("name: p\negress: {allow: ['llm.internal:8080', 'localhost.example']}\n")
     assert policy.egress.allow == ("llm.internal:8080", "localhost.example")
+
+
+def test_the_longest_lifetime_a_policy_accepts_is_one_a_sandbox_can_have():
+    # A policy must not accept a lifetime that every sandbox made from it would then refuse.
+    from aamp.policy import MAX_TTL_SECONDS
+    from aamp.sandbox.manager import CreateRequest
+
+    longest = f"{MAX_TTL_SECONDS}s"
+    policy = parse_policy(f"name: p\nlifetime: {{ttl: {longest}, idle: {longest}}}\n")
+    request = CreateRequest(
+        ttl=float(policy.lifetime.ttl_seconds), idle=float(policy.lifetime.idle_seconds)
+    )
+    assert request.ttl == MAX_TTL_SECONDS
+    with pytest.raises(PolicyError, match=r"lifetime\.ttl"):
+        parse_policy(f"name: p\nlifetime: {{ttl: {MAX_TTL_SECONDS + 1}s}}\n")

@@ -29,6 +29,7 @@ __all__, __getattr__ = surface(
             "DEFAULT_IDLE_SECONDS",
             "DEFAULT_TTL_SECONDS",
             "IMAGE_RE",
+            "MAX_TTL_SECONDS",
             "NAME_RE",
             "SERVICE_RE",
             "DataPolicy",

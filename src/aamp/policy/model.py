@@ -49,7 +49,7 @@ PACKAGE_RE = re.compile(
     r"^(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)==(?P<version>[A-Za-z0-9.+!_-]+)$"
 )
 FILE_TYPE_RE = re.compile(r"^[a-z0-9]{1,16}$")
-MAX_TTL_SECONDS = 7 * 86400
+MAX_TTL_SECONDS = 24 * 3600
 DEFAULT_TTL_SECONDS = 15 * 60
 DEFAULT_IDLE_SECONDS = 5 * 60
 
@@ -120,7 +120,7 @@ def _lifetime(value: object) -> int:
     if seconds <= 0:
         raise ValueError("must be longer than zero")
     if seconds > MAX_TTL_SECONDS:
-        raise ValueError(f"must be at most {MAX_TTL_SECONDS // 86400} days")
+        raise ValueError(f"must be at most {MAX_TTL_SECONDS // 3600} hours")
     return seconds
 
 

@@ -41,7 +41,7 @@ from aamp.egress.resolver import Resolver, SystemResolver
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import SecretReader, ServiceSet
 from aamp.errors import AampError
-from aamp.policy import DEFAULT_IDLE_SECONDS, DEFAULT_TTL_SECONDS, Resources
+from aamp.policy import DEFAULT_IDLE_SECONDS, DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS, Resources
 from aamp.sandbox.channel.guest_channel import GuestChannel
 from aamp.sandbox.driver import SANDBOX_ID_RE, Driver, DriverError, SandboxHandle, SandboxSpec
 from aamp.sandbox.images import BuiltImage, ImageBuildError, ImageStore
@@ -50,7 +50,6 @@ from aamp.sandbox.warm_pool import BootKey, PoolTargets, boot_key
 
 log = logging.getLogger("aamp.sandbox")
 
-MAX_TTL_SECONDS = 24 * 3600
 GUEST_READY_TIMEOUT = 30.0
 
 
