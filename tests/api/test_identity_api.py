@@ -172,6 +172,18 @@ async def test_bad_input_gets_clear_4xx(plane) -> None:
         )
         assert bad_policy.status_code == 400
         assert "resources.memory" in bad_policy.json()["message"]
+        # JSON is refused a repeated key as YAML is: the second `egress` must not replace the
+        # first silently.
+        repeated = await c.put(
+            "/v1/policies/p",
+            content=b'{"name": "p", "egress": {"default": "block"}, '
+            b'"egress": {"default": "allow"}}',
+            headers={"content-type": "application/json"},
+        )
+        assert (
+            repeated.status_code == 400 and "duplicate key 'egress'" in repeated.json()["message"]
+        )
+        assert (await c.get("/v1/policies/p")).status_code == 404
         bad_service = await c.put(
             "/v1/services/s", json={"upstream": "ftp://x", "auth": "bearer", "secrets": ["a"]}
         )

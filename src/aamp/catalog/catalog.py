@@ -30,7 +30,7 @@ from aamp.catalog.model_endpoints import (
 from aamp.egress.services import Auth, Basic, Bearer, Header
 from aamp.egress.services import Service as EgressService
 from aamp.errors import Conflict, InvalidInput, NotFound, found, matching
-from aamp.policy import Policy, PolicyError, parse_policy, policy_from_dict
+from aamp.policy import Policy, PolicyError, load_json, parse_policy, policy_from_dict
 from aamp.policy.model import IMAGE_RE, NAME_RE, SERVICE_RE
 from aamp.store import Store, added, existing, locked, locked_or_new, value_of
 from aamp.store.tables import (
@@ -125,9 +125,9 @@ def parse_policy_document(text: str, fmt: str) -> Policy:
         raise PolicyError([("", f"the policy document is larger than {MAX_POLICY_BYTES} bytes")])
     if fmt == "json":
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PolicyError([("", f"not valid JSON: {exc}")]) from None
+            data = load_json(text)
+        except ValueError as exc:
+            raise PolicyError([("", str(exc))]) from None
         return policy_from_dict(data)
     return parse_policy(text)
 

@@ -43,7 +43,7 @@ __all__, __getattr__ = surface(
             "policy_from_dict",
         ),
         "resources": ("Resources",),
-        "source": ("load_yaml",),
+        "source": ("load_json", "load_yaml"),
         "units": ("GiB", "MiB", "parse_duration", "parse_size"),
     },
 )
