@@ -90,6 +90,9 @@ class SecretReaderDouble:
         self.read.append(name)
         return "never-used"
 
+    def changes(self, name: str) -> int:
+        return 0
+
     async def record_use(self, service: str, *, purpose: str, details: dict) -> None:
         self.read.append(f"use of {service}")
 

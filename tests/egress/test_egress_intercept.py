@@ -207,6 +207,7 @@ async def test_bearer_injected_guest_header_replaced_and_echo_scrubbed(
         "secrets": ["crm_token"],
         "requests": 2,
         "methods": {"GET": 2},
+        "reads": 1,
     }
 
 
@@ -454,34 +455,70 @@ async def test_live_service_changes_and_missing_secret(proxy, ca, vault, service
     assert len(service_upstream.seen) == 1
 
 
-async def test_each_connection_reads_the_secret_and_a_rotation_reaches_the_next(
+async def test_each_connection_reads_the_secret_and_a_rotation_reaches_the_next_request(
     proxy, ca, vault, service_upstream
 ):
-    """A connection holds the value it read; a secret rotated meanwhile reaches the next
-    connection, and each connection's responses are scrubbed of the value it sent."""
+    """A connection holds the value it read; a secret rotated meanwhile goes with the next
+    request of every connection, open or new (read again once, audited), and each
+    connection's responses are scrubbed of every value it sent."""
     port, host = service_upstream.port, f"svc.test:{service_upstream.port}"
     new = "tok-Rot8dNw2Kp7Xq9"
     first_reader, first_writer = await tunnel(proxy, ca, "svc.test", port)
     try:
         before = await request(first_reader, first_writer, "/whoami", host)
+        held = await request(first_reader, first_writer, "/whoami", host)
         await vault.put("crm_token", new, actor="user:admin")
         second_reader, second_writer = await tunnel(proxy, ca, "svc.test", port)
         try:
             after = await request(second_reader, second_writer, "/whoami", host)
-            still_old = await request(first_reader, first_writer, "/whoami", host)
+            rotated = await request(first_reader, first_writer, "/whoami", host)
+            rotated_held = await request(first_reader, first_writer, "/whoami", host)
         finally:
             second_writer.close()
     finally:
         first_writer.close()
     sent = [[v for k, v in seen if k == "authorization"] for seen in service_upstream.seen]
-    assert sent == [[f"Bearer {TOKEN}"], [f"Bearer {new}"], [f"Bearer {TOKEN}"]]
-    for response in (before, after, still_old):
+    assert sent == [
+        [f"Bearer {TOKEN}"],
+        [f"Bearer {TOKEN}"],
+        [f"Bearer {new}"],
+        [f"Bearer {new}"],
+        [f"Bearer {new}"],
+    ]
+    for response in (before, held, after, rotated, rotated_held):
         assert response.status == 200 and "****" in json.loads(response.body)["authorization"]
         assert_clean(response.body)
         assert new.encode() not in response.body
     await proxy.flush()
-    assert reveals(vault) == ["secret:crm_token", "secret:crm_token"]  # one per connection
-    assert sorted(d["requests"] for _r, _w, d in uses(vault)) == [1, 2]
+    # One read per connection, and one more by the open connection after the rotation.
+    assert reveals(vault) == ["secret:crm_token"] * 3
+    assert sorted((d["requests"], d["reads"]) for _r, _w, d in uses(vault)) == [(1, 1), (4, 2)]
+
+
+async def test_a_deleted_secret_is_not_used_by_an_open_connection(
+    proxy, ca, sink, vault, service_upstream
+):
+    """Revocation: once a secret is deleted, the next request on a connection that holds
+    its value is refused (503, nothing sent upstream) and the connection ends."""
+    port, host = service_upstream.port, f"svc.test:{service_upstream.port}"
+    reader, writer = await tunnel(proxy, ca, "svc.test", port)
+    try:
+        ok = await request(reader, writer, "/whoami", host)
+        await vault.delete("crm_token", actor="user:admin")
+        revoked = await request(reader, writer, "/whoami", host)
+        assert await reader.read() == b""  # the proxy ended the connection
+    finally:
+        writer.close()
+    assert ok.status == 200
+    assert (revoked.status, revoked.rule) == (503, "services: credential unavailable")
+    assert b"crm_token" in revoked.body
+    assert_clean(revoked.body)
+    assert len(service_upstream.seen) == 1
+    events = await wait_events(proxy, sink, 3)
+    refused = [e for e in events if e.kind == "service" and not e.allowed]
+    assert [(e.status, e.rule) for e in refused] == [(503, "services: credential unavailable")]
+    assert reveals(vault) == ["secret:crm_token"]  # the failed read reveals nothing
+    assert [(d["requests"], d["reads"]) for _r, _w, d in uses(vault)] == [(1, 1)]
 
 
 async def test_guest_tls_that_does_not_trust_the_ca_fails_and_is_recorded(

@@ -104,6 +104,28 @@ async def test_a_use_record_names_its_purpose_and_counts_and_needs_a_purpose(
     assert verify(store, audit.signer.trusted_keys()).ok
 
 
+async def test_changes_count_puts_and_deletes_of_each_name_and_nothing_else(
+    settings: Settings, store: Store, audit: AuditLog
+) -> None:
+    """What a holder of a revealed value asks before each use (egress held credentials)."""
+    vault = Vault.open(settings, store, audit)
+    assert vault.changes("crm_token") == 0
+    await vault.put("crm_token", VALUE, actor="user:admin")
+    await vault.reveal("crm_token", purpose="inject into crm-api")
+    await vault.metadata("crm_token")
+    await vault.put("other", "x", actor="user:admin")
+    assert (vault.changes("crm_token"), vault.changes("other")) == (1, 1)  # reads: no change
+    await vault.put("crm_token", VALUE + "2", actor="user:admin")
+    assert vault.changes("crm_token") == 2
+    await vault.rotate_master_key(actor="user:admin")  # the values stay what they were
+    assert vault.changes("crm_token") == 2
+    await vault.delete("crm_token", actor="user:admin")
+    assert (vault.changes("crm_token"), vault.changes("other")) == (3, 1)
+    with pytest.raises(SecretValueError):
+        await vault.put("other", "", actor="user:admin")  # refused before the store: no change
+    assert vault.changes("other") == 1
+
+
 async def test_only_ciphertext_reaches_the_database(
     settings: Settings, store: Store, audit: AuditLog, request: pytest.FixtureRequest
 ) -> None:

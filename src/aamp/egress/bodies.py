@@ -109,16 +109,19 @@ class Bodies:
         *,
         up: bool,
         source_writer: asyncio.StreamWriter | None = None,
+        head: bytes = b"",
     ) -> None:
-        """Forward exactly `length` body bytes. With the source's writer (its transport) given
-        and both ends plain sockets, a large body is spliced (`splice_body`)."""
-        if (
-            source_writer is not None
-            and length >= splice.MIN_BODY
-            and await self.splice_body(source, source_writer, sink, attempt, up=up, length=length)
-        ):
-            return
+        """Forward exactly `length` body bytes, after the message `head` if one is given (it
+        goes out in the same write as the first bytes of a copied body). With the source's
+        writer (its transport) given and both ends plain sockets, a large body is spliced
+        (`splice_body`)."""
         send = self.meter.sender(up=up)
+        if source_writer is not None and length >= splice.MIN_BODY:
+            if head:
+                send(sink, head, attempt)
+                head = b""
+            if await self.splice_body(source, source_writer, sink, attempt, up=up, length=length):
+                return
         remaining = length
         size = self.limits.chunk_bytes
         while remaining:  # a plain loop: most bodies are small, and this is every request's
@@ -126,8 +129,12 @@ class Bodies:
             if not data:
                 raise asyncio.IncompleteReadError(b"", remaining)
             remaining -= len(data)
+            if head:
+                data, head = head + data, b""
             send(sink, data, attempt)
             await sink.drain()
+        if head:  # an empty body
+            send(sink, head, attempt)
 
     async def splice_body(
         self,

@@ -49,6 +49,7 @@ from aamp.policy.hosts import Host
 
 # Response headers dropped when a service response is scrubbed: its bytes change.
 _BODY_DIGESTS = frozenset({"content-md5", "digest", "content-digest", "repr-digest"})
+_ONE_RECORD = 16 * 1024  # the most a TLS record carries
 
 
 class Forwarding:
@@ -175,13 +176,20 @@ class Forwarding:
         del lines
         if held is not None:
             out += held.data  # the head and the checked start of the body, in one write
-        self.meter.send_up(upstream.writer, out, attempt)
-        del out
-        if framing.kind == "length":
+        if framing.kind == "length":  # the head goes in the body's first write
             await self.bodies.copy_length(
-                reader, upstream.writer, framing.length, attempt, up=True, source_writer=writer
+                reader,
+                upstream.writer,
+                framing.length,
+                attempt,
+                up=True,
+                source_writer=writer,
+                head=out,
             )
-        elif framing.kind == "chunked":
+        else:
+            self.meter.send_up(upstream.writer, out, attempt)
+        del out
+        if framing.kind == "chunked":
             await self.bodies.copy_chunked(
                 reader, upstream.writer, attempt, up=True, source_writer=writer, held=held
             )
@@ -252,11 +260,15 @@ class Forwarding:
             out_lines.append("Connection: close")
         elif head.version == "HTTP/1.0":
             out_lines.append("Connection: keep-alive")
-        send_down(writer, ("\r\n".join(out_lines) + "\r\n\r\n").encode("latin-1"), attempt)
+        response_head = ("\r\n".join(out_lines) + "\r\n\r\n").encode("latin-1")
         bodies = self.bodies
+        # The head goes out with the body's first bytes where it can: one socket write (over
+        # TLS one record) instead of two, which is most of a small response's cost.
         if decoder is not None:
             assert scrubber is not None
-            await self._scrub_body(upstream.reader, writer, body, down, decoder, scrubber, attempt)
+            await self._scrub_body(
+                upstream.reader, writer, response_head, body, down, decoder, scrubber, attempt
+            )
         elif body.kind == "length":
             await bodies.copy_length(
                 upstream.reader,
@@ -265,20 +277,23 @@ class Forwarding:
                 attempt,
                 up=False,
                 source_writer=upstream.writer,
+                head=response_head,
             )
-        elif body.kind == "chunked":
-            await bodies.copy_chunked(
-                upstream.reader, writer, attempt, up=False, source_writer=upstream.writer
-            )
-        elif body.kind == "eof":
-            if await bodies.splice_body(
-                upstream.reader, upstream.writer, writer, attempt, up=False, length=None
-            ):
-                with contextlib.suppress(OSError, RuntimeError):
-                    if writer.can_write_eof():
-                        writer.write_eof()
-            else:
-                await bodies.pump(upstream.reader, writer, attempt, up=False)
+        else:
+            send_down(writer, response_head, attempt)
+            if body.kind == "chunked":
+                await bodies.copy_chunked(
+                    upstream.reader, writer, attempt, up=False, source_writer=upstream.writer
+                )
+            elif body.kind == "eof":
+                if await bodies.splice_body(
+                    upstream.reader, upstream.writer, writer, attempt, up=False, length=None
+                ):
+                    with contextlib.suppress(OSError, RuntimeError):
+                        if writer.can_write_eof():
+                            writer.write_eof()
+                else:
+                    await bodies.pump(upstream.reader, writer, attempt, up=False)
         await writer.drain()
         return client_keep, upstream_keep
 
@@ -286,36 +301,60 @@ class Forwarding:
         self,
         source: asyncio.StreamReader,
         sink: asyncio.StreamWriter,
+        head: bytes,
         body: Framing,
         down: str,
         decoder: BodyDecoder,
         scrubber: Scrubber,
         attempt: Attempt,
     ) -> None:
-        """Decode the upstream body's framing and coding, scrub it, send it `down`
-        (chunked, or until close for an HTTP/1.0 guest)."""
+        """Send the response `head`, then decode the upstream body's framing and coding,
+        scrub it and send it `down` (chunked, or until close for an HTTP/1.0 guest).
+
+        What is ready goes out in one write before each wait for the guest: over TLS that is
+        one encryption pass and one socket write for the chunk header, the data and the CRLF
+        together, and for a small body the head, its one chunk and the last chunk.
+        The head waits for the first body bytes the scrubber lets go (or the body's end),
+        which it holds back anyway until it has seen past them."""
         chunked = down == "chunked"
         meter = self.meter
+        ready: list[bytes | memoryview] = [head]
+        body_ready = False
 
-        def send(pieces: tuple[bytes | memoryview, ...] | list[bytes | memoryview]) -> None:
-            # One writelines per piece of body: over TLS that is one encryption pass and one
-            # socket write for the chunk header, the data and the CRLF together.
+        def add(pieces: tuple[bytes | memoryview, ...] | list[bytes | memoryview]) -> None:
+            nonlocal body_ready
             size = sum(len(p) for p in pieces)
             if not size:
                 return
             if chunked:
-                pieces = [b"%x\r\n" % size, *pieces, b"\r\n"]
-            sink.writelines(pieces)
-            meter.count(attempt, sum(len(p) for p in pieces), up=False)
+                ready.append(b"%x\r\n" % size)
+            ready.extend(pieces)
+            if chunked:
+                ready.append(b"\r\n")
+            body_ready = True
+
+        def send() -> None:
+            nonlocal body_ready
+            size = sum(len(p) for p in ready)
+            if size <= _ONE_RECORD:  # TLS makes a record per piece: one for them all
+                sink.write(b"".join(ready))
+            else:
+                sink.writelines(ready)
+            meter.count(attempt, size, up=False)
+            ready.clear()
+            body_ready = False
 
         try:
             async for piece in self.bodies.pieces(source, body):
                 for decoded in decoder.feed(piece):
-                    send(scrubber.feed_pieces(decoded))
-                    await sink.drain()
-            send((scrubber.feed(decoder.flush()),))
+                    add(scrubber.feed_pieces(decoded))
+                    if body_ready:
+                        send()
+                        await sink.drain()
+            add((scrubber.feed(decoder.flush()),))
         except UnsupportedEncoding as exc:
             raise Refusal(502, attempt.decision.rule, str(exc)) from None
-        send((scrubber.flush(),))
+        add((scrubber.flush(),))
         if chunked:
-            meter.send_down(sink, b"0\r\n\r\n", attempt)
+            ready.append(b"0\r\n\r\n")
+        send()

@@ -16,6 +16,7 @@ serialises it for the client. A connection that ends before a request's first by
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -245,16 +246,24 @@ def parse_request_head(data: bytes, limits: ProxyLimits) -> RequestHead:
 def parse_authority(text: str, default_port: int | None) -> tuple[Host, int]:
     """(canonical host, port) of `host[:port]`; `default_port` None means a port is required."""
     try:
-        host_text, port_text = split_host_port(text)
-        if port_text is None:
-            if default_port is None:
-                raise HostError(f"{text!r} has no port")
-            port = default_port
-        else:
-            port = parse_port(port_text)
-        return normalize_host(host_text), port
+        return _authority(text, default_port)
     except HostError as exc:
         raise Refusal(400, "client: bad target", str(exc), host=clean(text, 100)) from None
+
+
+@functools.lru_cache(maxsize=1024)
+def _authority(text: str, default_port: int | None) -> tuple[Host, int]:
+    # Every request names its place two or three times (target, Host header, a tunnel's
+    # SNI) and a connection names the same few places again and again: parsing is a pure
+    # function of the text, so its answers are kept (bounded; a refusal is never kept).
+    host_text, port_text = split_host_port(text)
+    if port_text is None:
+        if default_port is None:
+            raise HostError(f"{text!r} has no port")
+        port = default_port
+    else:
+        port = parse_port(port_text)
+    return normalize_host(host_text), port
 
 
 def check_host_header(head: RequestHead, host: Host, port: int, default_port: int) -> None:

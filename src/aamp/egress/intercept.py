@@ -36,6 +36,7 @@ and a streaming scrubber (`scrub.py`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,7 @@ class Intercepted:
     service: str
     sni: str | None
 
+    @functools.cached_property  # the name is the handshake's: judged once per tunnel
     def sni_problem(self) -> tuple[str, str] | None:
         """(rule, reason) if the TLS server name does not name the CONNECT host."""
         if self.sni is None:
@@ -138,18 +140,19 @@ async def start_interception(
 def tunnel_target(head: RequestHead, tunnel: Intercepted) -> tuple[Host, int, str, str]:
     """(host, port, authority, path) of a request inside an intercepted tunnel: the TLS
     server name and the Host header must both name the tunnel's host (no fronting)."""
-    problem = tunnel.sni_problem()
+    problem = tunnel.sni_problem
     if problem is not None:
         raise Refusal(421, problem[0], problem[1], host=str(tunnel.host), port=tunnel.port)
     where = f"{tunnel.host}:{tunnel.port}"
     target = head.target
     if target.lower().startswith("https://"):
         authority, path = split_origin(target[8:])
-        _same_place(
-            authority,
-            tunnel,
-            f"the request names {clean(authority, 100)}, the tunnel is for {where}",
-        )
+        if not _same_place(authority, tunnel):
+            raise Refusal(
+                421,
+                HOST_MISMATCH_RULE,
+                f"the request names {clean(authority, 100)}, the tunnel is for {where}",
+            )
     elif target.startswith("/"):
         path = target
     else:
@@ -159,14 +162,15 @@ def tunnel_target(head: RequestHead, tunnel: Intercepted) -> tuple[Host, int, st
     value = head.get("host")
     if value is None:
         raise Refusal(400, "client: missing host", "a request in a tunnel needs a Host header")
-    _same_place(
-        value,
-        tunnel,
-        f"the Host header ({clean(value, 100)}) is not the host of the TLS connection ({where})",
-    )
+    if not _same_place(value, tunnel):
+        raise Refusal(
+            421,
+            HOST_MISMATCH_RULE,
+            f"the Host header ({clean(value, 100)}) is not the host of the TLS connection "
+            f"({where})",
+        )
     return tunnel.host, tunnel.port, value, path
 
 
-def _same_place(authority: str, tunnel: Intercepted, mismatch: str) -> None:
-    if parse_authority(authority, 443) != (tunnel.host, tunnel.port):
-        raise Refusal(421, HOST_MISMATCH_RULE, mismatch)
+def _same_place(authority: str, tunnel: Intercepted) -> bool:
+    return parse_authority(authority, 443) == (tunnel.host, tunnel.port)

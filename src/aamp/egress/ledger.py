@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -52,8 +52,16 @@ class EgressEvent:
     def allowed(self) -> bool:
         return self.decision == "allowed"
 
+    def to_dict(self) -> dict[str, Any]:
+        """The event's fields by name. Every field is a scalar or a tuple of strings, so this
+        is `dataclasses.asdict` without its deep copy (a third of a small request's cost)."""
+        return {name: getattr(self, name) for name in _FIELD_NAMES}
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, ensure_ascii=True)
+        return json.dumps(self.to_dict(), sort_keys=True, ensure_ascii=True)
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(EgressEvent))
 
 
 class EgressSink(Protocol):
@@ -121,7 +129,7 @@ class AuditEgressSink:
         self._audit = audit
 
     async def record(self, event: EgressEvent) -> None:
-        details = asdict(event)
+        details = event.to_dict()
         await self._audit.record(
             actor=f"sandbox:{event.sandbox_id}",
             action=f"egress.{event.kind}",

@@ -77,11 +77,19 @@ class SecretForms:
     """What a `Scrubber` replaces: `exact` byte strings, and `folded` ones (kept lower-case)
     that match whatever the ASCII case of their letters. Never shows a form in its repr."""
 
-    __slots__ = ("exact", "folded")
+    __slots__ = ("_plan", "exact", "folded")
 
     def __init__(self, exact: Iterable[bytes] = (), folded: Iterable[bytes] = ()):
         self.exact = frozenset(form for form in exact if form)
         self.folded = frozenset(form.lower() for form in folded if form)
+        self._plan: _Plan | None = None
+
+    def plan(self) -> _Plan:
+        """How these forms are searched, made on first use and shared by every `Scrubber` of
+        them (a service credential's forms serve every response on its connection)."""
+        if self._plan is None:
+            self._plan = _Plan(self)
+        return self._plan
 
     def __contains__(self, form: object) -> bool:
         """Whether `form`, as written, is scrubbed."""
@@ -96,24 +104,56 @@ class SecretForms:
         return f"SecretForms({len(self.exact)} exact, {len(self.folded)} folded)"
 
 
-class Scrubber:
-    """Replace every form in a stream of bytes. `hits` counts replacements."""
+class _Plan:
+    """The search for one `SecretForms`: its needles (shortest first: a short piece of data,
+    a header, is searched only for those that fit in it), the marker, and the anchor finders
+    (built on the first long body). Fixed once made; it holds no stream state."""
+
+    __slots__ = ("_finders", "keep", "lengths", "marker", "needles", "reach")
 
     def __init__(self, forms: SecretForms):
-        # Shortest first: a short piece of data (a header) is searched only for those
-        # needles that fit in it.
         needles = [(form, False) for form in forms.exact] + [(form, True) for form in forms.folded]
         needles.sort(key=lambda needle: len(needle[0]))
-        self._needles = needles
-        self._lengths = [len(needle) for needle, _ in needles]
-        self._keep = max(self._lengths, default=1) - 1
+        self.needles = needles
+        self.lengths = [len(needle) for needle, _ in needles]
+        self.keep = max(self.lengths, default=1) - 1
         every = b"\n".join(needle for needle, _ in needles)
         every += b"\n" + every.upper()
         unused = [b for b in _MARKER_CANDIDATES if bytes([b]) not in every]
         if not unused:  # forms with every candidate: any other byte none of them has
             unused = [b for b in range(256) if not chr(b).isalnum() and bytes([b]) not in every]
         self.marker = bytes(unused[:1]) * MARKER_LENGTH
-        self._finders: list[tuple[int, BytesAhoCorasick]] = []  # built once a body is long
+        self.reach = 0  # how far from an anchor a needle can reach
+        self._finders: list[tuple[int, BytesAhoCorasick]] | None = None
+
+    def finders(self) -> list[tuple[int, BytesAhoCorasick]]:
+        if self._finders is None:
+            patterns = _anchor_patterns(self.needles)
+            self.reach = max(len(p) for p in patterns) + self.keep
+            finders = []
+            for base in range(0, len(patterns), _PATTERNS_PER_FINDER):
+                chunk = patterns[base : base + _PATTERNS_PER_FINDER]
+                finder = BytesAhoCorasick(
+                    [*chunk, *_GUARDS],
+                    matchkind=MatchKind.LeftmostFirst,  # Teddy needs a leftmost kind
+                    implementation=Implementation.NoncontiguousNFA,  # cheap to build
+                )
+                finders.append((len(chunk), finder))
+            self._finders = finders
+        return self._finders
+
+
+class Scrubber:
+    """Replace every form in a stream of bytes. `hits` counts replacements."""
+
+    def __init__(self, forms: SecretForms):
+        plan = forms.plan()
+        self._plan = plan
+        self._needles = plan.needles
+        self._lengths = plan.lengths
+        self._keep = plan.keep
+        self.marker = plan.marker
+        self._finders: list[tuple[int, BytesAhoCorasick]] = []  # once a body is long
         self._reach = 0  # how far from an anchor a needle can reach
         self._searched = 0
         self._carry = b""
@@ -127,16 +167,8 @@ class Scrubber:
         return bool(self._needles)
 
     def _build_finders(self) -> None:
-        patterns = _anchor_patterns(self._needles)
-        self._reach = max(len(p) for p in patterns) + self._keep
-        for base in range(0, len(patterns), _PATTERNS_PER_FINDER):
-            chunk = patterns[base : base + _PATTERNS_PER_FINDER]
-            finder = BytesAhoCorasick(
-                [*chunk, *_GUARDS],
-                matchkind=MatchKind.LeftmostFirst,  # Teddy needs a leftmost kind
-                implementation=Implementation.NoncontiguousNFA,  # built per request: cheap
-            )
-            self._finders.append((len(chunk), finder))
+        self._finders = self._plan.finders()
+        self._reach = self._plan.reach
 
     def _clean(self, data: bytes) -> bool:
         if not self._finders:

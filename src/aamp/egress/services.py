@@ -17,10 +17,10 @@ another port is an ordinary destination (tunnelled, never injected).
 
 Credential values come from a `SecretReader` — `VaultSecretReader` adapts `aamp.vault.Vault`,
 whose `reveal` is the one reader of secret values — once per client connection and service
-(`held_credentials.py`), and live only in the `Credential` built from them (its headers, and
-the forms of the values and of the header values sent that its responses are scrubbed of:
-`secret_forms.py`), held by that connection alone until it ends: never shared, logged or
-shown in a repr. Templates come
+(`held_credentials.py`; read again when a secret changes), and live only in the `Credential`
+built from them (its headers, and the forms of the values and of the header values sent that
+its responses are scrubbed of: `secret_forms.py`), held by that connection alone until it
+ends: never shared, logged or shown in a repr. Templates come
 only from the service definition; nothing the guest sends is ever expanded, so a guest that
 writes `{{secret:crm_token}}` into a request gets exactly those characters sent.
 """
@@ -322,6 +322,11 @@ class SecretReader(Protocol):
         """The current value of secret `name`, for `purpose` (recorded by the reader)."""
         ...
 
+    def changes(self, name: str) -> int:
+        """A number that moves whenever secret `name` is replaced or deleted: a held value
+        is used only while it stays what it was when the value was read."""
+        ...
+
     async def record_use(self, service: str, *, purpose: str, details: dict[str, Any]) -> None:
         """Record that a connection which read `service`'s secrets for `purpose` has ended,
         with what it used them for (`details`: request counts, never values)."""
@@ -338,6 +343,9 @@ class VaultSecretReader:
     async def reveal(self, name: str, *, purpose: str) -> str:
         value = await self._vault.reveal(name, purpose=purpose, actor=self._actor)
         return value.expose()
+
+    def changes(self, name: str) -> int:
+        return self._vault.changes(name)
 
     async def record_use(self, service: str, *, purpose: str, details: dict[str, Any]) -> None:
         await self._vault.record_use(

@@ -9,6 +9,11 @@ key file, the new key is first staged durably next to it (`vault-master.key.next
 rows are re-wrapped and committed, then the staged key replaces the old file; `Vault.open`
 finishes a rotation that a crash interrupted between the last two steps. With the key given
 in AAMP_MASTER_KEY, the caller must put the returned new key there itself.
+
+`changes(name)` is a count, in memory, of the puts and deletes of a secret through this
+`Vault`: a holder of a revealed value (an egress connection) asks it before each use, and
+reads again — or stops, when the secret is gone — once it moved. Changes made to the table
+by another process are not counted.
 """
 
 from __future__ import annotations
@@ -110,6 +115,7 @@ class Vault:
         self._store = store
         self._master = master
         self._audit = audit
+        self._changes: dict[str, int] = {}  # puts and deletes through this vault, by name
 
     def __repr__(self) -> str:
         return f"Vault(master_key_id={self._master.key_id})"
@@ -173,7 +179,10 @@ class Vault:
             raise SecretValueError(f"secret {name!r}: the value is over {MAX_VALUE_BYTES} bytes")
         self._check_actor(actor)
         sealed = seal(self._master, name, plaintext)
-        meta = await self._store.run(self._put, name, sealed, actor)
+        try:
+            meta = await self._store.run(self._put, name, sealed, actor)
+        finally:  # counted even when the outcome is unknown: holders read again, no harm
+            self._changed(name)
         await self._record("put", name, meta.version, actor, reason, request_id)
         return meta
 
@@ -220,8 +229,18 @@ class Vault:
     ) -> None:
         validate_name(name)
         self._check_actor(actor)
-        version = await self._store.run(self._delete, name)
+        try:
+            version = await self._store.run(self._delete, name)
+        finally:
+            self._changed(name)
         await self._record("delete", name, version, actor, reason, request_id)
+
+    def changes(self, name: str) -> int:
+        """How often `name` was put or deleted through this vault (see the module doc)."""
+        return self._changes.get(name, 0)
+
+    def _changed(self, name: str) -> None:
+        self._changes[name] = self._changes.get(name, 0) + 1
 
     def _delete(self, name: str) -> int:
         with self._store.write_session() as s:
