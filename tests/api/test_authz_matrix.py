@@ -125,6 +125,7 @@ EXPECTED: dict[tuple[str, str], dict[str, Expect]] = {
     ("GET", "/v1/audit"): {"-": admin},
     ("GET", "/v1/audit/verify"): {"-": admin},
     ("GET", "/v1/images"): {"-": signed_in},
+    ("GET", "/v1/image-builds"): {"-": admin},
     ("POST", "/v1/images/{name}/build"): {"-": admin},
     ("GET", "/v1/images/{name}/build"): {"-": admin},
     ("GET", "/v1/images/{name}/build/events"): {"-": admin},

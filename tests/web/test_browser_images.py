@@ -62,10 +62,18 @@ async def test_a_build_shows_its_progress_live_and_a_second_is_refused(tmp_path)
                 assert await again.input_value("#f-name") == "base"
                 assert await again.is_checked("#f-force")
 
-                # An operator who posts the form is refused with the 403 page.
-                _, olga = await sign_in(browser, base, "olga", "olga-password-1")
-                await _build_from_the_page(olga, "base")
+                # An operator who types the address gets the 403 page; one who posts the
+                # form anyway (with their own CSRF token) too.
+                olga_context, olga = await sign_in(browser, base, "olga", "olga-password-1")
+                await olga.goto("/admin/images")
                 assert "Not allowed" in await olga.inner_text("h1")
+                assert await olga.locator("nav a[href='/admin/images']").count() == 0
+                cookies = await olga_context.cookies()
+                csrf = next(c["value"] for c in cookies if c["name"] == "aamp_csrf")
+                posted = await olga.request.post(
+                    "/admin/images", form={"name": "base", "csrf": csrf}
+                )
+                assert posted.status == 403 and "Not allowed" in await posted.text()
 
                 # The other build ends: the page says what was built, without a reload.
                 other.finish()
@@ -76,6 +84,8 @@ async def test_a_build_shows_its_progress_live_and_a_second_is_refused(tmp_path)
             other.release()
         denials = [r for r in site.audit(action="image.build") if r["decision"] == "deny"]
         assert [r["actor"] for r in denials] == ["user:admin", "user:olga"]
+        looked = site.audit(action="image.build_read", actor="user:olga")
+        assert [r["decision"] for r in looked] == ["deny"]
         assert "already being built" in denials[0]["reason"]
         assert len(site.audit(action="image.build_finished")) == 1
 

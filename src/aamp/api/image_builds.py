@@ -88,6 +88,12 @@ def router() -> APIRouter:
         builds.start(build, run, finished)
         return build.describe()
 
+    @r.get("/image-builds")
+    @rule("image.build_read")
+    async def list_builds(request: Request) -> list[dict[str, Any]]:
+        """The last build of each image since the control plane started, the newest first."""
+        return [b.describe() for b in cp_of(request).builds.all()]
+
     @r.get("/images/{name}/build")
     @rule("image.build_read")
     async def show_build(name: ImageName, request: Request) -> dict[str, Any]:

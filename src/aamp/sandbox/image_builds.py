@@ -80,6 +80,10 @@ class ImageBuilds:
     def last(self, name: str) -> ImageBuild | None:
         return self._last.get(name)
 
+    def all(self) -> list[ImageBuild]:
+        """The last build of each image, the newest first."""
+        return sorted(self._last.values(), key=lambda b: b.started_at, reverse=True)
+
     def start(
         self,
         build: ImageBuild,

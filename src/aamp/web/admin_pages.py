@@ -20,7 +20,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from aamp.policy import PolicyError, parse_policy
-from aamp.web.page import ENV, Page, PageError, back, field_errors
+from aamp.web.page import ENV, Page, PageError, back, field_errors, list_with_form
 from aamp.web.sse import relay, sse
 
 AUDIT_FILTERS = ("actor", "action", "resource", "decision", "since", "until")
@@ -45,22 +45,8 @@ def _refused(page: Page, answer: Any, title: str = "") -> None:
 # -- users -------------------------------------------------------------------------------
 
 
-async def _list_with_form(
-    request: Request, listed: str, template: str, status: int, context: dict[str, Any]
-) -> Response:
-    """A page listing what `/v1/{listed}` answers, with a form (its values, errors) below."""
-    page = context.pop("page", None) or await Page.signed_in(request)
-    return page.render(
-        template,
-        status,
-        **{listed: await page.get(f"/v1/{listed}")},
-        values=context.get("values", {}),
-        errors=context.get("errors", {}),
-    )
-
-
 async def users(request: Request, status: int = 200, **context: Any) -> Response:
-    return await _list_with_form(request, "users", "admin_users.html", status, context)
+    return await list_with_form(request, "users", "admin_users.html", status, context)
 
 
 async def create_user(request: Request) -> Response:
@@ -297,7 +283,7 @@ async def grant_resource(request: Request) -> Response:
 
 
 async def secrets(request: Request, status: int = 200, **context: Any) -> Response:
-    return await _list_with_form(request, "secrets", "admin_secrets.html", status, context)
+    return await list_with_form(request, "secrets", "admin_secrets.html", status, context)
 
 
 async def set_secret(request: Request) -> Response:
@@ -322,7 +308,13 @@ async def set_secret(request: Request) -> Response:
 
 
 async def images(request: Request, status: int = 200, **context: Any) -> Response:
-    return await _list_with_form(request, "images", "admin_images.html", status, context)
+    """Built images and the builds since start (the latter admins' only: an operator who
+    types this address gets the API's refusal as the 403 page)."""
+    page = context.pop("page", None) or await Page.signed_in(request)
+    builds = await page.get("/v1/image-builds")
+    return await list_with_form(
+        request, "images", "admin_images.html", status, {**context, "page": page}, builds=builds
+    )
 
 
 async def build_image(request: Request) -> Response:

@@ -71,6 +71,43 @@ def field_errors(message: str) -> dict[str, str]:
     return out
 
 
+async def create_named(request: Request, api_path: str) -> tuple[Page, str, Answer, dict]:
+    """A form whose one field, `name`, makes something: POST `{"name": ...}` to `api_path`.
+    The page, the name typed, the API's answer, and (when it failed) its message at the name
+    field; a refusal is the 403 page."""
+    page = await Page.signed_in(request)
+    await page.form()
+    name = page.text("name").strip()
+    answer = await page.call("POST", api_path, json_body={"name": name})
+    if answer.status == 403:
+        raise PageError(answer, me=page.me)
+    errors = {}
+    if not answer.ok:
+        errors = {"name": field_errors(answer.message).get("name") or answer.message}
+    return page, name, answer, errors
+
+
+async def list_with_form(
+    request: Request,
+    listed: str,
+    template: str,
+    status: int,
+    context: dict[str, Any],
+    **more: Any,
+) -> Response:
+    """A page listing what `/v1/{listed}` answers (its template gets it under that name, dashes
+    as underscores), with a form (its values, errors) below; `more` goes to the template."""
+    page = context.pop("page", None) or await Page.signed_in(request)
+    return page.render(
+        template,
+        status,
+        **{listed.replace("-", "_"): await page.get(f"/v1/{listed}")},
+        values=context.get("values", {}),
+        errors=context.get("errors", {}),
+        **more,
+    )
+
+
 def local_path(target: str | None, default: str = "/") -> str:
     """`target` if it is a path on this site (never another host: `//x`, `/\\x`)."""
     if target and target.startswith("/") and not target.startswith(("//", "/\\")):
