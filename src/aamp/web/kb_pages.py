@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from aamp.catalog import DOCUMENT_TYPES, MAX_DOCUMENT_BYTES, check_document
 from aamp.errors import InvalidInput
-from aamp.web.page import ENV, Page, PageError, back, create_named, list_with_form
+from aamp.web.page import ENV, LoginNeeded, Page, PageError, back, create_named, list_with_form
 
 # What one form may carry (the API takes one document of up to MAX_DOCUMENT_BYTES a
 # request; larger sets go through `aamp kb add`).
@@ -98,10 +98,16 @@ async def add_documents(request: Request) -> Response:
         indexed = failed = 0
         for n, (doc, data) in enumerate(documents, 1):
             yield row.render(doc=doc, n=n, count=len(documents), state="started").encode()
-            answer = await page.call(
-                "PUT", _api(name, "documents", doc), body=data,
-                content_type="application/octet-stream",
-            )  # fmt: skip
+            try:
+                answer = await page.call(
+                    "PUT", _api(name, "documents", doc), body=data,
+                    content_type="application/octet-stream",
+                )  # fmt: skip
+            except LoginNeeded:  # the session ended while the page was being sent
+                yield row.render(doc=doc, n=n, count=len(documents), state="failed",
+                                 message="your session ended: sign in again and add the "
+                                 "documents not listed as indexed").encode()  # fmt: skip
+                break
             entry: dict[str, Any] = {}
             if answer.ok:
                 entry = next(d for d in answer.json()["document_list"] if d["name"] == doc)
