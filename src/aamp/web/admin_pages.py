@@ -383,12 +383,10 @@ def _audit_query(request: Request) -> dict[str, str]:
 
 async def audit(request: Request) -> Response:
     """A page of the log by record number (`after_seq`): an index range, whatever its size."""
-    page = await Page.signed_in(request)
     filters = _audit_query(request)
     after = request.query_params.get("after_seq", "0")
-    answer = await page.call(
-        "GET", "/v1/audit", query={**filters, "after_seq": after, "limit": AUDIT_PAGE}
-    )
+    query = {**filters, "after_seq": after, "limit": AUDIT_PAGE}
+    page, (answer,) = await Page.signed_in_reading(request, ("/v1/audit", query))
     if not answer.ok:
         _refused(page, answer)
         return page.render(

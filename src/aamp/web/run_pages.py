@@ -91,15 +91,17 @@ async def start_run(request: Request) -> Response:
 
 async def runs(request: Request) -> Response:
     """Run history: filter by agent and status; pages by the last run shown (newest first)."""
-    page = await Page.signed_in(request)
     agent, status = request.query_params.get("agent", ""), request.query_params.get("status", "")
     query = {"agent": agent, "status": status, "limit": PAGE_SIZE}
     query["before"] = request.query_params.get("before", "")
-    answer = await page.call("GET", "/v1/runs", query=query)
-    if not answer.ok:
-        raise PageError(answer, me=page.me)
+    page, (answer, agents) = await Page.signed_in_reading(
+        request, ("/v1/runs", query), ("/v1/agents", {})
+    )
+    for read in (answer, agents):
+        if not read.ok:
+            raise PageError(read, me=page.me)
     shown, more = answer.json(), answer.headers.get("x-next-before")
-    agent_ids = [a["id"] for a in await page.get("/v1/agents")]
+    agent_ids = [a["id"] for a in agents.json()]
     return page.render(
         "runs.html",
         runs=shown,
