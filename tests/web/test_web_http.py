@@ -19,6 +19,7 @@ ADMIN_PAGES = [
     "/admin/policies",
     "/admin/policies/new",
     "/admin/catalog",
+    "/admin/images",
     "/admin/secrets",
     "/admin/audit",
 ]
@@ -113,7 +114,14 @@ async def test_each_role_sees_its_own_menu(site: Site) -> None:
         assert nav
         menus[user] = re.findall(r'href="([^"]+)"', nav.group(1))
     assert menus["olga"] == ["/agents", "/runs", "/sandboxes"]
-    assert menus["bob"] == ["/agents", "/runs", "/build", "/approvals", "/sandboxes"]
+    assert menus["bob"] == [
+        "/agents",
+        "/runs",
+        "/build",
+        "/knowledge-bases",
+        "/approvals",
+        "/sandboxes",
+    ]
     assert set(ADMIN_PAGES) - {"/admin/policies/new"} <= set(menus["admin"])
 
 

@@ -14,6 +14,7 @@ from aamp.config import Settings
 from aamp.fleet import FleetUpkeep, HostRegistry
 from aamp.identity import Directory, LoginThrottle
 from aamp.runs.service import RunService
+from aamp.sandbox import ImageBuilds
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.manager import SandboxManager
 from aamp.store import Store
@@ -52,6 +53,8 @@ class ControlPlane:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     # Agent runs (the loop, steps, artifacts, approvals); built by `aamp.server`.
     runs: RunService | None = None
+    # The image builds this process ran (the last of each image), for their followers.
+    builds: ImageBuilds = field(default_factory=ImageBuilds)
 
     def owner_of(self, sandbox_id: str) -> SandboxOwner | None:
         return self.sandbox_owners.get(sandbox_id)

@@ -25,7 +25,7 @@ from aamp.egress.services import ServiceSet
 from aamp.errors import NotFound
 from aamp.identity.model import Actor, Resource
 from aamp.policy import MiB, Policy, PolicyError, Resources, problems
-from aamp.sandbox import GuestTimeout, workspace_path
+from aamp.sandbox import GuestTimeout, describe_image, workspace_path
 from aamp.sandbox.manager import (
     DEFAULT_IDLE_SECONDS,
     DEFAULT_TTL_SECONDS,
@@ -224,17 +224,7 @@ def router() -> APIRouter:
     @r.get("/images")
     @rule("image.list")
     async def list_images(request: Request) -> list[dict[str, object]]:
-        images = cp_of(request).images
-        return [
-            {
-                "name": img.name,
-                "hash": img.content_hash,
-                "size_bytes": img.size_bytes,
-                "ext4_bytes": img.ext4_bytes,
-                "built_at": img.built_at.isoformat(),
-            }
-            for img in images.list()
-        ]
+        return [describe_image(img) for img in cp_of(request).images.list()]
 
     @r.post("/sandboxes", status_code=201)
     @rule("sandbox.create", _new_sandbox)

@@ -106,16 +106,16 @@ def image(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _build(store: ImageStore, settings: Settings, name: str, *, force: bool) -> int:
-    from aamp.egress.ca import InstallationCA, ca_dir
+    from aamp.egress.ca import ca_cert_path
 
     # Every image trusts the installation's CA, so services' intercepted TLS verifies.
-    ca = InstallationCA.load_or_create(ca_dir(settings))
+    ca_cert = ca_cert_path(settings)
     started = time.monotonic()
 
     def progress(line: str) -> None:
         print(f"[{time.monotonic() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
 
-    img = store.build(name, progress=progress, force=force, ca_cert=ca.cert_path)
+    img = store.build(name, progress=progress, force=force, ca_cert=ca_cert)
     print(
         f"{img.name} {img.content_hash[:16]} {size(img.size_bytes)} "
         f"(ext4 {size(img.ext4_bytes)}) in {time.monotonic() - started:.1f}s"

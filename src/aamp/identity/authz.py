@@ -258,6 +258,8 @@ RULES: dict[str, Rule] = {
     "sandbox.list": _signed_in,
     "token.revoke": _owner_or_admin,
     "token.create_for": _admin_only,
+    "image.build": _admin_only,
+    "image.build_read": _admin_only,
     # users
     "user.list": _admin_only,
     "user.create": _admin_only,

@@ -10,6 +10,8 @@ manager that owns every live sandbox on this host.
   (`wheelhouse.py`); what an offline bundle carries for them: `RECIPES`, the mirror
   (`debian_mirror.py`), the pinned Firecracker wheel (`firecracker_wheel.py`) and the guest
   kernel's packages (`kernel_packages.py`), all standard library only;
+- `ImageBuilds` — the image builds this control plane ran and their progress, for the API's
+  followers (`image_builds.py`);
 - `run_worker` — one run of a guest JSON worker (`aamp.guest.<module>`) in a sandbox, shared
   by the documents tool and the knowledge-base worker (`guest_worker.py`);
 - the knowledge-base worker's host side: one request and its answer (`call`), and the check
@@ -67,6 +69,7 @@ __all__, __getattr__ = surface(
         ),
         "kernel_packages": ("BUSYBOX_PACKAGE", "KERNEL_META_PACKAGE"),
         "images": ("BuiltImage", "ImageNotBuilt", "ImageStore", "UnknownImage"),
+        "image_builds": ("ImageBuild", "ImageBuilds", "describe_image"),
         "manager": (
             "DEFAULT_IDLE_SECONDS",
             "DEFAULT_TTL_SECONDS",

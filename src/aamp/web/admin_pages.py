@@ -1,7 +1,7 @@
 """The admin's pages: users, policies (YAML editor and a summary of the five boundaries),
 services, model endpoints, what each agent is granted, secrets (names and versions; values go
-in and are never shown), images, live sandboxes, and the audit log (filters, pages by record
-number, JSONL export).
+in and are never shown), images (the built ones; a build started and followed live), live
+sandboxes, and the audit log (filters, pages by record number, JSONL export).
 
 Whether a person may see or do any of it is the API's decision on each call: an operator who
 types one of these addresses gets the API's refusal as a 403 page, and the refusal is in the
@@ -20,7 +20,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from aamp.policy import PolicyError, parse_policy
-from aamp.web.page import Page, PageError, back, field_errors
+from aamp.web.page import ENV, Page, PageError, back, field_errors, list_with_form
+from aamp.web.sse import relay, sse
 
 AUDIT_FILTERS = ("actor", "action", "resource", "decision", "since", "until")
 AUDIT_PAGE = 50
@@ -44,22 +45,8 @@ def _refused(page: Page, answer: Any, title: str = "") -> None:
 # -- users -------------------------------------------------------------------------------
 
 
-async def _list_with_form(
-    request: Request, listed: str, template: str, status: int, context: dict[str, Any]
-) -> Response:
-    """A page listing what `/v1/{listed}` answers, with a form (its values, errors) below."""
-    page = context.pop("page", None) or await Page.signed_in(request)
-    return page.render(
-        template,
-        status,
-        **{listed: await page.get(f"/v1/{listed}")},
-        values=context.get("values", {}),
-        errors=context.get("errors", {}),
-    )
-
-
 async def users(request: Request, status: int = 200, **context: Any) -> Response:
-    return await _list_with_form(request, "users", "admin_users.html", status, context)
+    return await list_with_form(request, "users", "admin_users.html", status, context)
 
 
 async def create_user(request: Request) -> Response:
@@ -226,7 +213,6 @@ async def catalog(request: Request, status: int = 200, **context: Any) -> Respon
         status,
         services=await page.get("/v1/services"),
         endpoints=await page.get("/v1/model-endpoints"),
-        images=await page.get("/v1/images"),
         agents=await page.get("/v1/agents"),
         values=context.get("values", {}),
         errors=context.get("errors", {}),
@@ -297,7 +283,7 @@ async def grant_resource(request: Request) -> Response:
 
 
 async def secrets(request: Request, status: int = 200, **context: Any) -> Response:
-    return await _list_with_form(request, "secrets", "admin_secrets.html", status, context)
+    return await list_with_form(request, "secrets", "admin_secrets.html", status, context)
 
 
 async def set_secret(request: Request) -> Response:
@@ -316,6 +302,59 @@ async def set_secret(request: Request) -> Response:
     if not errors or "" in errors:
         errors = {"name": answer.message}
     return await secrets(request, answer.status, page=page, values={"name": name}, errors=errors)
+
+
+# -- images ------------------------------------------------------------------------------
+
+
+async def images(request: Request, status: int = 200, **context: Any) -> Response:
+    """Built images and the builds since start (the latter admins' only: an operator who
+    types this address gets the API's refusal as the 403 page)."""
+    page = context.pop("page", None) or await Page.signed_in(request)
+    builds = await page.get("/v1/image-builds")
+    return await list_with_form(
+        request, "images", "admin_images.html", status, {**context, "page": page}, builds=builds
+    )
+
+
+async def build_image(request: Request) -> Response:
+    """Start a build; its page follows the progress live. A refusal (another build of the
+    image is running, an unknown image) is shown at the form, which keeps what was typed."""
+    page = await Page.signed_in(request)
+    await page.form()
+    name = page.text("name").strip()
+    force = page.text("force") == "on"
+    answer = await page.call(
+        "POST", f"/v1/images/{quote(name or '-', safe='')}/build", json_body={"force": force}
+    )
+    if answer.ok:
+        return back(f"/admin/images/{name}/build")
+    if answer.status == 403:
+        _refused(page, answer)
+    values = {"name": name, "force": "on" if force else ""}
+    errors = {"name": answer.message}
+    return await images(request, answer.status, page=page, values=values, errors=errors)
+
+
+async def image_build(request: Request) -> Response:
+    page = await Page.signed_in(request)
+    name = request.path_params["name"]
+    build = await page.get(f"/v1/images/{quote(name, safe='')}/build")
+    return page.render("admin_image_build.html", build=build)
+
+
+async def image_build_stream(request: Request) -> Response:
+    page = await Page.signed_in(request)
+    name = request.path_params["name"]
+    line = ENV.from_string("<li>{{ line }}</li>")
+    state = ENV.get_template("image_build_state.html")
+
+    async def translate(event: str, data: Any, event_id: str | None) -> list[bytes]:
+        if event == "progress":
+            return [sse("progress", line.render(line=data.get("line", "")), event_id)]
+        return [sse("finished", state.render(build=data))]
+
+    return await relay(page, f"/v1/images/{quote(name, safe='')}/build/events", translate)
 
 
 # -- sandboxes ----------------------------------------------------------------------------
@@ -344,12 +383,10 @@ def _audit_query(request: Request) -> dict[str, str]:
 
 async def audit(request: Request) -> Response:
     """A page of the log by record number (`after_seq`): an index range, whatever its size."""
-    page = await Page.signed_in(request)
     filters = _audit_query(request)
     after = request.query_params.get("after_seq", "0")
-    answer = await page.call(
-        "GET", "/v1/audit", query={**filters, "after_seq": after, "limit": AUDIT_PAGE}
-    )
+    query = {**filters, "after_seq": after, "limit": AUDIT_PAGE}
+    page, (answer,) = await Page.signed_in_reading(request, ("/v1/audit", query))
     if not answer.ok:
         _refused(page, answer)
         return page.render(
@@ -434,6 +471,10 @@ def routes() -> list[Route]:
         ),
         Route("/admin/secrets", secrets, methods=["GET"]),
         Route("/admin/secrets", set_secret, methods=["POST"]),
+        Route("/admin/images", images, methods=["GET"]),
+        Route("/admin/images", build_image, methods=["POST"]),
+        Route("/admin/images/{name}/build", image_build, methods=["GET"]),
+        Route("/admin/images/{name}/build/stream", image_build_stream, methods=["GET"]),
         Route("/sandboxes", sandboxes, methods=["GET"]),
         Route("/sandboxes/{sandbox_id}/destroy", destroy_sandbox, methods=["POST"]),
         Route("/admin/audit", audit, methods=["GET"]),

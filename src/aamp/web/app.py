@@ -18,7 +18,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
 from aamp.api import DEFAULT_MAX_BODY_BYTES, MAX_EXEC_BODY_BYTES, BodyLimitMiddleware
-from aamp.web import admin_pages, builder_pages, identity_pages, run_pages
+from aamp.web import admin_pages, builder_pages, identity_pages, kb_pages, run_pages
 from aamp.web.backend import Backend
 from aamp.web.page import LoginNeeded, PageError, error_page, render, to_login
 
@@ -28,9 +28,12 @@ STATIC = Path(__file__).with_name("static")
 def body_limit(path: str) -> int:
     """A page's request-size limit, checked before any form is parsed (so nobody, signed in
     or not, can fill the disk with an upload): a run's input files may be as large as the
-    API's run request carries (base64 makes 3 bytes 4), any other form as the API's limit."""
+    API's run request carries (base64 makes 3 bytes 4), a knowledge base's documents as one
+    document may be, any other form as the API's limit."""
     if path.startswith("/agents/") and path.endswith("/run"):
         return MAX_EXEC_BODY_BYTES * 3 // 4
+    if path.startswith("/knowledge-bases/") and path.endswith("/documents"):
+        return kb_pages.MAX_FORM_BYTES
     return DEFAULT_MAX_BODY_BYTES
 
 
@@ -40,6 +43,7 @@ def create_web(api: ASGIApp) -> Starlette:
         *run_pages.routes(),
         *builder_pages.routes(),
         *admin_pages.routes(),
+        *kb_pages.routes(),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
 

@@ -17,7 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from aamp.policy import load_yaml
-from aamp.web.page import Page, PageError, back, field_errors
+from aamp.web.page import Page, PageError, back, create_named, field_errors
 from aamp.web.run_pages import may
 
 TOOLS = ("shell", "python", "files", "browser", "documents", "rag")
@@ -37,17 +37,9 @@ async def build_home(request: Request, status: int = 200, **context: Any) -> Res
 
 
 async def create_agent(request: Request) -> Response:
-    page = await Page.signed_in(request)
-    await page.form()
-    name = page.text("name").strip()
-    answer = await page.call("POST", "/v1/agents", json_body={"name": name})
+    _, name, answer, errors = await create_named(request, "/v1/agents")
     if answer.ok:
         return back(f"/build/agents/{answer.json()['id']}")
-    if answer.status == 403:
-        raise PageError(answer, me=page.me)
-    errors = field_errors(answer.message) or {"name": answer.message}
-    if "name" not in errors:
-        errors = {"name": answer.message}
     return await build_home(request, answer.status, values={"name": name}, errors=errors)
 
 

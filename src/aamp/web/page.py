@@ -9,6 +9,7 @@ itself instead, at the field the message names, with what was typed kept.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from aamp.web.backend import Answer, Backend
+from aamp.web.backend import Answer, Backend, session_cookie
 
 CSRF_COOKIE = "aamp_csrf"
 CSRF_FIELD = "csrf"
@@ -71,6 +72,43 @@ def field_errors(message: str) -> dict[str, str]:
     return out
 
 
+async def create_named(request: Request, api_path: str) -> tuple[Page, str, Answer, dict]:
+    """A form whose one field, `name`, makes something: POST `{"name": ...}` to `api_path`.
+    The page, the name typed, the API's answer, and (when it failed) its message at the name
+    field; a refusal is the 403 page."""
+    page = await Page.signed_in(request)
+    await page.form()
+    name = page.text("name").strip()
+    answer = await page.call("POST", api_path, json_body={"name": name})
+    if answer.status == 403:
+        raise PageError(answer, me=page.me)
+    errors = {}
+    if not answer.ok:
+        errors = {"name": field_errors(answer.message).get("name") or answer.message}
+    return page, name, answer, errors
+
+
+async def list_with_form(
+    request: Request,
+    listed: str,
+    template: str,
+    status: int,
+    context: dict[str, Any],
+    **more: Any,
+) -> Response:
+    """A page listing what `/v1/{listed}` answers (its template gets it under that name, dashes
+    as underscores), with a form (its values, errors) below; `more` goes to the template."""
+    page = context.pop("page", None) or await Page.signed_in(request)
+    return page.render(
+        template,
+        status,
+        **{listed.replace("-", "_"): await page.get(f"/v1/{listed}")},
+        values=context.get("values", {}),
+        errors=context.get("errors", {}),
+        **more,
+    )
+
+
 def local_path(target: str | None, default: str = "/") -> str:
     """`target` if it is a path on this site (never another host: `//x`, `/\\x`)."""
     if target and target.startswith("/") and not target.startswith(("//", "/\\")):
@@ -95,13 +133,37 @@ class Page:
     @classmethod
     async def signed_in(cls, request: Request) -> Page:
         page = cls(request)
-        answer = await page.backend.call(request, "GET", "/v1/me")
+        page._take_me(await page.backend.call(request, "GET", "/v1/me"))
+        return page
+
+    @classmethod
+    async def signed_in_reading(
+        cls, request: Request, *reads: tuple[str, dict[str, Any]]
+    ) -> tuple[Page, list[Answer]]:
+        """`signed_in`, with the page's reads (`(path, query)`, GETs) asked at the same time
+        as its `/v1/me`, so their audit records share one group commit rather than each
+        waiting for the one before. The API still decides each read; an answer that is an
+        error is the caller's to show. Without a session only `/v1/me` is asked (the person is
+        sent to sign in), so nobody's refusal is recorded three times."""
+        if session_cookie(request) is None:
+            page = await cls.signed_in(request)
+            return page, [await page.call("GET", path, query=q) for path, q in reads]
+        page = cls(request)
+        me, *answers = await asyncio.gather(
+            page.backend.call(request, "GET", "/v1/me"),
+            *(page.backend.call(request, "GET", path, query=_query(q)) for path, q in reads),
+        )
+        page._take_me(me)
+        if any(a.status == 401 for a in answers):
+            raise LoginNeeded()
+        return page, answers
+
+    def _take_me(self, answer: Answer) -> None:
         if answer.status == 401:
             raise LoginNeeded()
         if not answer.ok:
             raise PageError(answer)
-        page.me = answer.json()
-        return page
+        self.me = answer.json()
 
     @property
     def role(self) -> str:
@@ -123,7 +185,7 @@ class Page:
         self, method: str, path: str, *, query: dict[str, Any] | None = None, **kw: Any
     ) -> Answer:
         """An API call as this person; unsafe ones carry the CSRF token their form sent."""
-        q = urlencode({k: v for k, v in (query or {}).items() if v not in (None, "")})
+        q = _query(query or {})
         csrf = None
         if method != "GET":
             csrf = str(self.form_data.get(CSRF_FIELD, "")) if self.form_data is not None else ""
@@ -144,6 +206,10 @@ class Page:
 
     def render(self, template: str, status: int = 200, **context: Any) -> HTMLResponse:
         return render(self.request, template, status, me=self.me, **context)
+
+
+def _query(query: dict[str, Any]) -> str:
+    return urlencode({k: v for k, v in query.items() if v not in (None, "")})
 
 
 def render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:

@@ -1,17 +1,15 @@
 """The operator's pages: the agents one may run, starting a run (task and input files), the
 live run view, cancelling, artifacts, run history, and answering approvals.
 
-The live view is the API's own event stream (`/v1/runs/{id}/events`), turned event by event
-into HTML fragments and sent on as server-sent events, which htmx's SSE extension appends to
-the page as they arrive; a reconnecting browser's `Last-Event-ID` is passed to the API, so a
-step is never shown twice or lost. When the run ends, a last event replaces the run's status
+The live view is the API's own event stream (`/v1/runs/{id}/events`), relayed event by event
+as HTML fragments (`sse.py`), which htmx's SSE extension appends to the page as they arrive;
+a step is never shown twice or lost. When the run ends, a last event replaces the run's status
 and artifacts and closes the stream.
 """
 
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
@@ -23,6 +21,7 @@ from starlette.routing import Route
 
 from aamp.store.tables import RUN_STATUSES
 from aamp.web.page import ENV, Page, PageError, back, field_errors, local_path
+from aamp.web.sse import relay, sse
 
 PAGE_SIZE = 25
 LEVELS = {"view": 1, "run": 2, "edit": 3}
@@ -92,15 +91,17 @@ async def start_run(request: Request) -> Response:
 
 async def runs(request: Request) -> Response:
     """Run history: filter by agent and status; pages by the last run shown (newest first)."""
-    page = await Page.signed_in(request)
     agent, status = request.query_params.get("agent", ""), request.query_params.get("status", "")
     query = {"agent": agent, "status": status, "limit": PAGE_SIZE}
     query["before"] = request.query_params.get("before", "")
-    answer = await page.call("GET", "/v1/runs", query=query)
-    if not answer.ok:
-        raise PageError(answer, me=page.me)
+    page, (answer, agents) = await Page.signed_in_reading(
+        request, ("/v1/runs", query), ("/v1/agents", {})
+    )
+    for read in (answer, agents):
+        if not read.ok:
+            raise PageError(read, me=page.me)
     shown, more = answer.json(), answer.headers.get("x-next-before")
-    agent_ids = [a["id"] for a in await page.get("/v1/agents")]
+    agent_ids = [a["id"] for a in agents.json()]
     return page.render(
         "runs.html",
         runs=shown,
@@ -125,30 +126,6 @@ async def run_view(request: Request) -> Response:
     return page.render("run.html", **panel)
 
 
-def _sse(event: str, html: str, event_id: str | None = None) -> bytes:
-    lines = [f"id: {event_id}"] if event_id else []
-    lines.append(f"event: {event}")
-    lines += [f"data: {line}" for line in html.splitlines() or [""]]
-    return ("\n".join(lines) + "\n\n").encode()
-
-
-def _events(buffer: bytearray) -> list[dict[str, str]]:
-    """Whole SSE events taken off the front of `buffer` (comments kept as `comment`)."""
-    out = []
-    while (end := buffer.find(b"\n\n")) >= 0:
-        block = bytes(buffer[:end]).decode("utf-8", "replace")
-        del buffer[: end + 2]
-        item: dict[str, str] = {}
-        for line in block.split("\n"):
-            if line.startswith(":"):
-                item["comment"] = line
-            key, _, value = line.partition(": ")
-            if key in ("id", "event", "data"):
-                item[key] = item.get(key, "") + value
-        out.append(item)
-    return out
-
-
 async def _answerable(page: Page, run_id: str, approval_id: Any) -> dict[str, Any] | None:
     """The approval request as this person may answer it (its status says whether it still
     waits), or None when they may not: the API lists only those `allowed()` lets them decide."""
@@ -160,49 +137,23 @@ async def run_stream(request: Request) -> Response:
     page = await Page.signed_in(request)
     run_id = request.path_params["run_id"]
     run = await page.get(f"/v1/runs/{run_id}")
-    headers = {}
-    if last := request.headers.get("last-event-id", ""):
-        headers["last-event-id"] = last[:20]
-    streamed = await page.backend.stream(
-        request, "GET", f"/v1/runs/{run_id}/events", headers=headers
-    )
-    if not streamed.answer.ok:
-        await streamed.close()
-        return Response(status_code=streamed.answer.status)
     step = ENV.get_template("step.html")
     csrf = request.cookies.get("aamp_csrf", "")
 
-    async def fragments() -> AsyncIterator[bytes]:
-        buffer = bytearray()
-        try:
-            async for chunk in streamed.chunks:
-                buffer += chunk
-                for event in _events(buffer):
-                    if "event" not in event:
-                        yield b": keep-alive\n\n"
-                        continue
-                    data = json.loads(event.get("data") or "{}")
-                    answerable = None
-                    if event["event"] == "approval.requested":
-                        answerable = await _answerable(page, run_id, data.get("approval"))
-                    html = step.render(
-                        type=event["event"], data=data, run=run, csrf=csrf, answerable=answerable
-                    )
-                    yield _sse("step", html, event.get("id"))
-                    if event["event"] == "run.finished":
-                        panel = await _panel(page, run_id)
-                        yield _sse(
-                            "finished",
-                            ENV.get_template("run_panel.html").render(**panel, csrf=csrf),
-                        )
-        finally:
-            await streamed.close()
+    async def translate(event: str, data: Any, event_id: str | None) -> list[bytes]:
+        answerable = None
+        if event == "approval.requested":
+            answerable = await _answerable(page, run_id, data.get("approval"))
+        html = step.render(type=event, data=data, run=run, csrf=csrf, answerable=answerable)
+        out = [sse("step", html, event_id)]
+        if event == "run.finished":
+            panel = await _panel(page, run_id)
+            out.append(
+                sse("finished", ENV.get_template("run_panel.html").render(**panel, csrf=csrf))
+            )
+        return out
 
-    return StreamingResponse(
-        fragments(),
-        media_type="text/event-stream",
-        headers={"cache-control": "no-store", "x-accel-buffering": "no"},
-    )
+    return await relay(page, f"/v1/runs/{run_id}/events", translate)
 
 
 async def cancel(request: Request) -> Response:
