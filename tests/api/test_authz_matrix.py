@@ -411,6 +411,9 @@ async def test_every_route_has_exactly_the_expected_outcome(plane) -> None:
         other_run = await cp.store.run(lambda a=agent.id: runs.create(a, 1, "victim", "t"))
         for made_run in (own_run, other_run):
             await cp.store.run(lambda r=made_run: runs.update(r.id, status="succeeded"))
+            # Ended as a run ends, with its last step: a follower of its events reads to
+            # `run.finished` and the stream closes (without it, one keep-alive wait apiece).
+            await cp.runs.emit(made_run.id, "run.finished", {"status": "succeeded"})
         asked, other_asked = [
             await cp.store.run(
                 lambda r=made_run: runs.request_approval(r.id, "data.outbound", {"name": "x.csv"})

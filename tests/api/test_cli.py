@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from installation_settings import make_settings  # tests/installation_settings.py
 
 from aamp.sandbox import procs
 
@@ -58,12 +62,22 @@ class ControlPlane:
                     return
             except httpx.HTTPError:
                 time.sleep(0.1)
+        self.stop(signal.SIGKILL)  # not left running for the rest of the session
         raise AssertionError("aamp up did not answer within 60 s")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(sig)
             self.proc.wait(timeout=60)
+
+    @property
+    def api(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def auth(self) -> dict[str, str]:
+        """The installation's admin token (the CLI's), as a request header."""
+        token = self.settings.cli_token_path.read_text().strip()
+        return {"authorization": f"Bearer {token}"}
 
     def aamp(self, *args: str, input: bytes | None = None, timeout: float = 120):
         return subprocess.run(
@@ -75,12 +89,45 @@ class ControlPlane:
         )
 
 
-@pytest.fixture
-def cp(settings):
+@pytest.fixture(scope="module")
+def module_plane(tmp_path_factory, base_image):
+    """One `aamp up` for the module's tests that take `cp` (starting one costs seconds)."""
+    settings = make_settings(tmp_path_factory.mktemp("cli-plane") / "home")
     plane = ControlPlane(settings)
     plane.start()
     yield plane
     plane.stop()
+    shutil.rmtree(settings.runtime_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def cp(module_plane):
+    """The module's plane, with no sandbox when a test begins (see `leaves_no_sandbox`)."""
+    with leaves_no_sandbox(module_plane):
+        yield module_plane
+
+
+@contextlib.contextmanager
+def leaves_no_sandbox(plane: ControlPlane) -> Iterator[None]:
+    """For a plane the tests of a module share: it must have no sandbox when a test begins,
+    and whatever the test left running is destroyed after it, so each test's `sandbox ls`
+    shows only its own. The names a test makes (users, secrets, wheels, knowledge bases,
+    hosts, agents) are its own, used by no other test of the module."""
+    assert sandbox_ids(plane) == []
+    yield
+    for sandbox_id in sandbox_ids(plane):
+        removed = httpx.delete(f"{plane.api}/v1/sandboxes/{sandbox_id}", headers=plane.auth())
+        assert removed.status_code in (204, 404), removed.text  # 404: it ended meanwhile
+    deadline = time.monotonic() + 20
+    while runsc_processes(plane.settings) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert runsc_processes(plane.settings) == []
+
+
+def sandbox_ids(plane: ControlPlane) -> list[str]:
+    listed = httpx.get(f"{plane.api}/v1/sandboxes", headers=plane.auth())
+    assert listed.status_code == 200, listed.text
+    return [s["id"] for s in listed.json()]
 
 
 def runsc_processes(settings) -> list[int]:

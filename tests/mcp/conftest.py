@@ -8,4 +8,4 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / p) for p in ("sdk", "api", "agents", "runs")]
 
-from conftest_live import live  # noqa: E402,F401
+from conftest_live import live, module_live, shared_live  # noqa: E402,F401

@@ -39,6 +39,12 @@ TOOLS = {
 }
 
 
+@pytest.fixture
+def live(shared_live):
+    """One plane for this module's tests (conftest_live.py's `shared_live`)."""
+    return shared_live
+
+
 def over_http(url: str, token: str) -> McpClient:
     headers = {"authorization": f"Bearer {token}"}
     http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(300))

@@ -7,4 +7,4 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conftest_live import live  # noqa: F401
+from conftest_live import live, module_live, shared_live  # noqa: F401

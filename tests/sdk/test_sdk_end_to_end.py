@@ -21,6 +21,12 @@ class Boom(Exception):
     pass
 
 
+@pytest.fixture
+def live(shared_live):
+    """One plane for this module's tests (conftest_live.py's `shared_live`)."""
+    return shared_live
+
+
 def test_sandbox_lifecycle_streamed_exec_and_files(live) -> None:
     with Client(live.url, live.admin_token) as client:
         with client.sandboxes.create(image="base", ttl="5m") as sandbox:
