@@ -16,6 +16,7 @@ import uvicorn
 
 from aamp.agents.registry import AgentRegistry
 from aamp.api.context import ControlPlane
+from aamp.api.runs import rebuilt_request
 from aamp.audit import AuditLog
 from aamp.catalog import Catalog
 from aamp.config import Settings
@@ -28,6 +29,7 @@ from aamp.fleet import FleetUpkeep, HostRegistry, LocalHost, check_host_id
 from aamp.fleet.registry import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_LOST_SECONDS
 from aamp.identity import Directory, LoginThrottle
 from aamp.identity.bootstrap import ensure_cli_token, ensure_first_admin
+from aamp.runs.leases import DEFAULT_LEASE_SECONDS
 from aamp.runs.service import RunService
 from aamp.sandbox.driver import Driver
 from aamp.sandbox.drivers import available_drivers, choose_default_driver
@@ -152,8 +154,17 @@ def build_control_plane(
         throttle=LoginThrottle(store),
         hosts=hosts,
         fleet=fleet,
-        runs=RunService(settings, store, audit, manager, vault),
+        runs=RunService(
+            settings,
+            store,
+            audit,
+            manager,
+            vault,
+            _seconds(settings, "AAMP_RUN_LEASE_SECONDS", DEFAULT_LEASE_SECONDS),
+        ),
     )
+    # A run another replica stopped driving is resolved again as the API resolves a new one.
+    cp.runs.rebuild = lambda run: rebuilt_request(cp, run)  # type: ignore[union-attr]
     return cp, password
 
 

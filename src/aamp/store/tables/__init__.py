@@ -22,6 +22,7 @@ from aamp.store.tables.runs import (
     RunApprovalRow,
     RunArtifactRow,
     RunEventRow,
+    RunInputRow,
     RunRow,
 )
 from aamp.store.tables.vault import SecretRow
@@ -47,6 +48,7 @@ __all__ = [
     "RunApprovalRow",
     "RunArtifactRow",
     "RunEventRow",
+    "RunInputRow",
     "RunRow",
     "SecretRow",
     "ServiceRow",
