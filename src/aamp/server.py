@@ -25,7 +25,14 @@ from aamp.egress.installation import InstallationListeners
 from aamp.egress.ledger import AuditEgressSink
 from aamp.egress.resolver import DnsServerResolver, Resolver, SystemResolver
 from aamp.egress.services import VaultSecretReader
-from aamp.fleet import FleetUpkeep, HostRegistry, LocalHost, check_host_id
+from aamp.fleet import (
+    FleetPlacer,
+    FleetUpkeep,
+    HostRegistry,
+    LocalHost,
+    Placement,
+    check_host_id,
+)
 from aamp.fleet.registry import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_LOST_SECONDS
 from aamp.identity import Directory, LoginThrottle
 from aamp.identity.bootstrap import ensure_cli_token, ensure_first_admin
@@ -122,6 +129,8 @@ def build_fleet(
     host_id = check_host_id(settings.env.get("AAMP_FLEET_HOST_ID", "").strip() or "local")
     registry = HostRegistry(store, lost_after=lost)
     local = LocalHost(registry, manager, host_id)
+    # Every sandbox this process makes is placed on its own host, its capacity reserved.
+    manager.placer = FleetPlacer(Placement(registry), host_id)
     return registry, FleetUpkeep(registry, audit, local, heartbeat)
 
 
@@ -163,8 +172,12 @@ def build_control_plane(
             _seconds(settings, "AAMP_RUN_LEASE_SECONDS", DEFAULT_LEASE_SECONDS),
         ),
     )
+    assert cp.runs is not None and isinstance(manager.placer, FleetPlacer)
     # A run another replica stopped driving is resolved again as the API resolves a new one.
-    cp.runs.rebuild = lambda run: rebuilt_request(cp, run)  # type: ignore[union-attr]
+    cp.runs.rebuild = lambda run: rebuilt_request(cp, run)
+    # Runs whose sandboxes were lost with their host fail with that reason at once.
+    cp.runs.sandbox_losses = manager.placer.lost
+    fleet.on_lost.append(cp.runs.fail_lost_sandboxes)
     return cp, password
 
 

@@ -125,6 +125,9 @@ class RunService:
     # inputs), as the API resolved it for a new run; set by `aamp.server`. None: a run
     # taken over fails, since nothing here can resolve it.
     rebuild: Callable[[RunInfo], Awaitable[RunRequest]] | None = None
+    # (Blocking.) Of some sandboxes, those lost with their host and why (`FleetPlacer.lost`);
+    # set by `aamp.server`.
+    sandbox_losses: Callable[[set[str]], dict[str, str]] | None = None
 
     def __post_init__(self) -> None:
         self.runs = RunStore(self.store)
@@ -137,6 +140,7 @@ class RunService:
         self._approvals: dict[str, asyncio.Future[Answer]] = {}
         self._live: dict[str, LiveRun] = {}
         self._fenced_out: set[str] = set()  # runs another replica took over from this one
+        self._sandboxes: dict[str, str] = {}  # run id -> its sandbox, while it lives
         self._keeper: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -177,18 +181,35 @@ class RunService:
                 log.warning("run %s was taken over by another replica; stopping it here", run_id)
                 self._fenced_out.add(run_id)
                 task.cancel()
+        await self.fail_lost_sandboxes()
         taken = []
         while (claim := await self.store.run(self.leases.claim_expired)) is not None:
             await self._take_over(*claim)
             taken.append(claim[0])
         return taken
 
+    async def fail_lost_sandboxes(self) -> list[str]:
+        """Fail, with the reason, every run here whose sandbox was lost with its host;
+        returns their ids."""
+        if self.sandbox_losses is None or not self._sandboxes:
+            return []
+        lost = await self.store.run(self.sandbox_losses, set(self._sandboxes.values()))
+        failed = []
+        for run_id, sandbox_id in list(self._sandboxes.items()):
+            task = self._tasks.get(run_id)
+            if sandbox_id in lost and task is not None and not task.done():
+                why = f"sandbox: {sandbox_id} was lost: {lost[sandbox_id]}"
+                self._cancel_reasons.setdefault(run_id, ("failed", why))
+                task.cancel()
+                failed.append(run_id)
+        return failed
+
     async def _take_over(self, run_id: str, previous: str | None) -> None:
         """Go on with a run whose driver stopped, from its step log, or fail it saying why."""
         who = f"replica {previous}" if previous else "a process that never took its lease"
-        run = await self.store.run(self.runs.get, run_id)
-        events = await self.store.run(self.runs.events_after, run_id, 0, 1_000_000)
         try:
+            run = await self.store.run(self.runs.get, run_id)
+            events = await self.store.run(self.runs.events_after, run_id, 0, 1_000_000)
             state = replay((e.type, e.data) for e in events)
             if self.rebuild is None:
                 raise NotResumable("this process cannot rebuild runs")
@@ -415,6 +436,7 @@ class RunService:
                 )
             sandbox = await self.manager.create(req.create, actor=f"run:{run_id}")
             sandbox_id = sandbox.id
+            self._sandboxes[run_id] = sandbox_id
             await self.store.run(lambda: self.runs.update(run_id, fence, sandbox_id=sandbox_id))
             await self.emit(
                 run_id,
@@ -547,6 +569,7 @@ class RunService:
             self._live.pop(run_id, None)
             self._cancel_reasons.pop(run_id, None)
             self._fenced_out.discard(run_id)
+            self._sandboxes.pop(run_id, None)
             with contextlib.suppress(Exception):  # an expired lease is claimed anyway
                 await self.store.run(self.leases.release, run_id)
 

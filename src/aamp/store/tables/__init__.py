@@ -8,7 +8,7 @@ from aamp.store.tables.agents import AgentResourceRow, AgentRow
 from aamp.store.tables.audit import AuditCheckpointRow, AuditHeadRow, AuditRecordRow
 from aamp.store.tables.base import Base
 from aamp.store.tables.catalog import ModelEndpointRow, PolicyRow, ServiceRow
-from aamp.store.tables.fleet import HOST_STATES, HostRow
+from aamp.store.tables.fleet import HOST_STATES, SANDBOX_STATES, HostRow, SandboxRow
 from aamp.store.tables.identity import (
     ApiTokenRow,
     GrantRow,
@@ -32,6 +32,7 @@ metadata = Base.metadata
 __all__ = [
     "HOST_STATES",
     "RUN_STATUSES",
+    "SANDBOX_STATES",
     "AgentResourceRow",
     "AgentRow",
     "AgentVersionRow",
@@ -50,6 +51,7 @@ __all__ = [
     "RunEventRow",
     "RunInputRow",
     "RunRow",
+    "SandboxRow",
     "SecretRow",
     "ServiceRow",
     "SessionRow",
