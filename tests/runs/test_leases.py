@@ -130,8 +130,13 @@ def test_a_fenced_out_replica_writes_nothing(store: Store, database_url: str) ->
         assert runs_b.artifacts(run) == [] and runs_b.approvals(pending_only=False) == []
         # b writes under its own lease; a learns at its renewal that it lost the run.
         runs_b.append_event(run, 2, "model.call", {"step": 2}, (1, 5, 7), fresh)
-        assert a.renew({run}) == {run} and a.fence(run) is None
+        assert a.renew({run}) == {run} and a.held() == set()
+        # Lost, a's writes still name its stale lease, so they go on being refused.
+        assert a.fence(run) == stale
+        with pytest.raises(LeaseLost):
+            runs_a.append_event(run, 3, "tool.result", {"step": 2}, None, a.fence(run))
         a.release(run)  # a release by the old holder leaves b's lease alone
+        assert a.fence(run) is None
         assert b.renew({run}) == set()
         assert runs_b.get(run).steps == 2
     finally:

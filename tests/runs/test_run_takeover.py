@@ -31,7 +31,7 @@ def _shell(command: str) -> dict:
     return {"name": "shell", "arguments": {"command": command}}
 
 
-async def _until(predicate, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
+async def _until(predicate, timeout: float = 180) -> None:  # type: ignore[no-untyped-def]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not predicate():

@@ -60,19 +60,23 @@ class RunLeases:
     _: KW_ONLY
     seconds: float = DEFAULT_LEASE_SECONDS
     clock: Callable[[], float] = time.time
-    # The epoch of each lease this replica holds (run id -> epoch).
+    # The epoch of each lease this replica took (run id -> epoch), until it releases it —
+    # also once lost: its writes must go on naming the stale epoch, and so be refused.
     _held: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+    _lost: set[str] = field(default_factory=set, init=False, repr=False)
 
     def _at(self, offset: float = 0.0) -> str:
         return format_time(datetime.fromtimestamp(self.clock() + offset, UTC))
 
     def fence(self, run_id: str) -> Fence | None:
-        """The lease this replica holds on `run_id`, for its writes; None if it holds none."""
+        """The lease this replica took on `run_id`, for its writes — a lost one too, so that
+        they are refused; None if it took none (or released it)."""
         epoch = self._held.get(run_id)
         return None if epoch is None else Fence(self.replica, epoch)
 
     def held(self) -> set[str]:
-        return set(self._held)
+        """The runs whose lease this replica holds, as far as it knows (not those lost)."""
+        return set(self._held) - self._lost
 
     def take(self, run_id: str) -> None:
         """(Blocking.) This replica drives `run_id` (a run it has just created)."""
@@ -85,6 +89,7 @@ class RunLeases:
             row.lease_epoch = (row.lease_epoch or 0) + 1
             epoch = row.lease_epoch
         self._held[run_id] = epoch
+        self._lost.discard(run_id)
 
     def renew(self, run_ids: set[str]) -> set[str]:
         """(Blocking.) Extend the leases of the runs this replica drives; returns those of
@@ -110,8 +115,7 @@ class RunLeases:
                     .values(lease_until=self._at(self.seconds))
                 )
         lost = run_ids - held
-        for run_id in lost:
-            self._held.pop(run_id, None)
+        self._lost |= lost & set(self._held)
         return lost
 
     def claim_expired(self, *, any_age: bool = False) -> tuple[str, str | None] | None:
@@ -148,12 +152,14 @@ class RunLeases:
             row.lease_epoch = (row.lease_epoch or 0) + 1
             run_id, epoch = row.id, row.lease_epoch
         self._held[run_id] = epoch
+        self._lost.discard(run_id)
         return run_id, previous
 
     def release(self, run_id: str) -> None:
         """(Blocking.) The run ended here: nobody holds its lease any more."""
         fence = self.fence(run_id)
         self._held.pop(run_id, None)
+        self._lost.discard(run_id)
         if fence is None:
             return
         with self.store.write_session() as s:
