@@ -16,6 +16,7 @@ import uvicorn
 
 from aamp.agents.registry import AgentRegistry
 from aamp.api.context import ControlPlane
+from aamp.api.runs import rebuilt_request
 from aamp.audit import AuditLog
 from aamp.catalog import Catalog
 from aamp.config import Settings
@@ -24,10 +25,18 @@ from aamp.egress.installation import InstallationListeners
 from aamp.egress.ledger import AuditEgressSink
 from aamp.egress.resolver import DnsServerResolver, Resolver, SystemResolver
 from aamp.egress.services import VaultSecretReader
-from aamp.fleet import FleetUpkeep, HostRegistry, LocalHost, check_host_id
+from aamp.fleet import (
+    FleetPlacer,
+    FleetUpkeep,
+    HostRegistry,
+    LocalHost,
+    Placement,
+    check_host_id,
+)
 from aamp.fleet.registry import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_LOST_SECONDS
 from aamp.identity import Directory, LoginThrottle
 from aamp.identity.bootstrap import ensure_cli_token, ensure_first_admin
+from aamp.runs.leases import DEFAULT_LEASE_SECONDS
 from aamp.runs.service import RunService
 from aamp.sandbox.driver import Driver
 from aamp.sandbox.drivers import available_drivers, choose_default_driver
@@ -120,6 +129,8 @@ def build_fleet(
     host_id = check_host_id(settings.env.get("AAMP_FLEET_HOST_ID", "").strip() or "local")
     registry = HostRegistry(store, lost_after=lost)
     local = LocalHost(registry, manager, host_id)
+    # Every sandbox this process makes is placed on its own host, its capacity reserved.
+    manager.placer = FleetPlacer(Placement(registry), host_id)
     return registry, FleetUpkeep(registry, audit, local, heartbeat)
 
 
@@ -152,8 +163,21 @@ def build_control_plane(
         throttle=LoginThrottle(store),
         hosts=hosts,
         fleet=fleet,
-        runs=RunService(settings, store, audit, manager, vault),
+        runs=RunService(
+            settings,
+            store,
+            audit,
+            manager,
+            vault,
+            _seconds(settings, "AAMP_RUN_LEASE_SECONDS", DEFAULT_LEASE_SECONDS),
+        ),
     )
+    assert cp.runs is not None and isinstance(manager.placer, FleetPlacer)
+    # A run another replica stopped driving is resolved again as the API resolves a new one.
+    cp.runs.rebuild = lambda run: rebuilt_request(cp, run)
+    # Runs whose sandboxes were lost with their host fail with that reason at once.
+    cp.runs.sandbox_losses = manager.placer.lost
+    fleet.on_lost.append(cp.runs.fail_lost_sandboxes)
     return cp, password
 
 

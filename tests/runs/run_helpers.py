@@ -6,12 +6,48 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 REPO = Path(__file__).resolve().parents[2]
+PLANE_CHILD = Path(__file__).with_name("serve_runs_plane.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve_plane(home: Path, runtime: str, port: int, **env: str) -> subprocess.Popen[bytes]:
+    """A real control plane as a child process (`serve_runs_plane.py`: gVisor, the built
+    images), serving on `port` once this returns; `env` adds AAMP_* settings."""
+    from install_layout import shared_image_dir  # tests/install_layout.py
+
+    images = str(shared_image_dir())
+    proc = subprocess.Popen(
+        [sys.executable, str(PLANE_CHILD), str(home), runtime, images, str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **env},
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None, proc.stderr.read().decode()  # type: ignore[union-attr]
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/health").status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.1)
 
 
 def probe_in_netns(probe: Path, tmp_path: Path, *args: str, timeout: int = 500) -> dict:

@@ -1,9 +1,13 @@
-"""Child process for the run kill -9 test: a real control plane on loopback with gVisor and the
-built images. Usage: python serve_runs_plane.py HOME RUNTIME_DIR IMAGE_DIR PORT"""
+"""Child process for the run kill -9 tests: a real control plane on loopback with gVisor and the
+built images. Usage: python serve_runs_plane.py HOME RUNTIME_DIR IMAGE_DIR PORT
+
+The store, fleet and lease settings (`PASSED`) come from the environment, so that two of these
+can be replicas on one PostgreSQL database."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 
 import uvicorn
@@ -13,10 +17,19 @@ from aamp.config import Settings
 from aamp.sandbox.gvisor import GVisorDriver
 from aamp.server import build_control_plane
 
+PASSED = (
+    "AAMP_DATABASE_URL",
+    "AAMP_FLEET_HOST_ID",
+    "AAMP_FLEET_HEARTBEAT_SECONDS",
+    "AAMP_FLEET_LOST_SECONDS",
+    "AAMP_RUN_LEASE_SECONDS",
+)
+
 
 def main(home: str, runtime: str, images: str, port: int) -> None:
     settings = Settings.from_env(
         {
+            **{name: os.environ[name] for name in PASSED if name in os.environ},
             "AAMP_HOME": home,
             "AAMP_RUNTIME_DIR": runtime,
             "AAMP_IMAGE_DIR": images,

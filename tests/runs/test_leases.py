@@ -9,9 +9,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import db_fixtures
+import pytest
 from sqlalchemy import text
 
-from aamp.runs.leases import RunLeases
+from aamp.runs.leases import LeaseLost, RunLeases
 from aamp.runs.store import RunStore
 from aamp.store import Store
 
@@ -95,3 +96,57 @@ def test_concurrent_claims_hand_each_run_to_exactly_one_replica(
         owners = dict(conn.execute(text("SELECT id, lease_owner FROM runs")).all())
     for i, got in enumerate(claimed):
         assert all(owners[r] == f"replica-{i}" for r in got)
+
+
+def test_a_fenced_out_replica_writes_nothing(store: Store, database_url: str) -> None:
+    now = [time.time() + 60]
+    (run,) = _runs(store, 1)
+    other_store = Store.from_url(database_url)
+    try:
+        a = RunLeases(store, "replica-a", seconds=10, clock=lambda: now[0])
+        b = RunLeases(other_store, "replica-b", seconds=10, clock=lambda: now[0])
+        runs_a, runs_b = RunStore(store), RunStore(other_store)
+        a.take(run)
+        stale = a.fence(run)
+        assert stale is not None and stale.epoch == 1
+        runs_a.update(run, stale, status="running")
+        runs_a.append_event(run, 1, "model.call", {"step": 1}, (1, 5, 7), stale)
+        now[0] += 11  # a stalls past its lease; b takes the run over
+        assert b.claim_expired() == (run, "replica-a")
+        fresh = b.fence(run)
+        assert fresh is not None and fresh.epoch == 2
+        with pytest.raises(LeaseLost, match="driven by replica-b now"):
+            runs_a.append_event(run, 2, "model.call", {"step": 2}, (1, 5, 7), stale)
+        with pytest.raises(LeaseLost):
+            runs_a.update(run, stale, status="failed", reason="a woke up")
+        with pytest.raises(LeaseLost):
+            runs_a.add_artifact(run, "x.txt", 1, "0" * 64, stale)
+        with pytest.raises(LeaseLost):
+            runs_a.request_approval(run, "egress", {"host": "h", "port": 1}, stale)
+        # Nothing of a's changed the run: one step, its counters, still running, no artifact.
+        info = runs_b.get(run)
+        assert (info.status, info.steps, info.prompt_tokens) == ("running", 1, 5)
+        assert [e.seq for e in runs_b.events_after(run, 0)] == [1]
+        assert runs_b.artifacts(run) == [] and runs_b.approvals(pending_only=False) == []
+        # b writes under its own lease; a learns at its renewal that it lost the run.
+        runs_b.append_event(run, 2, "model.call", {"step": 2}, (1, 5, 7), fresh)
+        assert a.renew({run}) == {run} and a.held() == set()
+        # Lost, a's writes still name its stale lease, so they go on being refused.
+        assert a.fence(run) == stale
+        with pytest.raises(LeaseLost):
+            runs_a.append_event(run, 3, "tool.result", {"step": 2}, None, a.fence(run))
+        a.release(run)  # a release by the old holder leaves b's lease alone
+        assert a.fence(run) is None
+        assert b.renew({run}) == set()
+        assert runs_b.get(run).steps == 2
+    finally:
+        other_store.close()
+
+
+def test_at_start_up_on_one_process_every_unfinished_run_is_claimed_at_once(store: Store) -> None:
+    first, second = _runs(store, 2)
+    leases = RunLeases(store, "replica-a", seconds=10)
+    leases.take(first)  # a run this very process started stays its own
+    assert leases.claim_expired() is None  # neither expired yet
+    assert leases.claim_expired(any_age=True) == (second, None)
+    assert leases.claim_expired(any_age=True) is None

@@ -9,58 +9,26 @@ import os
 import secrets
 import shutil
 import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-from install_layout import shared_image_dir  # tests/install_layout.py
-from run_helpers import parse_sse
+from run_helpers import free_port, parse_sse, serve_plane
 from scripted_model import ScriptedModelServerForTests
 
 from aamp.sandbox import procs
-
-CHILD = Path(__file__).with_name("serve_runs_plane.py")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _serve(home: Path, runtime: str, port: int) -> subprocess.Popen[bytes]:
-    images = str(shared_image_dir())
-    proc = subprocess.Popen(
-        [sys.executable, str(CHILD), str(home), runtime, images, str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    deadline = time.monotonic() + 60
-    while True:
-        assert proc.poll() is None, proc.stderr.read().decode()  # type: ignore[union-attr]
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/health").status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.1)
 
 
 def test_kill_9_mid_run_then_restart(tmp_path: Path, base_image) -> None:
     if os.geteuid() != 0 or shutil.which("runsc") is None:
         pytest.skip("the control plane needs root and runsc here")
-    home, runtime, port = tmp_path / "home", f"/run/aamp-t{secrets.token_hex(4)}", _port()
+    home, runtime, port = tmp_path / "home", f"/run/aamp-t{secrets.token_hex(4)}", free_port()
     base = f"http://127.0.0.1:{port}"
     turns = [
         {"tool_calls": [{"name": "shell", "arguments": {"command": "echo started"}}]},
         {"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 300"}}]},
     ]
-    proc = _serve(home, runtime, port)
+    proc = serve_plane(home, runtime, port)
     seen: list[dict] = []
     try:
         with ScriptedModelServerForTests(turns) as model:
@@ -96,7 +64,7 @@ def test_kill_9_mid_run_then_restart(tmp_path: Path, base_image) -> None:
             proc.wait(timeout=30)
             runsc_root = f"--root={runtime}/runsc"
             assert procs.pids_matching(runsc_root, sandbox_id), "the sandbox should be orphaned"
-            proc = _serve(home, runtime, port)
+            proc = serve_plane(home, runtime, port)
             with httpx.Client(base_url=base, headers=h, timeout=60) as c:
                 run = c.get(f"/v1/runs/{run_id}").json()
                 after = parse_sse(c.get(f"/v1/runs/{run_id}/events").text)

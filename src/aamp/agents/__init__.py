@@ -9,7 +9,8 @@
   the agent's `browser:` block in `browser_settings.py`); `DocumentsTool` — the documents
   tool's calls to the worker in the sandbox (`documents_tool.py`, `documents_schema.py`);
   `RagTool` — `search` over the run's granted knowledge bases (`rag_tool.py`);
-  `run_loop` — model, tools, observations until an answer or a limit (`loop.py`);
+  `run_loop` — model, tools, observations until an answer or a limit (`loop.py`), and
+  `replay` — where an interrupted run's loop stood, from its stored steps (`loop_replay.py`);
 - `guest_scripts` — the small programs tools run inside the guest; `local_model` — the
   optional air-gapped model server (`aamp model serve`).
 
@@ -35,6 +36,7 @@ __all__, __getattr__ = surface(
             "stored_form",
         ),
         "loop": ("LoopOutcome", "run_loop", "summarise"),
+        "loop_replay": ("LoopState", "NotResumable", "replay"),
         "model": ("EndpointAccess", "ModelClient", "ModelError", "ModelReply"),
         "registry": ("AgentInfo", "AgentRegistry"),
         "sandbox_tools": ("Observation", "SandboxTools"),

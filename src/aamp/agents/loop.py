@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aamp.agents.definition import AgentDefinition
-from aamp.agents.model import ModelClient
+from aamp.agents.loop_replay import LoopState
+from aamp.agents.model import ModelClient, ToolCall
 from aamp.agents.model_images import show_image
 from aamp.agents.sandbox_tools import Observation
 from aamp.agents.tools import ToolSet, truncate
@@ -72,7 +73,10 @@ async def run_loop(
     tools: ToolSet,
     executor: ToolExecutor,
     emit: Emit,
+    resumed: LoopState | None = None,
 ) -> LoopOutcome:
+    """Run the loop to its end; `resumed` (`loop_replay.replay`) goes on from an interrupted
+    run's stored steps: the calls of its last reply not yet started first, then the model."""
     limits = definition.limits
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": definition.system_prompt},
@@ -80,43 +84,11 @@ async def run_loop(
     ]
     out = LoopOutcome("failed", None, None, 0, 0, 0)
     schemas = tools.openai()
-    while True:
-        if out.steps >= limits.max_steps:
-            out.reason = f"max_steps: reached the limit of {limits.max_steps} steps"
-            return out
-        remaining = limits.max_tokens - out.prompt_tokens - out.completion_tokens
-        if remaining <= 0:
-            out.reason = f"max_tokens: used {limits.max_tokens} tokens or more"
-            return out
-        step_started = time.monotonic()
-        out.steps += 1
-        step = out.steps
-        reply = await model.complete(messages, schemas, None)
-        out.model_seconds += reply.seconds
-        out.prompt_tokens += reply.prompt_tokens
-        out.completion_tokens += reply.completion_tokens
-        await emit(
-            "model.call",
-            {
-                "step": step,
-                "prompt_tokens": reply.prompt_tokens,
-                "completion_tokens": reply.completion_tokens,
-                "seconds": round(reply.seconds, 6),
-                "attempts": reply.attempts,
-                "finish_reason": reply.finish_reason,
-                "content": reply.content,
-                "tool_calls": [
-                    {"id": c.id, "name": c.name, "arguments": c.arguments} for c in reply.tool_calls
-                ],
-            },
-        )
-        messages.append(reply.raw_message)
-        if not reply.tool_calls:
-            out.status, out.answer = "succeeded", reply.content or ""
-            out.overhead_ms.append(_overhead(step_started, reply.seconds, 0.0))
-            return out
+
+    async def run_calls(calls: list[ToolCall] | tuple[ToolCall, ...], step: int) -> float:
+        """Run one reply's tool calls in turn; returns the seconds spent in the sandbox."""
         tool_seconds = 0.0
-        for call in reply.tool_calls:
+        for call in calls:
             args, problem = tools.check_call(call.name, call.arguments)
             await emit(
                 "tool.call",
@@ -156,6 +128,51 @@ async def run_loop(
             messages.append({"role": "tool", "tool_call_id": call.id, "content": text})
             if observation.model_image is not None and definition.browser.images:
                 show_image(messages, observation.model_image, call.id)
+        return tool_seconds
+
+    if resumed is not None:
+        messages += resumed.messages
+        out.steps = resumed.steps
+        out.prompt_tokens, out.completion_tokens = resumed.prompt_tokens, resumed.completion_tokens
+        out.tool_seconds += await run_calls(resumed.pending, resumed.steps)
+        if resumed.note:
+            messages.append({"role": "user", "content": resumed.note})
+    while True:
+        if out.steps >= limits.max_steps:
+            out.reason = f"max_steps: reached the limit of {limits.max_steps} steps"
+            return out
+        remaining = limits.max_tokens - out.prompt_tokens - out.completion_tokens
+        if remaining <= 0:
+            out.reason = f"max_tokens: used {limits.max_tokens} tokens or more"
+            return out
+        step_started = time.monotonic()
+        out.steps += 1
+        step = out.steps
+        reply = await model.complete(messages, schemas, None)
+        out.model_seconds += reply.seconds
+        out.prompt_tokens += reply.prompt_tokens
+        out.completion_tokens += reply.completion_tokens
+        await emit(
+            "model.call",
+            {
+                "step": step,
+                "prompt_tokens": reply.prompt_tokens,
+                "completion_tokens": reply.completion_tokens,
+                "seconds": round(reply.seconds, 6),
+                "attempts": reply.attempts,
+                "finish_reason": reply.finish_reason,
+                "content": reply.content,
+                "tool_calls": [
+                    {"id": c.id, "name": c.name, "arguments": c.arguments} for c in reply.tool_calls
+                ],
+            },
+        )
+        messages.append(reply.raw_message)
+        if not reply.tool_calls:
+            out.status, out.answer = "succeeded", reply.content or ""
+            out.overhead_ms.append(_overhead(step_started, reply.seconds, 0.0))
+            return out
+        tool_seconds = await run_calls(reply.tool_calls, step)
         out.tool_seconds += tool_seconds
         out.overhead_ms.append(_overhead(step_started, reply.seconds, tool_seconds))
 

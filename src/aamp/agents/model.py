@@ -18,7 +18,7 @@ final: it is never tried again (`_RefusalIsFinal`).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,16 +155,7 @@ class ModelClient:
             if getattr(c, "function", None) is not None
         )
         usage = response.usage
-        answer: dict[str, Any] = {"role": "assistant", "content": msg.content}
-        if calls:
-            answer["tool_calls"] = [
-                {
-                    "id": c.id,
-                    "type": "function",
-                    "function": {"name": c.name, "arguments": c.arguments},
-                }
-                for c in calls
-            ]
+        answer = assistant_message(msg.content, calls)
         return ModelReply(
             content=msg.content,
             tool_calls=calls,
@@ -175,6 +166,17 @@ class ModelClient:
             attempts=raw.retries_taken + 1,
             raw_message=answer,
         )
+
+
+def assistant_message(content: str | None, calls: Sequence[ToolCall]) -> dict[str, Any]:
+    """A reply as the conversation keeps it (and as a run taken over rebuilds it)."""
+    answer: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        answer["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in calls
+        ]
+    return answer
 
 
 def _attempts(exc: openai.APIError) -> int:

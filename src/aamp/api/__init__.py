@@ -19,5 +19,6 @@ __all__, __getattr__ = surface(
         "errors": ("ApiError", "error_response"),
         "guard": ("CSRF_HEADER", "SESSION_COOKIE", "bearer_actor"),
         "middleware": ("BodyLimitMiddleware", "RequestIdMiddleware"),
+        "runs": ("rebuilt_request",),
     },
 )

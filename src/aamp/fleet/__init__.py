@@ -4,6 +4,8 @@ through the store (docs/deployment.md).
 - `HostRegistry` (`registry.py`) — add, register (epochs), heartbeat, drain, remove, lost;
 - `Placement` (`placement.py`) — the host a sandbox goes to, its capacity reserved in the
   same transaction;
+- `FleetPlacer` (`sandboxes.py`) — the sandbox manager's placer: every sandbox placed,
+  recorded on its host (`sandboxes` rows), its capacity given back when it goes;
 - `FleetUpkeep`, `LocalHost` (`upkeep.py`) — each replica's heartbeat of its own host and
   its sweep for lost ones.
 
@@ -26,6 +28,7 @@ __all__, __getattr__ = surface(
             "check_host_id",
         ),
         "placement": ("Need", "NoCapacity", "Placed", "Placement"),
+        "sandboxes": ("FleetPlacer",),
         "upkeep": ("FleetUpkeep", "LocalHost", "machine_facts"),
     },
 )

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from aamp.errors import AampError
 from aamp.fleet.registry import HostRegistry
@@ -71,12 +72,14 @@ class Placement:
         self.registry = registry
         self.k = k
 
-    def place(self, need: Need) -> Placed:
-        """(Blocking.) Reserve `need` on the best of up to `k` candidate hosts."""
+    def place(self, need: Need, among: tuple[str, ...] | None = None) -> Placed:
+        """(Blocking.) Reserve `need` on the best of up to `k` candidate hosts — of `among`
+        only, if given: the hosts the caller can reach."""
         registry = self.registry
         fresh = format_time(datetime.fromtimestamp(registry.clock() - registry.lost_after, UTC))
         free_slots = HostRow.sandboxes - HostRow.used_sandboxes
         fits = select(HostRow).where(
+            HostRow.id.in_(among) if among is not None else HostRow.id.is_not(None),
             HostRow.state == "active",
             HostRow.heartbeat_at >= fresh,
             HostRow.drivers.contains(json.dumps(need.driver)),
@@ -96,8 +99,9 @@ class Placement:
                 # as every waiting placement does, so that no two wait on each other.
                 rows = s.scalars(fits.order_by(HostRow.id).limit(self.k).with_for_update()).all()
             if not rows:
+                where = f" of {', '.join(among)}" if among is not None else ""
                 raise NoCapacity(
-                    f"no active host has a free slot with {need.cpus:g} cpus, "
+                    f"no active host{where} has a free slot with {need.cpus:g} cpus, "
                     f"{need.memory_mb} MiB and the {need.driver} driver"
                 )
             best = max(
@@ -117,10 +121,16 @@ class Placement:
         """(Blocking.) Give a reservation back; False if the host has since begun a new
         life (or is gone), whose reservations started from nothing."""
         with self.registry.store.write_session() as s:
-            row = s.get(HostRow, placed.host_id, with_for_update=True)
-            if row is None or row.epoch != placed.epoch:
-                return False
-            row.used_millicpus = max(0, row.used_millicpus - need.millicpus)
-            row.used_memory_mb = max(0, row.used_memory_mb - need.memory_mb)
-            row.used_sandboxes = max(0, row.used_sandboxes - 1)
-            return True
+            return give_back(s, placed.host_id, placed.epoch, need.millicpus, need.memory_mb)
+
+
+def give_back(s: Session, host_id: str, epoch: int, millicpus: int, memory_mb: int) -> bool:
+    """In transaction `s`: one sandbox's reservation back to its host, if the host is still
+    in the life (`epoch`) that reserved it; False if not."""
+    row = s.get(HostRow, host_id, with_for_update=True)
+    if row is None or row.epoch != epoch:
+        return False
+    row.used_millicpus = max(0, row.used_millicpus - millicpus)
+    row.used_memory_mb = max(0, row.used_memory_mb - memory_mb)
+    row.used_sandboxes = max(0, row.used_sandboxes - 1)
+    return True

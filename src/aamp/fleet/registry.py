@@ -7,7 +7,8 @@ epoch it registered under). A wrong token, or a host nobody added, is refused wi
 `HostRefused`: nothing changes. A heartbeat under an old epoch, or after the host was marked
 lost, is refused with `StaleEpoch`: the host must register again (and destroy what it still
 runs) before it takes work. `mark_lost` marks every host whose last heartbeat is older than
-`lost_after` seconds; any replica may run it, the transaction decides each host once.
+`lost_after` seconds, and their sandboxes (`sandboxes` rows) lost with them in the same
+transaction; any replica may run it, the transaction decides each host once.
 
 Times are the wall clock (`clock`), shared by every replica; their clocks must agree to
 within seconds (NTP).
@@ -25,12 +26,12 @@ from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import select
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from aamp.errors import AampError, Conflict, InvalidInput, NotFound, matching
 from aamp.store import Store, existing, format_time, value_of
-from aamp.store.tables import HostRow
+from aamp.store.tables import HostRow, SandboxRow
 
 HOST_ID_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,62}$")
 TOKEN_PREFIX = "aamph_"
@@ -209,8 +210,10 @@ class HostRegistry:
             row.images = json.dumps(sorted(facts.images))
             row.millicpus = facts.cpus * 1000
             row.memory_mb, row.sandboxes = facts.memory_mb, facts.sandboxes
-            # A new life runs nothing yet: whatever an earlier one reserved is gone with it.
+            # A new life runs nothing yet: whatever an earlier one reserved is gone with it,
+            # and so are the sandboxes it ran (destroyed or lost: the host reaps them).
             row.used_millicpus = row.used_memory_mb = row.used_sandboxes = 0
+            s.execute(delete(SandboxRow).where(SandboxRow.host_id == host_id))
             row.heartbeat_at = self._now()
             s.flush()
             return _info(row)
@@ -256,6 +259,18 @@ class HostRegistry:
             ).all()
             for row in rows:
                 row.state = "lost"
+                # Its sandboxes are lost with it, in the same transaction as the mark.
+                s.execute(
+                    update(SandboxRow)
+                    .where(SandboxRow.host_id == row.id, SandboxRow.state == "live")
+                    .values(
+                        state="lost",
+                        lost_reason=(
+                            f"host {row.id} was lost (no heartbeat since {row.heartbeat_at}, "
+                            f"lost after {self.lost_after:g} s)"
+                        ),
+                    )
+                )
             s.flush()
             return [_info(r) for r in rows]
 

@@ -6,7 +6,13 @@ registers it (host id `local` by default, `AAMP_FLEET_HOST_ID`) with the same
 `HostRegistry.register` a remote host's request reaches, under a token made at start-up and
 kept only in memory. Its heartbeat is taken in the same tick, just before the lost-host
 sweep, so a busy event loop delays both alike and never makes a replica mark its own host
-lost. Each host marked lost is audited (`host.lost`, actor `system`).
+lost. Each host marked lost is audited (`host.lost`, actor `system`), and then every
+`on_lost` callback runs (the run service fails the runs whose sandboxes were lost with it).
+
+A local host that was marked lost meanwhile (this process stalled longer than the lost
+timeout) has its heartbeat refused with `StaleEpoch`: it destroys every sandbox it still
+runs — they are lost to everyone else already — and registers again, as a new life, before
+it takes new work.
 """
 
 from __future__ import annotations
@@ -15,17 +21,22 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aamp.audit import AuditSink
 from aamp.errors import AampError, NotFound
-from aamp.fleet.registry import HostFacts, HostInfo, HostRegistry
+from aamp.fleet.registry import HostFacts, HostInfo, HostRegistry, StaleEpoch
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.manager import SandboxManager
 
 log = logging.getLogger("aamp.fleet")
 # A host's default sandbox slots: one per this much memory (placement counts them).
 MEMORY_MB_PER_SANDBOX = 256
+# A sandbox's `cpus` is a ceiling (a cgroup quota), not a core set aside, so a host offers
+# this many sandbox cpus per core: one busy sandbox per core still has a core, and a 2-core
+# machine runs more than two idle-most-of-the-time sandboxes, as it did before placement.
+CPUS_PER_CORE = 4
 
 
 def images_present(images: ImageStore) -> tuple[str, ...]:
@@ -38,7 +49,7 @@ def machine_facts(manager: SandboxManager) -> HostFacts:
     memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
     return HostFacts(
         drivers=tuple(sorted(manager.drivers)),
-        cpus=os.cpu_count() or 1,
+        cpus=(os.cpu_count() or 1) * CPUS_PER_CORE,
         memory_mb=memory_mb,
         sandboxes=max(1, memory_mb // MEMORY_MB_PER_SANDBOX),
         images=images_present(manager.images),
@@ -84,6 +95,7 @@ class FleetUpkeep:
         self.audit = audit
         self.local = local
         self.interval = interval
+        self.on_lost: list[Callable[[], Awaitable[None]]] = []
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -103,6 +115,8 @@ class FleetUpkeep:
         if self.local is not None:
             try:
                 await self.registry.store.run(self.local.heartbeat)
+            except StaleEpoch as exc:
+                await self._begin_again(self.local, str(exc))
             except AampError as exc:
                 # Another process registered under the same id (each start makes a new
                 # token), or this one was marked lost while stalled; the sweep still runs.
@@ -126,7 +140,25 @@ class FleetUpkeep:
                 details={"epoch": host.epoch},
             )
             log.warning("host %s marked lost (last heartbeat %s)", host.id, host.heartbeat_at)
+        if lost:
+            for callback in self.on_lost:
+                try:
+                    await callback()
+                except Exception:  # one listener's failure must not stop the fleet's clock
+                    log.exception("a listener of lost hosts failed")
         return lost
+
+    async def _begin_again(self, local: LocalHost, why: str) -> None:
+        """This process's host was lost while it stalled: destroy what it still runs, then
+        register a new life."""
+        log.error("this process's sandbox host %r must begin again: %s", local.host_id, why)
+        for sandbox in local.manager.list():
+            with contextlib.suppress(AampError):
+                await local.manager.destroy(
+                    sandbox.id,
+                    reason=f"its host {local.host_id} was marked lost; destroyed before new work",
+                )
+        await self.registry.store.run(local.register)
 
     async def _loop(self) -> None:
         while True:

@@ -9,9 +9,20 @@ sandbox is destroyed, pending approvals are closed, and a final `run.finished` s
 With `egress.default: ask` the sandbox's proxy asks the same people about destinations outside
 the rules (`_egress_approver`); the run pauses, its wall clock stopped (`aamp.runs.waiting`).
 
-Steps go through `aamp.runs.steps.StepLog` (stored, audited, announced). At start-up
-`recover()` ends, as failed with the reason, every run an earlier process left unfinished
-(its sandbox was reaped by the sandbox manager).
+Steps go through `aamp.runs.steps.StepLog` (stored, audited, announced).
+
+Leases (`aamp.runs.leases`): this process is one replica (`replica`, a fresh id per start).
+It takes the lease of each run it starts, renews every lease it holds every third of
+`lease_seconds` (`_keep_leases`), and writes a run's steps and status only under that lease
+(a write after another replica took the run over is refused, `LeaseLost`, and the run is
+dropped here without another write). The same task takes over runs whose lease expired — a
+replica that died — and each such run goes on from its step log (`aamp.agents.loop_replay`):
+in a fresh sandbox, the inputs put again, the model told that files written before are gone,
+numbering on from the last stored step; or it fails with the reason when it cannot go on
+(it stopped inside a tool call, which is never repeated; its model had already answered; its
+agent can no longer use what it needs). On SQLite one process alone uses the store (the
+installation lock), so at start-up (`recover()`) every unfinished run is taken over at once,
+through the same path.
 """
 
 from __future__ import annotations
@@ -21,7 +32,9 @@ import contextlib
 import hashlib
 import logging
 import posixpath
+import secrets
 import shutil
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +43,7 @@ from aamp.agents import DocumentsTool, RagTool, guest_scripts, rag_index_path
 from aamp.agents.browser_tool import BrowserTool
 from aamp.agents.definition import AgentDefinition
 from aamp.agents.loop import run_loop, summarise
+from aamp.agents.loop_replay import LoopState, NotResumable, replay
 from aamp.agents.model import EndpointAccess, ModelClient, ModelError
 from aamp.agents.sandbox_tools import SandboxTools
 from aamp.agents.tools import ToolSet
@@ -38,17 +52,18 @@ from aamp.catalog.model_endpoints import ModelEndpoint
 from aamp.config import Settings
 from aamp.egress.approvals import Answer, Approver
 from aamp.egress.registered import AddressVerdict, CheckedTransport
-from aamp.errors import Conflict, NotFound
+from aamp.errors import AampError, Conflict, NotFound
 from aamp.policy import Policy
 from aamp.runs import artifacts as art
 from aamp.runs.bus import EventBus
+from aamp.runs.leases import DEFAULT_LEASE_SECONDS, LeaseLost, RunLeases
 from aamp.runs.steps import StepLog
 from aamp.runs.store import RunEvent, RunInfo, RunStore
 from aamp.runs.waiting import ApprovalGate, LiveRun
 from aamp.sandbox import ChannelError
 from aamp.sandbox.manager import CreateRequest, SandboxError, SandboxManager, UnknownSandbox
 from aamp.store import Store
-from aamp.store.timestamps import now
+from aamp.store.timestamps import now, parse_time
 from aamp.vault import SecretNotFound, Vault
 
 log = logging.getLogger("aamp.runs")
@@ -79,6 +94,25 @@ def artifacts_dir(settings: Settings, run_id: str) -> Path:
     return settings.home / "artifacts" / run_id
 
 
+STOPPED = "the control plane stopped during the run (killed or crashed)"
+FRESH_SANDBOX_NOTE = (
+    "[aamp] The control-plane process that ran the steps above stopped; this run goes on in a "
+    "fresh sandbox. /workspace holds the input files again; files written by the tool calls "
+    "above are gone, so write again anything you still need."
+)
+
+
+@dataclass(frozen=True)
+class Takeover:
+    """A run this replica took over: where its loop stood, and whose lease expired."""
+
+    previous: str | None  # the replica that drove it (None: it never took a lease)
+    state: LoopState
+    after_seq: int  # the run's last stored step
+    elapsed: float  # wall-clock seconds the run had run until that step
+    kb_versions: dict[str, int]  # the knowledge-base versions it had mounted
+
+
 @dataclass(eq=False, repr=False)
 class RunService:
     settings: Settings
@@ -86,37 +120,151 @@ class RunService:
     audit: AuditSink
     manager: SandboxManager
     vault: Vault | None
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    # Rebuilds what a run taken over needs from its row (the agent version, policy, grants,
+    # inputs), as the API resolved it for a new run; set by `aamp.server`. None: a run
+    # taken over fails, since nothing here can resolve it.
+    rebuild: Callable[[RunInfo], Awaitable[RunRequest]] | None = None
+    # (Blocking.) Of some sandboxes, those lost with their host and why (`FleetPlacer.lost`);
+    # set by `aamp.server`.
+    sandbox_losses: Callable[[set[str]], dict[str, str]] | None = None
 
     def __post_init__(self) -> None:
         self.runs = RunStore(self.store)
         self.bus = EventBus()
-        self.steps = StepLog(self.store, self.runs, self.audit, self.bus)
+        self.replica = f"replica-{secrets.token_hex(6)}"
+        self.leases = RunLeases(self.store, self.replica, seconds=self.lease_seconds)
+        self.steps = StepLog(self.store, self.runs, self.audit, self.bus, self.leases.fence)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancel_reasons: dict[str, tuple[str, str]] = {}
         self._approvals: dict[str, asyncio.Future[Answer]] = {}
         self._live: dict[str, LiveRun] = {}
+        self._fenced_out: set[str] = set()  # runs another replica took over from this one
+        self._sandboxes: dict[str, str] = {}  # run id -> its sandbox, while it lives
+        self._keeper: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def recover(self) -> list[str]:
-        """End every run an earlier process left unfinished; returns their ids."""
-        ended = []
-        for run in await self.store.run(self.runs.interrupted):
-            reason = (
-                "the control plane stopped during the run (killed or crashed); "
-                "its sandbox was reaped at start-up"
+        """Start this replica's lease task; on SQLite first take over every unfinished run
+        (the installation lock makes each a dead process's: its sandbox was reaped at
+        start-up). Returns the ids taken over now."""
+        taken = []
+        if self.store.dialect == "sqlite":
+            while (
+                claim := await self.store.run(lambda: self.leases.claim_expired(any_age=True))
+            ) is not None:
+                await self._take_over(*claim)
+                taken.append(claim[0])
+        if self._keeper is None:
+            self._keeper = asyncio.get_running_loop().create_task(
+                self._keep_leases(), name=f"run-leases-{self.replica}"
             )
-            await self.store.run(self.runs.cancel_pending, run.id)
+        return taken
+
+    async def _keep_leases(self) -> None:
+        """Every third of a lease: renew this replica's leases (dropping the runs another
+        replica took over meanwhile), then take over the runs whose lease expired."""
+        while True:
+            await asyncio.sleep(self.lease_seconds / 3)
+            try:
+                await self.sweep_leases()
+            except Exception:  # the store is down: try again at the next beat
+                log.exception("renewing run leases failed")
+
+    async def sweep_leases(self) -> list[str]:
+        """One beat of `_keep_leases`; returns the runs taken over."""
+        lost = await self.store.run(self.leases.renew, self.leases.held())
+        for run_id in lost:
+            task = self._tasks.get(run_id)
+            if task is not None and not task.done():
+                log.warning("run %s was taken over by another replica; stopping it here", run_id)
+                self._fenced_out.add(run_id)
+                task.cancel()
+        await self.fail_lost_sandboxes()
+        taken = []
+        while (claim := await self.store.run(self.leases.claim_expired)) is not None:
+            await self._take_over(*claim)
+            taken.append(claim[0])
+        return taken
+
+    async def fail_lost_sandboxes(self) -> list[str]:
+        """Fail, with the reason, every run here whose sandbox was lost with its host;
+        returns their ids."""
+        if self.sandbox_losses is None or not self._sandboxes:
+            return []
+        lost = await self.store.run(self.sandbox_losses, set(self._sandboxes.values()))
+        failed = []
+        for run_id, sandbox_id in list(self._sandboxes.items()):
+            task = self._tasks.get(run_id)
+            if sandbox_id in lost and task is not None and not task.done():
+                why = f"sandbox: {sandbox_id} was lost: {lost[sandbox_id]}"
+                self._cancel_reasons.setdefault(run_id, ("failed", why))
+                task.cancel()
+                failed.append(run_id)
+        return failed
+
+    async def _take_over(self, run_id: str, previous: str | None) -> None:
+        """Go on with a run whose driver stopped, from its step log, or fail it saying why."""
+        who = f"replica {previous}" if previous else "a process that never took its lease"
+        try:
+            run = await self.store.run(self.runs.get, run_id)
+            events = await self.store.run(self.runs.events_after, run_id, 0, 1_000_000)
+            state = replay((e.type, e.data) for e in events)
+            if self.rebuild is None:
+                raise NotResumable("this process cannot rebuild runs")
+            request = await self.rebuild(run)
+            mounted = {
+                str(e.data.get("name")): int(e.data.get("version") or 0)
+                for e in events
+                if e.type == "knowledge_base.mounted"
+            }
+            for name, version in mounted.items():
+                now_at = request.knowledge_bases.get(name, (None, None))[0]
+                if now_at != version:
+                    raise NotResumable(
+                        f"knowledge base {name!r} is at version {now_at} now; "
+                        f"the run searched version {version}"
+                    )
+        except (NotResumable, AampError) as exc:
+            await self._fail_taken(run_id, f"{STOPPED} ({who}); it cannot go on: {exc}")
+            return
+        except Exception as exc:  # e.g. an ApiError from the rebuild: its message says why
+            await self._fail_taken(
+                run_id, f"{STOPPED} ({who}); it cannot go on: {getattr(exc, 'message', exc)}"
+            )
+            return
+        if events and run.started_at:
+            elapsed = (parse_time(events[-1].at) - parse_time(run.started_at)).total_seconds()
+        else:
+            elapsed = 0.0
+        state.note = FRESH_SANDBOX_NOTE if state.steps else None
+        after = events[-1].seq if events else 0
+        takeover = Takeover(previous, state, after, max(0.0, elapsed), mounted)
+        self._start(request, takeover)
+
+    async def _fail_taken(self, run_id: str, reason: str) -> None:
+        fence = self.leases.fence(run_id)
+        try:
+            await self.store.run(self.runs.cancel_pending, run_id)
             with contextlib.suppress(Conflict):
                 await self.store.run(
-                    lambda r=run, why=reason: self.runs.update(r.id, status="failed", reason=why)
+                    lambda: self.runs.update(run_id, fence, status="failed", reason=reason)
                 )
-            await self.emit(run.id, "run.finished", {"status": "failed", "reason": reason})
-            ended.append(run.id)
-        return ended
+            await self.emit(run_id, "run.finished", {"status": "failed", "reason": reason})
+            await self.store.run(self.runs.forget_inputs, run_id)
+        except LeaseLost:
+            pass  # another replica took it from this one meanwhile: it is theirs to end
+        finally:
+            await self.store.run(self.leases.release, run_id)
 
     async def shutdown(self) -> None:
         """Stop every live run (failed: the control plane stopped) and wait for their ends."""
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._keeper
+            self._keeper = None
         for run_id, task in list(self._tasks.items()):
             self._cancel_reasons.setdefault(
                 run_id, ("failed", "the control plane shut down during the run")
@@ -127,10 +275,13 @@ class RunService:
                 await task
 
     def start(self, request: RunRequest) -> None:
+        self._start(request, None)
+
+    def _start(self, request: RunRequest, takeover: Takeover | None) -> None:
         run_id = request.run.id
         self._live[run_id] = LiveRun()
         self._tasks[run_id] = asyncio.get_running_loop().create_task(
-            self._execute(request), name=f"run-{run_id}"
+            self._execute(request, takeover), name=f"run-{run_id}"
         )
 
     def live(self, run_id: str) -> bool:
@@ -185,7 +336,9 @@ class RunService:
             live.begin_wait()
         asked: dict[str, Any] | None = None
         try:
-            asked = await self.store.run(lambda: self.runs.request_approval(run_id, kind, subject))
+            asked = await self.store.run(
+                lambda: self.runs.request_approval(run_id, kind, subject, self.leases.fence(run_id))
+            )
             approval_id = asked["id"]
             future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
             self._approvals[approval_id] = future
@@ -220,7 +373,7 @@ class RunService:
         def write() -> None:
             status = "waiting_approval" if live.waiting else "running"
             with contextlib.suppress(Conflict):
-                self.runs.update(run_id, status=status)
+                self.runs.update(run_id, self.leases.fence(run_id), status=status)
 
         await self.store.run(write)
 
@@ -252,19 +405,39 @@ class RunService:
 
     # -- one run -----------------------------------------------------------------------------
 
-    async def _execute(self, req: RunRequest) -> None:
+    async def _execute(self, req: RunRequest, takeover: Takeover | None = None) -> None:
         run_id, d = req.run.id, req.definition
         sandbox_id: str | None = None
         status, reason, answer = "failed", "the run ended without an outcome", None
         summary: dict[str, Any] = {}
         try:
+            if takeover is None:
+                await self.store.run(self.leases.take, run_id)
+            fence = self.leases.fence(run_id)
+            started = {"started_at": now()} if takeover is None else {}
             await self.store.run(
-                lambda: self.runs.update(run_id, status="running", started_at=now())
+                lambda: self.runs.update(run_id, fence, status="running", **started)
             )
-            await self.emit(run_id, "run.started", {"version": req.run.version, "policy": d.policy})
+            if takeover is None:
+                await self.emit(
+                    run_id, "run.started", {"version": req.run.version, "policy": d.policy}
+                )
+            else:
+                await self.emit(
+                    run_id,
+                    "run.resumed",
+                    {
+                        "by": self.replica,
+                        "from": takeover.previous,
+                        "after_seq": takeover.after_seq,
+                        "model_steps": takeover.state.steps,
+                        "workspace": "fresh",
+                    },
+                )
             sandbox = await self.manager.create(req.create, actor=f"run:{run_id}")
             sandbox_id = sandbox.id
-            await self.store.run(lambda: self.runs.update(run_id, sandbox_id=sandbox_id))
+            self._sandboxes[run_id] = sandbox_id
+            await self.store.run(lambda: self.runs.update(run_id, fence, sandbox_id=sandbox_id))
             await self.emit(
                 run_id,
                 "sandbox.created",
@@ -308,14 +481,23 @@ class RunService:
             async def emit(type_: str, data: dict[str, Any]) -> None:
                 await self.emit(run_id, type_, data)
 
-            wall = asyncio.timeout(d.limits.wall_time_seconds)
+            # A run taken over has spent the time up to its last stored step already.
+            spent = takeover.elapsed if takeover is not None else 0.0
+            wall = asyncio.timeout(max(0.0, d.limits.wall_time_seconds - spent))
             try:
                 async with wall:
                     live.wall = wall  # stopped while the run waits for a person
                     try:
                         inputs = [n for n, _ in req.inputs]
                         outcome = await run_loop(
-                            d, req.run.task, inputs, model, tools, executor, emit
+                            d,
+                            req.run.task,
+                            inputs,
+                            model,
+                            tools,
+                            executor,
+                            emit,
+                            takeover.state if takeover is not None else None,
                         )
                     finally:
                         live.wall = None
@@ -335,6 +517,8 @@ class RunService:
                     reason = "artifacts refused: " + "; ".join(refused)
         except asyncio.CancelledError:
             status, reason = self._cancel_reasons.get(run_id, ("cancelled", "cancelled"))
+        except LeaseLost:
+            self._fenced_out.add(run_id)  # another replica drives it now: write nothing more
         except ModelError as exc:
             status, reason = "failed", f"model: {exc}"
         except ApprovalRefused as exc:
@@ -356,26 +540,38 @@ class RunService:
         answer: str | None,
         summary: dict[str, Any],
     ) -> None:
+        fence = self.leases.fence(run_id)
         try:
             if sandbox_id is not None:
                 with contextlib.suppress(UnknownSandbox):
                     await self.manager.destroy(
                         sandbox_id, reason=f"run {run_id} ended", actor=f"run:{run_id}"
                     )
+            if run_id in self._fenced_out:
+                return  # taken over: its ending is the new driver's to write
             await self.store.run(self.runs.cancel_pending, run_id)
             with contextlib.suppress(Conflict):
                 await self.store.run(
-                    lambda: self.runs.update(run_id, status=status, reason=reason, answer=answer)
+                    lambda: self.runs.update(
+                        run_id, fence, status=status, reason=reason, answer=answer
+                    )
                 )
             await self.emit(
                 run_id,
                 "run.finished",
                 {"status": status, "reason": reason, "answer": answer, "timing": summary},
             )
+            await self.store.run(self.runs.forget_inputs, run_id)
+        except LeaseLost:
+            log.warning("run %s was taken over by another replica before it ended here", run_id)
         finally:
             self._tasks.pop(run_id, None)
             self._live.pop(run_id, None)
             self._cancel_reasons.pop(run_id, None)
+            self._fenced_out.discard(run_id)
+            self._sandboxes.pop(run_id, None)
+            with contextlib.suppress(Exception):  # an expired lease is claimed anyway
+                await self.store.run(self.leases.release, run_id)
 
     def _endpoint_access(self, run_id: str, endpoint: ModelEndpoint) -> EndpointAccess:
         """The run's way to its model endpoint: every connection resolved once with the
@@ -494,7 +690,9 @@ class RunService:
                     raise
             kept.add(sha)
             used += size
-            await self.store.run(self.runs.add_artifact, run_id, candidate.name, size, sha)
+            await self.store.run(
+                self.runs.add_artifact, run_id, candidate.name, size, sha, self.leases.fence(run_id)
+            )
             await self.emit(run_id, "artifact", subject)
         return refused
 

@@ -11,16 +11,23 @@ A run it has not seen yet (a restart's `recover()`) starts from the store's newe
 
 A step whose audit record was written is then stored even if the caller is cancelled half-way
 (the write is shielded), so a cancelled run's next step never reuses the number.
+
+A step is stored under the lease this replica holds on the run (`fence_of`), if any: a
+replica another one fenced out gets `LeaseLost` and stores nothing (the run's new driver
+numbers on from the store and the audit log, so no number is stored twice). Its audit record
+of that one step, written just before, stays: a record of what the stalled replica tried.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aamp.audit.record import AuditSink
 from aamp.runs.bus import EventBus
+from aamp.runs.leases import Fence
 from aamp.runs.store import RunEvent, RunStore
 from aamp.store import Store
 
@@ -56,11 +63,19 @@ class _Tail:
 
 
 class StepLog:
-    def __init__(self, store: Store, runs: RunStore, audit: AuditSink, bus: EventBus) -> None:
+    def __init__(
+        self,
+        store: Store,
+        runs: RunStore,
+        audit: AuditSink,
+        bus: EventBus,
+        fence_of: Callable[[str], Fence | None] = lambda _run_id: None,
+    ) -> None:
         self.store = store
         self.runs = runs
         self.audit = audit
         self.bus = bus
+        self.fence_of = fence_of
         self._tails: dict[str, _Tail] = {}
 
     async def emit(self, run_id: str, type_: str, data: dict[str, Any]) -> RunEvent:
@@ -85,7 +100,13 @@ class StepLog:
                     details={"seq": seq, **audit_details(type_, data)},
                 )
                 event = await self.store.run(
-                    self.runs.append_event, run_id, seq, type_, data, counts(type_, data)
+                    self.runs.append_event,
+                    run_id,
+                    seq,
+                    type_,
+                    data,
+                    counts(type_, data),
+                    self.fence_of(run_id),
                 )
                 tail.next_seq = seq + 1
         finally:

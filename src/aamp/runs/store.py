@@ -5,6 +5,11 @@ store). Steps are numbered per run from 1 with no gaps; the caller numbers them
 (`aamp.runs.steps.StepLog` keeps the next number of each live run, one writer per run) and the
 primary key (run_id, seq) refuses a number given twice, so the SSE stream's Last-Event-ID is
 simply the last number a client saw.
+
+The writes of a run's driver (its steps, status, approvals' questions, artifacts) may name
+the driver's lease (`fence`, `aamp.runs.leases.Fence`): they are then made only while the
+run's row still names that lease, in the same transaction, and refused with `LeaseLost`
+otherwise — nothing is written by a replica that another replica has fenced out.
 """
 
 from __future__ import annotations
@@ -14,16 +19,18 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, tuple_, update
+from sqlalchemy import delete, func, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 
 from aamp.errors import Conflict, NotFound
+from aamp.runs.leases import Fence, LeaseLost
 from aamp.store import Store, existing, quick_read, value_of
 from aamp.store.tables import (
     AuditRecordRow,
     RunApprovalRow,
     RunArtifactRow,
     RunEventRow,
+    RunInputRow,
     RunRow,
 )
 from aamp.store.timestamps import now
@@ -73,6 +80,17 @@ def _info(row: RunRow) -> RunInfo:
     return value_of(RunInfo, row)
 
 
+def _check_fence(run: RunRow | None, run_id: str, fence: Fence | None) -> None:
+    """Refuse a driver's write to a run whose lease another replica now holds."""
+    if fence is None or run is None:
+        return
+    if run.lease_owner != fence.replica or run.lease_epoch != fence.epoch:
+        raise LeaseLost(
+            f"run {run_id} is driven by {run.lease_owner or 'no replica'} now "
+            f"(lease {run.lease_epoch}); {fence.replica}'s lease {fence.epoch} ended"
+        )
+
+
 def _approval(row: RunApprovalRow) -> dict[str, Any]:
     return {
         "id": row.id,
@@ -93,7 +111,15 @@ class RunStore:
 
     # -- runs ------------------------------------------------------------------------------
 
-    def create(self, agent_id: str, version: int, owner: str, task: str) -> RunInfo:
+    def create(
+        self,
+        agent_id: str,
+        version: int,
+        owner: str,
+        task: str,
+        inputs: tuple[tuple[str, bytes], ...] = (),
+    ) -> RunInfo:
+        """A queued run, and its input files kept (same transaction) until it ends."""
         with self.store.write_session() as s:
             row = RunRow(
                 id=f"run-{secrets.token_hex(6)}",
@@ -109,7 +135,23 @@ class RunStore:
             )
             s.add(row)
             s.flush()
+            for position, (name, data) in enumerate(inputs):
+                s.add(RunInputRow(run_id=row.id, position=position, name=name, data=data))
             return _info(row)
+
+    def inputs(self, run_id: str) -> tuple[tuple[str, bytes], ...]:
+        """The input files a run was started with, while it has not ended."""
+        with self.store.session() as s:
+            rows = s.scalars(
+                select(RunInputRow)
+                .where(RunInputRow.run_id == run_id)
+                .order_by(RunInputRow.position)
+            )
+            return tuple((r.name, bytes(r.data)) for r in rows)
+
+    def forget_inputs(self, run_id: str) -> None:
+        with self.store.write_session() as s:
+            s.execute(delete(RunInputRow).where(RunInputRow.run_id == run_id))
 
     @quick_read  # one primary-key read; the live stream makes it after every step
     def find(self, run_id: str) -> RunInfo | None:
@@ -152,10 +194,14 @@ class RunStore:
             q = q.order_by(RunRow.created_at.desc(), RunRow.id.desc()).limit(limit)
             return [_info(r) for r in s.scalars(q)]
 
-    def update(self, run_id: str, **fields: Any) -> RunInfo:
-        """Change a run's fields; a run that has ended keeps its ending (refused, not changed)."""
+    def update(self, run_id: str, fence: Fence | None = None, **fields: Any) -> RunInfo:
+        """Change a run's fields; a run that has ended keeps its ending (refused, not changed),
+        and a fenced-out driver's change is refused (`LeaseLost`)."""
         with self.store.write_session() as s:
+            if fence is not None:  # locked, so no takeover lands between check and write
+                s.get(RunRow, run_id, with_for_update=True)
             row = existing(s, RunRow, run_id, f"no run {run_id!r}")
+            _check_fence(row, run_id, fence)
             if row.status in FINAL and "status" in fields:
                 raise Conflict(f"run {run_id} already ended ({row.status})")
             for key, value in fields.items():
@@ -199,6 +245,7 @@ class RunStore:
         type_: str,
         data: dict[str, Any],
         counts: tuple[int, int, int] | None = None,
+        fence: Fence | None = None,
     ) -> RunEvent:
         """Store step `seq` of a run and, with `counts` = (steps, prompt_tokens,
         completion_tokens), add those to the run's counters in the same transaction.
@@ -206,25 +253,41 @@ class RunStore:
         One transaction of two Core statements: this runs for every step of every run, and
         through the ORM (plus a `max(seq)` read and a second transaction for the counters) it
         cost several times as much, most of it holding the GIL against the event loop. A `seq`
-        already taken (or an unknown run) raises `Conflict` and changes nothing.
+        already taken (or an unknown run) raises `Conflict` and changes nothing; so does a
+        `fence` the run's row no longer names (`LeaseLost`), checked by the statement that
+        locks the row, before the step is inserted.
         """
         at = now()
         text = json.dumps(data, separators=(",", ":"))
         try:
             with self.store.write_connection() as conn:
+                if fence is not None or counts is not None:
+                    added = counts or (0, 0, 0)
+                    where = [_RUNS.c.id == run_id]
+                    if fence is not None:
+                        where += [
+                            _RUNS.c.lease_owner == fence.replica,
+                            _RUNS.c.lease_epoch == fence.epoch,
+                        ]
+                    changed = conn.execute(
+                        update(_RUNS)
+                        .where(*where)
+                        .values(
+                            steps=_RUNS.c.steps + added[0],
+                            prompt_tokens=_RUNS.c.prompt_tokens + added[1],
+                            completion_tokens=_RUNS.c.completion_tokens + added[2],
+                        )
+                    )
+                    if fence is not None and changed.rowcount != 1:
+                        _check_fence(
+                            conn.execute(select(RunRow).where(RunRow.id == run_id)).first(),
+                            run_id,
+                            fence,
+                        )
+                        raise LeaseLost(f"run {run_id}: {fence.replica} holds no lease on it")
                 conn.execute(
                     _EVENTS.insert().values(run_id=run_id, seq=seq, type=type_, data=text, at=at)
                 )
-                if counts is not None:
-                    conn.execute(
-                        update(_RUNS)
-                        .where(_RUNS.c.id == run_id)
-                        .values(
-                            steps=_RUNS.c.steps + counts[0],
-                            prompt_tokens=_RUNS.c.prompt_tokens + counts[1],
-                            completion_tokens=_RUNS.c.completion_tokens + counts[2],
-                        )
-                    )
         except IntegrityError as err:
             raise Conflict(f"step {seq} of run {run_id} refused by the store: {err.orig}") from None
         return RunEvent(seq, type_, data, at)
@@ -241,8 +304,11 @@ class RunStore:
 
     # -- artifacts -------------------------------------------------------------------------
 
-    def add_artifact(self, run_id: str, name: str, size: int, sha256: str) -> dict[str, Any]:
+    def add_artifact(
+        self, run_id: str, name: str, size: int, sha256: str, fence: Fence | None = None
+    ) -> dict[str, Any]:
         with self.store.write_session() as s:
+            _check_fence(s.get(RunRow, run_id, with_for_update=fence is not None), run_id, fence)
             row = RunArtifactRow(
                 run_id=run_id, name=name, size=size, sha256=sha256, created_at=now()
             )
@@ -264,11 +330,14 @@ class RunStore:
 
     # -- approvals -------------------------------------------------------------------------
 
-    def request_approval(self, run_id: str, kind: str, subject: dict[str, Any]) -> dict[str, Any]:
+    def request_approval(
+        self, run_id: str, kind: str, subject: dict[str, Any], fence: Fence | None = None
+    ) -> dict[str, Any]:
         """Open a question; in the same transaction the run (unless it ended) is marked
         `waiting_approval`, so whoever sees the question sees the run waiting."""
         with self.store.write_session() as s:
-            run = s.get(RunRow, run_id)
+            run = s.get(RunRow, run_id, with_for_update=fence is not None)
+            _check_fence(run, run_id, fence)
             if run is not None and run.status not in FINAL:
                 run.status = "waiting_approval"
             row = RunApprovalRow(

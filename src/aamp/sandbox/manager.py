@@ -3,7 +3,9 @@
 It creates sandboxes (cold, or from a warm pool), hands out their guest channels, enforces
 `ttl` and `idle` from the host, destroys them so that nothing remains, and on start-up reaps
 whatever an earlier host process left behind. It is the single place where sandbox lifecycle
-events are recorded.
+events are recorded. With a placer (`placer.py`: the fleet's placement, set by `aamp.server`)
+each sandbox's host is chosen, and its capacity reserved, before it boots, and given back
+when it is destroyed.
 
 Usage::
 
@@ -45,6 +47,7 @@ from aamp.policy import DEFAULT_IDLE_SECONDS, DEFAULT_TTL_SECONDS, MAX_TTL_SECON
 from aamp.sandbox.channel.guest_channel import GuestChannel
 from aamp.sandbox.driver import SANDBOX_ID_RE, Driver, DriverError, SandboxHandle, SandboxSpec
 from aamp.sandbox.images import BuiltImage, ImageBuildError, ImageStore
+from aamp.sandbox.placer import Placer
 from aamp.sandbox.runtime_dir import RuntimeDir, RuntimeDirBusy
 from aamp.sandbox.warm_pool import BootKey, PoolTargets, boot_key
 
@@ -138,6 +141,7 @@ class Sandbox:
     last_used: float = field(default_factory=time.monotonic)
     warm: bool = False  # handed out from a warm pool (booted before it was asked for)
     packages: tuple[str, ...] = ()  # from the wheelhouse, in the image's derived layer
+    host: str | None = None  # the fleet host it was placed on (None: no placer)
 
     def expiry_reason(self, now: float) -> str | None:
         if now - self.started_monotonic >= self.ttl:
@@ -160,6 +164,7 @@ class Sandbox:
             "idle_seconds": self.idle,
             "expires_in": max(0.0, self.ttl - age),
             "warm": self.warm,
+            "host": self.host,
             "resources": {
                 "cpus": self.resources.cpus,
                 "memory_bytes": self.resources.memory_bytes,
@@ -222,6 +227,8 @@ class SandboxManager:
         self._pool_fill: dict[BootKey, asyncio.Task[None]] = {}
         self._lifetime_task: asyncio.Task[None] | None = None
         self._runtime: RuntimeDir | None = None
+        # Where new sandboxes may go (`placer.py`); set by `aamp.server` for the fleet.
+        self.placer: Placer | None = None
 
     # -- lifecycle of the manager itself ---------------------------------------------------
 
@@ -306,13 +313,27 @@ class SandboxManager:
             raise InvalidRequest(str(exc)) from None
         except ImageBuildError as exc:
             raise SandboxUnavailable(f"the image with packages could not be built: {exc}") from None
+        placer = self.placer
+        reservation = (
+            await placer.reserve(driver_name, request.image, request.resources) if placer else None
+        )
         sandbox = None
-        if not request.packages:  # the pool holds plain images only
-            key = boot_key(driver_name, request.image, request.resources)
-            sandbox = await self._take_from_pool(key, image.content_hash)
-        if sandbox is None:
-            sandbox = await self._boot(driver_name, image, request.resources)
-            sandbox.packages = request.packages
+        try:
+            if not request.packages:  # the pool holds plain images only
+                key = boot_key(driver_name, request.image, request.resources)
+                sandbox = await self._take_from_pool(key, image.content_hash)
+            if sandbox is None:
+                sandbox = await self._boot(driver_name, image, request.resources)
+                sandbox.packages = request.packages
+            if placer is not None:
+                sandbox.host = await placer.placed(reservation, sandbox.id)
+        except BaseException:
+            if sandbox is not None:
+                with contextlib.suppress(Exception):
+                    await self._teardown(sandbox, reason="placement failed")
+            if placer is not None:
+                await placer.cancel(reservation)
+            raise
         sandbox.egress.update_rules(request.egress)
         sandbox.egress.update_services(request.services)
         sandbox.ttl, sandbox.idle = request.ttl, request.idle
@@ -359,6 +380,8 @@ class SandboxManager:
             )
         finally:
             del self._stopping[sandbox_id]
+            if self.placer is not None and sandbox.host is not None:
+                await self.placer.release(sandbox_id)
 
     async def _check_alive(self, sandbox: Sandbox) -> None:
         """A guest that stopped by itself is destroyed at once, and the caller told why."""

@@ -8,7 +8,7 @@ from aamp.store.tables.agents import AgentResourceRow, AgentRow
 from aamp.store.tables.audit import AuditCheckpointRow, AuditHeadRow, AuditRecordRow
 from aamp.store.tables.base import Base
 from aamp.store.tables.catalog import ModelEndpointRow, PolicyRow, ServiceRow
-from aamp.store.tables.fleet import HOST_STATES, HostRow
+from aamp.store.tables.fleet import HOST_STATES, SANDBOX_STATES, HostRow, SandboxRow
 from aamp.store.tables.identity import (
     ApiTokenRow,
     GrantRow,
@@ -22,6 +22,7 @@ from aamp.store.tables.runs import (
     RunApprovalRow,
     RunArtifactRow,
     RunEventRow,
+    RunInputRow,
     RunRow,
 )
 from aamp.store.tables.vault import SecretRow
@@ -31,6 +32,7 @@ metadata = Base.metadata
 __all__ = [
     "HOST_STATES",
     "RUN_STATUSES",
+    "SANDBOX_STATES",
     "AgentResourceRow",
     "AgentRow",
     "AgentVersionRow",
@@ -47,7 +49,9 @@ __all__ = [
     "RunApprovalRow",
     "RunArtifactRow",
     "RunEventRow",
+    "RunInputRow",
     "RunRow",
+    "SandboxRow",
     "SecretRow",
     "ServiceRow",
     "SessionRow",

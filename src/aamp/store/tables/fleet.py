@@ -38,3 +38,27 @@ class HostRow(Base):
     __table_args__ = (
         CheckConstraint("state IN (" + ", ".join(f"'{s}'" for s in HOST_STATES) + ")", "state"),
     )
+
+
+SANDBOX_STATES = ("live", "lost")
+
+
+class SandboxRow(Base):
+    """A sandbox placed on a host: which host and which life (epoch) of it, and what it
+    reserved there (given back when the sandbox is destroyed). `lost` when its host was
+    marked lost; a host's next registration forgets the rows of its earlier lives."""
+
+    __tablename__ = "sandboxes"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    host_id: Mapped[str] = mapped_column(String(64), index=True)
+    host_epoch: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16))
+    millicpus: Mapped[int] = mapped_column(Integer)
+    memory_mb: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[str] = mapped_column(String(32))
+    lost_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+    __table_args__ = (
+        CheckConstraint("state IN (" + ", ".join(f"'{s}'" for s in SANDBOX_STATES) + ")", "state"),
+    )

@@ -10,7 +10,7 @@ the row keeps size and SHA-256.
 
 from __future__ import annotations
 
-from sqlalchemy import CheckConstraint, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import CheckConstraint, ForeignKey, Index, Integer, LargeBinary, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from aamp.store.tables.base import Base
@@ -65,6 +65,8 @@ class RunRow(Base):
     # Which control-plane replica drives the run, until when (`aamp.runs.leases`).
     lease_owner: Mapped[str | None] = mapped_column(String(64), nullable=True)
     lease_until: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    # One more at every take or takeover; the driver's writes name it (fencing, 0011).
+    lease_epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     # The history's order (newest first) after each filter it takes, so a page is an index
     # range read in order (migration 0006); the prefixes serve plain lookups too.
@@ -86,6 +88,17 @@ class RunEventRow(Base):
     type: Mapped[str] = mapped_column(String(32))
     data: Mapped[str] = mapped_column(Text)
     at: Mapped[str] = mapped_column(String(32))
+
+
+class RunInputRow(Base):
+    """A run's input file, kept until the run ends so that a takeover can put it again."""
+
+    __tablename__ = "run_inputs"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    name: Mapped[str] = mapped_column(String(255))
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class RunArtifactRow(Base):
