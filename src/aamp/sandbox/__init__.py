@@ -3,8 +3,9 @@ manager that owns every live sandbox on this host.
 
 - `SandboxManager` with `CreateRequest` — create (cold or from the warm pool), use, destroy,
   reap (`manager.py`);
-- `Driver` and `SandboxSpec` — the isolation contract (`driver.py`), `GVisorDriver`,
-  `FirecrackerDriver`, and which of them work here (`drivers.py`);
+- `Driver` and `SandboxSpec` (and its `ReadOnlyFile`s) — the isolation contract
+  (`driver.py`), `GVisorDriver`, `FirecrackerDriver`, and which of them work here
+  (`drivers.py`);
 - `ImageStore` — guest images by content hash (`images.py`, recipes in `image_recipes.py`),
   and their derived layers with a policy's packages from the offline `Wheelhouse`
   (`wheelhouse.py`); what an offline bundle carries for them: `RECIPES`, the mirror
@@ -42,6 +43,7 @@ __all__, __getattr__ = surface(
             "Driver",
             "DriverError",
             "DriverStatus",
+            "ReadOnlyFile",
             "SandboxHandle",
             "SandboxSpec",
             "SnapshotUnsupported",
