@@ -13,8 +13,9 @@ manager that owns every live sandbox on this host.
   kernel's packages (`kernel_packages.py`), all standard library only;
 - `run_worker` — one run of a guest JSON worker (`aamp.guest.<module>`) in a sandbox, shared
   by the documents tool and the knowledge-base worker (`guest_worker.py`);
-- the knowledge-base worker's host side: one request and its answer (`call`), and the check
-  an index file passes on its bytes before it is kept (`check_index_header`, `rag_worker.py`);
+- the knowledge-base worker's host side: one request and its answer (`call`), searches by
+  a worker kept running in the sandbox (`SearchWorker`), and the check an index file passes
+  on its bytes before it is kept (`check_index_header`, `rag_worker.py`);
 - `GuestChannel` — exec and files inside a running sandbox, and its errors (`channel/`);
   `workspace_path`, the one rule for paths a caller may name (`channel/workspace.py`).
 
@@ -84,6 +85,7 @@ __all__, __getattr__ = surface(
         "rag_worker": (
             "MAX_INDEX_BYTES",
             "BadIndex",
+            "SearchWorker",
             "WorkerFailed",
             "call",
             "check_index_header",
