@@ -1,12 +1,20 @@
 """The knowledge-base quality set, made here with the standard library (deterministic, from a
 seed): a few hundred fact passages about invented things — so no model knows the answers —
 spread over PDF (a passage per page), DOCX and Markdown (a passage per heading) and HTML, and
-for each a question whose answer passage is known (`Question.key`, a phrase only that passage
-has). Half the questions reuse the passage's words (BM25's strength), half paraphrase them
-(the embeddings'). Shared by the tests and `benchmarks/rag.py`.
+for each four questions whose answer passage is known (`Question.key`, a phrase only that
+passage has), one of each `Question.kind`:
+- `literal` reuses the passage's words (every search finds it);
+- `paraphrased` says it in other English words (the embeddings' strength);
+- `multilingual` asks the paraphrase in German, French or Spanish, naming the place only:
+  BM25 has the name alone, shared by the eight passages of that place, while the
+  multilingual model understands the question;
+- `code` asks by the passage's register code alone (`KX-4471B`): a made-up string that
+  embeds like any other, so only the lexical index finds it.
+Shared by the tests and `benchmarks/rag.py`.
 
-The hostile documents of the tests are here too: a zip-bomb DOCX, a PDF declaring a million
-pages, malformed HTML.
+The hostile documents of the tests are here too: a zip-bomb DOCX, PDFs of a million pages
+(declared; through shared page-tree nodes; as a million page objects, the count lying), a
+page tree that loops, malformed HTML.
 """
 
 from __future__ import annotations
@@ -71,6 +79,35 @@ _THINGS = (
         "Which conductor started the {name} symphonic ensemble?",
     ),
 )
+# The paraphrased question of each kind of thing above, in German, French and Spanish.
+_TRANSLATED = (
+    ("In welchem Jahr ging das Wasserwerk von {name} in Betrieb?",
+     "En quelle année la station de pompage de {name} a-t-elle commencé à fonctionner ?",
+     "¿En qué año empezó a funcionar la estación de bombeo de {name}?"),
+    ("Welchen Durchmesser hat der Spiegel der Sternwarte von {name}?",
+     "Quel est le diamètre du miroir de l'observatoire de {name} ?",
+     "¿Qué diámetro tiene el espejo del observatorio de {name}?"),
+    ("Wie viele Fahrgäste darf die Fähre von {name} befördern?",
+     "Combien de voyageurs le bac de {name} peut-il transporter ?",
+     "¿Cuántos pasajeros puede llevar el transbordador de {name}?"),
+    ("Wie viele Bücher besitzt die Bibliothek von {name}?",
+     "Combien de livres la bibliothèque de {name} possède-t-elle ?",
+     "¿Cuántos libros tiene la biblioteca de {name}?"),
+    ("Wie lang ist die Brücke von {name}?",
+     "Quelle est la longueur du pont de {name} ?",
+     "¿Cuánto mide el puente de {name}?"),
+    ("Wann werden die Trauben auf dem Weingut von {name} gelesen?",
+     "Quand les raisins sont-ils cueillis au domaine viticole de {name} ?",
+     "¿Cuándo se vendimian las uvas en la bodega de {name}?"),
+    ("Wie viele Arbeiter haben den Tunnel von {name} gegraben?",
+     "Combien d'ouvriers ont creusé le tunnel de {name} ?",
+     "¿Cuántos obreros excavaron el túnel de {name}?"),
+    ("Welcher Dirigent hat das Orchester von {name} gegründet?",
+     "Quel chef d'orchestre a fondé l'orchestre de {name} ?",
+     "¿Qué director fundó la orquesta de {name}?"),
+)  # fmt: skip
+_CODE_QUESTION = "Which entry is filed under register code {code}?"
+KINDS = ("literal", "paraphrased", "multilingual", "code")
 _PEOPLE = ("Ilse Marrow", "Tomas Quell", "Ruth Abernathy", "Ода Линд", "Kenji Hollis",
            "Marta Oyelaran", "Piet Vandersloot", "Sunniva Aakre")  # fmt: skip
 _FILLER = (
@@ -94,7 +131,7 @@ class Question:
     text: str
     key: str
     document: str
-    paraphrased: bool
+    kind: str  # one of KINDS
 
 
 @dataclass(frozen=True)
@@ -104,21 +141,38 @@ class Corpus:
     questions: list[Question]
 
 
-def _passages(count: int, rng: random.Random) -> list[tuple[Passage, str, str]]:
+def _code(rng: random.Random, taken: set[str]) -> str:
+    letters = "ABCDEFGHJKLMNPQRSTUVWXYZ"
+    while True:
+        code = f"{rng.choice(letters)}{rng.choice(letters)}-{rng.randint(1000, 9999)}"
+        code += rng.choice(letters)
+        if code not in taken:
+            taken.add(code)
+            return code
+
+
+def _passages(count: int, rng: random.Random) -> list[tuple[Passage, dict[str, str]]]:
+    """Each passage, with its question of each kind."""
     out = []
-    combos = [(n, t) for n in _NAMES for t in _THINGS]
+    combos = [(n, i) for n in _NAMES for i in range(len(_THINGS))]
     rng.shuffle(combos)
-    for name, (thing, fact, literal, paraphrase) in combos[:count]:
+    codes: set[str] = set()
+    for name, i in combos[:count]:
+        thing, fact, literal, paraphrase = _THINGS[i]
         values = {"year": rng.randint(1820, 1990), "n": rng.randint(12, 9800), "name": name,
-                  "week": rng.randint(30, 44), "person": rng.choice(_PEOPLE)}  # fmt: skip
+                  "week": rng.randint(30, 44), "person": rng.choice(_PEOPLE),
+                  "code": _code(rng, codes)}  # fmt: skip
         stated = fact.format(**values)
         key = f"The {name} {thing} {stated}"
         filler = " ".join(rng.sample(_FILLER, 2))
-        text = f"{key}. {filler}"
-        out.append(
-            (Passage(key, f"{name} {thing}", text), literal.format(**values),
-             paraphrase.format(**values))
-        )  # fmt: skip
+        text = f"{key}. It is filed under register code {values['code']}. {filler}"
+        questions = {
+            "literal": literal.format(**values),
+            "paraphrased": paraphrase.format(**values),
+            "multilingual": rng.choice(_TRANSLATED[i]).format(**values),
+            "code": _CODE_QUESTION.format(**values),
+        }
+        out.append((Passage(key, f"{name} {thing}", text), questions))
     return out
 
 
@@ -235,8 +289,8 @@ def markdown(title: str, sections: list[tuple[str, str]]) -> bytes:
 
 
 def make_corpus(passages: int = 200, seed: int = 15) -> Corpus:
-    """`passages` fact passages over eight documents (two of each kind), with two questions
-    each (literal and paraphrased)."""
+    """`passages` fact passages over eight documents (two of each kind), with a question of
+    each of KINDS each."""
     rng = random.Random(seed)
     made = _passages(passages, rng)
     kinds = ("pdf", "docx", "html", "md")
@@ -244,11 +298,10 @@ def make_corpus(passages: int = 200, seed: int = 15) -> Corpus:
     files: dict[str, bytes] = {}
     by_doc: dict[str, list[Passage]] = {n: [] for n in names}
     questions = []
-    for i, (passage, literal, paraphrase) in enumerate(made):
+    for i, (passage, asked) in enumerate(made):
         doc = names[i % len(names)]
         by_doc[doc].append(passage)
-        questions.append(Question(literal, passage.key, doc, False))
-        questions.append(Question(paraphrase, passage.key, doc, True))
+        questions.extend(Question(asked[kind], passage.key, doc, kind) for kind in KINDS)
     for doc, items in by_doc.items():
         sections = [(p.title, p.text) for p in items]
         kind = doc.rsplit(".", 1)[1]
@@ -279,6 +332,42 @@ def million_page_pdf() -> bytes:
         b"<< /Type /Catalog /Pages 2 0 R >>",
         b"<< /Type /Pages /Kids [3 0 R] /Count 1000000 >>",
         b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 595 842] >>",
+    ]
+    return _pdf_file(objects)
+
+
+def shared_million_page_pdf() -> bytes:
+    """A PDF of a million (empty) pages in 12 KB whose page tree says it has one: the root
+    names one node a thousand times, which names one page a thousand times — to a reader,
+    a million pages (each reference is a page)."""
+    thousand = b" ".join([b"3 0 R"] * 1000)
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [" + thousand + b"] /Count 1 >>",
+        b"<< /Type /Pages /Parent 2 0 R /Kids [" + thousand.replace(b"3", b"4") + b"] /Count 1 >>",
+        b"<< /Type /Page /Parent 3 0 R /MediaBox [0 0 595 842] >>",
+    ]
+    return _pdf_file(objects)
+
+
+def real_million_page_pdf() -> bytes:
+    """A PDF of a million distinct empty page objects (79 MiB, made in about 5 s) whose page
+    tree says it has one."""
+    count = 1_000_000
+    kids = b" ".join(b"%d 0 R" % n for n in range(3, count + 3))
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [" + kids + b"] /Count 1 >>",
+        *[b"<< /Type /Page /Parent 2 0 R >>"] * count,
+    ]
+    return _pdf_file(objects)
+
+
+def looping_page_tree_pdf() -> bytes:
+    """A PDF whose page tree's one node is its own kid."""
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [2 0 R] /Count 1 >>",
     ]
     return _pdf_file(objects)
 

@@ -63,7 +63,8 @@ async def test_a_run_searches_its_granted_knowledge_base_and_cites_document_and_
     tools_offered = {t["function"]["name"] for t in model.requests[0]["tools"]}
     assert tools_offered == {"rag"}
     mounted = [e["data"] for e in parse_sse(events) if e["event"] == "knowledge_base.mounted"]
-    assert [(m["name"], m["version"]) for m in mounted] == [("handbook", 2)]
+    assert [(m["name"], m["version"], m["read_only"]) for m in mounted] == [("handbook", 2, True)]
+    assert "knowledge_base.copied" not in events  # gVisor binds the stored file, read-only
     assert cp.manager.list() == []
 
     assert refused.status_code == 403, refused.text

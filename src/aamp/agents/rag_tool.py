@@ -1,7 +1,9 @@
 """The `rag` tool on the host: `search(kb, query, k)` over a knowledge base granted to the
 agent, run by the knowledge-base worker inside the run's own sandbox (`aamp.guest.rag`, rag
-image) against the index the run was given at its start (`KB_DIR/NAME.sqlite`, opened
-read-only and immutable there; one version for the whole run). The worker's answer is
+image) against the index the run was given at its start (`KB_DIR/NAME.sqlite`, mounted
+read-only, opened read-only and immutable; one version for the whole run). The worker is a
+resident one (`SearchWorker`), started on the first search and kept for the run's others,
+so a search costs the query's embedding and the lookups only. Its answer is
 untrusted: each passage's fields are type-checked and cut to length before the model sees
 them, with its citation (document, page or section) and score."""
 
@@ -12,7 +14,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from aamp.agents.observation import Observation
-from aamp.sandbox import GuestChannel, WorkerFailed, call
+from aamp.sandbox import GuestChannel, SearchWorker, WorkerFailed
 
 Borrow = Callable[[], AbstractAsyncContextManager[GuestChannel]]
 
@@ -65,6 +67,7 @@ class RagTool:
         self.borrow = borrow
         self.timeout_cap = timeout_cap
         self.knowledge_bases = knowledge_bases
+        self.worker = SearchWorker()
 
     async def run(self, args: dict[str, Any]) -> Observation:
         kb = args["kb"]
@@ -72,10 +75,10 @@ class RagTool:
             return Observation(f"error: knowledge base {kb!r} is not granted to this agent", False)
         index = rag_index_path(kb)[len("/workspace/") :]
         k = int(args.get("k", 5))
-        request = {"action": "search", "index": index, "query": args["query"], "k": k}
+        request = {"index": index, "query": args["query"], "k": k}
         try:
             async with self.borrow() as channel:
-                answer = await call(channel, request, float(self.timeout_cap))
+                answer = await self.worker.search(channel, request, float(self.timeout_cap))
         except WorkerFailed as exc:
             return Observation(f"error: {exc}", False)
         if answer.get("ok") is not True:

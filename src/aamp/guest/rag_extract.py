@@ -4,9 +4,12 @@ as one section. Runs in a child process of the indexer (`aamp.guest.rag`), one p
 under its own memory and CPU limits, so a document that exhausts them fails only itself.
 
 Hostile input: a DOCX goes through `documents_read.check_zip` (zip bombs) before python-docx
-opens it; a PDF is refused past MAX_PAGES pages (its page tree's count is read before any page,
-and pages are counted again as they are read), and text stops at MAX_CHARS; HTML goes through
-the standard library's forgiving parser, which never raises on bad markup.
+opens it; a PDF is refused past MAX_PAGES pages — the count its page tree declares is read
+first, then the tree itself is walked, each reference to a page counted, within a bounded
+number of steps (`count_pages`): a tree whose count lies, whose nodes are shared so a few
+objects make a million pages, or which loops, is refused before pypdf lists its pages (which
+it would do all at once, a million of them in 10 s and 600 MB) — and text stops at MAX_CHARS;
+HTML goes through the standard library's forgiving parser, which never raises on bad markup.
 """
 
 from __future__ import annotations
@@ -23,12 +26,41 @@ from aamp.guest.documents_read import check_zip
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from typing import Any
 
     Section = tuple[int | None, str, str]
 
 MAX_PAGES = 5_000
+# Nodes a page tree may have per page it may hold (intermediate nodes, kids that go nowhere).
+PAGE_TREE_STEPS = 4
 MAX_CHARS = 20_000_000
 KINDS = (".pdf", ".docx", ".html", ".htm", ".md", ".markdown", ".txt")
+
+
+def count_pages(root: Any, declared: int, limit: int = MAX_PAGES) -> int:
+    """The pages under page-tree node `root` (a pypdf dictionary), each reference counted —
+    a viewer shows a page once per reference — or DocumentError past `limit` pages, or past
+    PAGE_TREE_STEPS nodes visited (a loop, or kids that are not pages at all)."""
+    pages, steps, todo = 0, 0, [root]
+    while todo:
+        node = todo.pop()
+        steps += 1
+        if steps > limit * PAGE_TREE_STEPS:
+            raise DocumentError(
+                f"refused: the PDF's page tree has more than {limit * PAGE_TREE_STEPS} nodes"
+            )
+        node = node.get_object() if hasattr(node, "get_object") else node
+        kids = node.get("/Kids") if hasattr(node, "get") else None
+        if kids is None:
+            pages += 1
+            if pages > limit:
+                raise DocumentError(
+                    f"refused: the PDF's page tree holds more than {limit} pages "
+                    f"(it declares {declared})"
+                )
+            continue
+        todo.extend(kids.get_object() if hasattr(kids, "get_object") else kids)
+    return pages
 
 
 def _pdf(path: str) -> Iterator[Section]:
@@ -36,11 +68,14 @@ def _pdf(path: str) -> Iterator[Section]:
 
     reader = PdfReader(path)
     try:
-        declared = int(reader.trailer["/Root"]["/Pages"]["/Count"])
+        tree = reader.trailer["/Root"]["/Pages"]
+        declared = int(tree["/Count"])
     except (KeyError, TypeError, ValueError):
-        declared = 0
+        tree, declared = None, 0
     if declared > MAX_PAGES:
         raise DocumentError(f"refused: the PDF declares {declared} pages (at most {MAX_PAGES})")
+    if tree is not None:
+        count_pages(tree, declared)
     for number, page in enumerate(reader.pages, 1):
         if number > MAX_PAGES:
             raise DocumentError(f"refused: the PDF has more than {MAX_PAGES} pages")

@@ -35,7 +35,7 @@ import posixpath
 import secrets
 import shutil
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ from aamp.runs.leases import DEFAULT_LEASE_SECONDS, LeaseLost, RunLeases
 from aamp.runs.steps import StepLog
 from aamp.runs.store import RunEvent, RunInfo, RunStore
 from aamp.runs.waiting import ApprovalGate, LiveRun
-from aamp.sandbox import ChannelError
+from aamp.sandbox import ChannelError, ReadOnlyFile
 from aamp.sandbox.manager import CreateRequest, SandboxError, SandboxManager, UnknownSandbox
 from aamp.store import Store
 from aamp.store.timestamps import now, parse_time
@@ -434,7 +434,13 @@ class RunService:
                         "workspace": "fresh",
                     },
                 )
-            sandbox = await self.manager.create(req.create, actor=f"run:{run_id}")
+            mounting = self.manager.can_mount_files(req.create.driver)
+            create = req.create
+            if mounting and req.knowledge_bases:
+                mounts = tuple(ReadOnlyFile(path, rag_index_path(name))
+                               for name, (_, path) in req.knowledge_bases.items())  # fmt: skip
+                create = replace(create, read_only_files=mounts)
+            sandbox = await self.manager.create(create, actor=f"run:{run_id}")
             sandbox_id = sandbox.id
             self._sandboxes[run_id] = sandbox_id
             await self.store.run(lambda: self.runs.update(run_id, fence, sandbox_id=sandbox_id))
@@ -449,7 +455,7 @@ class RunService:
                 },
             )
             await self._put_inputs(run_id, sandbox_id, req.inputs)
-            await self._put_indexes(run_id, sandbox_id, req.knowledge_bases)
+            await self._give_indexes(run_id, sandbox_id, req.knowledge_bases, mounting)
             model = ModelClient(d.model, self._endpoint_access(run_id, req.endpoint))
             tools = ToolSet.build(d.tools, {n: u for n, u in req.services.items()})
             live = self._live[run_id]
@@ -637,18 +643,25 @@ class RunService:
                     {"path": path, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()},
                 )
 
-    async def _put_indexes(
-        self, run_id: str, sandbox_id: str, indexes: dict[str, tuple[int, Path]]
+    async def _give_indexes(
+        self, run_id: str, sandbox_id: str, indexes: dict[str, tuple[int, Path]], mounted: bool
     ) -> None:
-        """Each knowledge base's index file into the sandbox, where only the worker reads it."""
-        async with self.manager.use(sandbox_id) as channel:
-            for name, (version, path) in indexes.items():
+        """Say how each knowledge base's index is in the sandbox, where only the worker reads
+        it: mounted read-only at boot (gVisor: the stored file itself, which the guest cannot
+        change), or — a driver that cannot mount files (Firecracker) — copied in now, into
+        the guest's own disk, where the guest could change its copy but never the stored
+        file; the event says which."""
+        for name, (version, path) in indexes.items():
+            about = {"name": name, "version": version, "index": path.stem}
+            if mounted:
+                about |= {"size": path.stat().st_size, "read_only": True}
+                await self.emit(run_id, "knowledge_base.mounted", about)
+                continue
+            async with self.manager.use(sandbox_id) as channel:
                 size = await channel.put_file(rag_index_path(name), path)
-                await self.emit(
-                    run_id,
-                    "knowledge_base.mounted",
-                    {"name": name, "version": version, "index": path.stem, "size": size},
-                )
+            reason = "this sandbox's driver cannot mount host files read-only"
+            await self.emit(run_id, "knowledge_base.copied", about | {"size": size,
+                            "read_only": False, "reason": reason})  # fmt: skip
 
     async def _collect(self, run_id: str, sandbox_id: str, req: RunRequest) -> list[str]:
         """Copy /workspace/out's files out as artifacts; returns the refusals' reasons."""

@@ -3,8 +3,9 @@ manager that owns every live sandbox on this host.
 
 - `SandboxManager` with `CreateRequest` — create (cold or from the warm pool), use, destroy,
   reap (`manager.py`);
-- `Driver` and `SandboxSpec` — the isolation contract (`driver.py`), `GVisorDriver`,
-  `FirecrackerDriver`, and which of them work here (`drivers.py`);
+- `Driver` and `SandboxSpec` (and its `ReadOnlyFile`s) — the isolation contract
+  (`driver.py`), `GVisorDriver`, `FirecrackerDriver`, and which of them work here
+  (`drivers.py`);
 - `ImageStore` — guest images by content hash (`images.py`, recipes in `image_recipes.py`),
   and their derived layers with a policy's packages from the offline `Wheelhouse`
   (`wheelhouse.py`); what an offline bundle carries for them: `RECIPES`, the mirror
@@ -14,8 +15,9 @@ manager that owns every live sandbox on this host.
   followers (`image_builds.py`);
 - `run_worker` — one run of a guest JSON worker (`aamp.guest.<module>`) in a sandbox, shared
   by the documents tool and the knowledge-base worker (`guest_worker.py`);
-- the knowledge-base worker's host side: one request and its answer (`call`), and the check
-  an index file passes on its bytes before it is kept (`check_index_header`, `rag_worker.py`);
+- the knowledge-base worker's host side: one request and its answer (`call`), searches by
+  a worker kept running in the sandbox (`SearchWorker`), and the check an index file passes
+  on its bytes before it is kept (`check_index_header`, `rag_worker.py`);
 - `GuestChannel` — exec and files inside a running sandbox, and its errors (`channel/`);
   `workspace_path`, the one rule for paths a caller may name (`channel/workspace.py`).
 
@@ -44,6 +46,7 @@ __all__, __getattr__ = surface(
             "Driver",
             "DriverError",
             "DriverStatus",
+            "ReadOnlyFile",
             "SandboxHandle",
             "SandboxSpec",
             "SnapshotUnsupported",
@@ -85,6 +88,7 @@ __all__, __getattr__ = surface(
         "rag_worker": (
             "MAX_INDEX_BYTES",
             "BadIndex",
+            "SearchWorker",
             "WorkerFailed",
             "call",
             "check_index_header",

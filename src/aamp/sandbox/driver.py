@@ -24,6 +24,9 @@ Contract:
 - `snapshot` may raise `SnapshotUnsupported`.
 - `exited(handle)` tells, cheaply, whether a guest stopped by itself and why.
 - `probe()` says whether the driver can work on this host, in plain words.
+- `mounts_files` says whether the driver can show a host file to the guest read-only (a spec's
+  `read_only_files`); one that cannot refuses such a spec in `create` (`DriverError`), so
+  a caller that wants one must ask first and choose another way itself, in the open.
 
 A spec's `resources` are the policy's own value (`aamp.policy.Resources`), bounds included.
 """
@@ -31,6 +34,7 @@ A spec's `resources` are the policy's own value (`aamp.policy.Resources`), bound
 from __future__ import annotations
 
 import abc
+import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +46,9 @@ if TYPE_CHECKING:
     from aamp.sandbox.images import BuiltImage
 
 SANDBOX_ID_RE = re.compile(r"^sb-[0-9a-f]{12}$")
+# Where a read-only file may appear in a guest: under the workspace, never over a path the
+# guest agent, the channel or the kernel's own file systems live at.
+READ_ONLY_FILE_ROOT = "/workspace/"
 
 
 class DriverError(RuntimeError):
@@ -53,11 +60,36 @@ class SnapshotUnsupported(DriverError):
 
 
 @dataclass(frozen=True)
+class ReadOnlyFile:
+    """A host file the guest sees at `target`, read-only: the guest can read it and can neither
+    write, truncate, rename nor remove it, and the host file never changes."""
+
+    source: Path
+    target: str
+
+    def __post_init__(self) -> None:
+        target = self.target
+        if (
+            not target.startswith(READ_ONLY_FILE_ROOT)
+            or posixpath.normpath(target) != target
+            or not re.fullmatch(r"[A-Za-z0-9._/-]{1,255}", target)
+        ):
+            raise ValueError(
+                f"a read-only file's place in the guest must be a plain path under "
+                f"{READ_ONLY_FILE_ROOT}, not {target!r}"
+            )
+        if self.source.is_symlink() or not self.source.is_file():
+            raise ValueError(f"{self.source} is not a regular file of the host")
+
+
+@dataclass(frozen=True)
 class SandboxSpec:
     image: str = "base"
     resources: Resources = field(default_factory=Resources)
     # Environment every exec starts from (the egress issue adds the proxy variables here).
     env: dict[str, str] = field(default_factory=dict)
+    # Host files shown read-only in the guest (only drivers whose `mounts_files` is true).
+    read_only_files: tuple[ReadOnlyFile, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -81,6 +113,8 @@ class SandboxHandle:
 
 class Driver(abc.ABC):
     name: str
+    # Whether `create` can bind a spec's `read_only_files` into the guest.
+    mounts_files: bool = False
 
     @abc.abstractmethod
     def probe(self) -> DriverStatus: ...

@@ -30,6 +30,11 @@ Optional jailer (`AAMP_FIRECRACKER_JAILER_UID` / `_GID`): Firecracker then runs 
 image and kernel are hard-linked into the chroot when on the same filesystem, else bind-mounted
 read-only; destroy unmounts them and removes the cgroups. Everything is placed *before* the
 jailer starts: it pivots into its own mount namespace, which does not see later bind mounts.
+
+No host file is ever shown to the guest as a file (`mounts_files` is false): a microVM has
+block devices, not a shared file system, so a spec with `read_only_files` is refused, and a
+caller that needs a file in the guest copies it into the guest's own disk, saying so (a run's
+knowledge-base index: `knowledge_base.copied`).
 """
 
 from __future__ import annotations
@@ -158,6 +163,11 @@ class FirecrackerDriver(Driver):
         self, sandbox_id: str, spec: SandboxSpec, image: BuiltImage, state_dir: Path
     ) -> SandboxHandle:
         _check_id(sandbox_id)
+        if spec.read_only_files:
+            raise DriverError(
+                "the firecracker driver cannot show a host file read-only in a microVM (it has "
+                "no shared file system, only block devices); copy the file in instead"
+            )
         if not state_dir.is_dir():
             raise DriverError(f"state directory {state_dir} does not exist")
         ext4 = Path(image.ext4)

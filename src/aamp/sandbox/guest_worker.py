@@ -20,12 +20,17 @@ def _boot(module: str) -> str:
     )
 
 
+def worker_argv(module: str, *args: str) -> list[str]:
+    """The command that starts worker `module` in a sandbox, with `args` for its `main`."""
+    return ["python3", "-I", "-c", _boot(module), GUEST_LIB, *args]
+
+
 async def run_worker(
     channel: GuestChannel, module: str, request: dict[str, Any], timeout: float, max_answer: int
 ) -> tuple[Any, bytes, bytes]:
     """The worker's exit result, stdout and stderr, as `GuestChannel.run` gives them."""
     return await channel.run(
-        ["python3", "-I", "-c", _boot(module), GUEST_LIB],
+        worker_argv(module),
         cwd="/workspace",
         stdin=json.dumps(request).encode(),
         timeout=timeout,

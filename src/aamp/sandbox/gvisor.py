@@ -6,8 +6,11 @@ Isolation choices, and why:
 - the image tree is the read-only root, and `--overlay` gives the guest a writable layer kept
   in the sandbox's own memory, so nothing the guest writes touches the host's disk and the
   memory limit bounds it.
-- the only host path bound in is this sandbox's channel directory (one Unix socket that the
-  host listens on); `--fsgofer-host-uds` lets the guest agent connect to it.
+- the host paths bound in are this sandbox's channel directory (one Unix socket that the
+  host listens on; `--fsgofer-host-uds` lets the guest agent connect to it) and the spec's
+  `read_only_files`, each a read-only bind of one host file: the guest can read it, and
+  writing, truncating, renaming or removing it fails in the guest (a test checks each); the
+  overlay wraps only writable mounts, so nothing of it is copied into sandbox memory either.
 - cpu, memory and pids limits go into the OCI `linux.resources` and are enforced through the
   host's cgroups; the cgroup directories are removed on destroy, because runsc leaves them.
 
@@ -63,6 +66,7 @@ REQUIRED_CGROUP_CONTROLLERS = ("blkio", "cpu", "cpuset", "memory", "pids")
 
 class GVisorDriver(Driver):
     name = "gvisor"
+    mounts_files = True
 
     def __init__(self, runtime_dir: Path, *, runsc: str = RUNSC, platform: str = "ptrace"):
         self.runtime_dir = runtime_dir
@@ -272,6 +276,15 @@ class GVisorDriver(Driver):
                     "source": str(channel_dir),
                     "options": ["rbind", "rw"],
                 },
+                *(
+                    {
+                        "destination": f.target,
+                        "type": "bind",
+                        "source": str(f.source),
+                        "options": ["bind", "ro", "nosuid", "nodev", "noexec"],
+                    }
+                    for f in spec.read_only_files
+                ),
             ],
             "linux": {
                 "cgroupsPath": f"/{self.cgroup_parent}/{sandbox_id}",

@@ -45,7 +45,14 @@ from aamp.egress.services import SecretReader, ServiceSet
 from aamp.errors import AampError
 from aamp.policy import DEFAULT_IDLE_SECONDS, DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS, Resources
 from aamp.sandbox.channel.guest_channel import GuestChannel
-from aamp.sandbox.driver import SANDBOX_ID_RE, Driver, DriverError, SandboxHandle, SandboxSpec
+from aamp.sandbox.driver import (
+    SANDBOX_ID_RE,
+    Driver,
+    DriverError,
+    ReadOnlyFile,
+    SandboxHandle,
+    SandboxSpec,
+)
 from aamp.sandbox.images import BuiltImage, ImageBuildError, ImageStore
 from aamp.sandbox.placer import Placer
 from aamp.sandbox.runtime_dir import RuntimeDir, RuntimeDirBusy
@@ -110,6 +117,9 @@ class CreateRequest:
     # A policy's `packages:` (`name==version`), installed from the wheelhouse in a derived
     # layer of the image (`ImageStore.with_packages`).
     packages: tuple[str, ...] = ()
+    # Host files shown read-only in the guest (`ReadOnlyFile`); only drivers that can
+    # (`can_mount_files`), and never from the warm pool: they are bound in at boot.
+    read_only_files: tuple[ReadOnlyFile, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("ttl", "idle"):
@@ -299,11 +309,20 @@ class SandboxManager:
             raise UnknownSandbox(f"no sandbox {sandbox_id!r} on this host")
         return sandbox
 
+    def can_mount_files(self, driver: str | None = None) -> bool:
+        """Whether sandboxes of `driver` (default: this host's) can have `read_only_files`."""
+        found = self.drivers.get(driver or self.default_driver)
+        return found is not None and found.mounts_files
+
     async def create(self, request: CreateRequest, *, actor: str = "system") -> Sandbox:
         driver_name = request.driver or self.default_driver
         if driver_name not in self.drivers:
             raise InvalidRequest(
                 f"unknown driver {driver_name!r}; this host has {', '.join(sorted(self.drivers))}"
+            )
+        if request.read_only_files and not self.drivers[driver_name].mounts_files:
+            raise InvalidRequest(
+                f"the {driver_name} driver cannot show host files read-only in a sandbox"
             )
         try:
             image = self.images.get(request.image)
@@ -319,11 +338,13 @@ class SandboxManager:
         )
         sandbox = None
         try:
-            if not request.packages:  # the pool holds plain images only
+            if not request.packages and not request.read_only_files:  # the pool: plain images
                 key = boot_key(driver_name, request.image, request.resources)
                 sandbox = await self._take_from_pool(key, image.content_hash)
             if sandbox is None:
-                sandbox = await self._boot(driver_name, image, request.resources)
+                sandbox = await self._boot(
+                    driver_name, image, request.resources, request.read_only_files
+                )
                 sandbox.packages = request.packages
             if placer is not None:
                 sandbox.host = await placer.placed(reservation, sandbox.id)
@@ -394,7 +415,13 @@ class SandboxManager:
             await self.destroy(sandbox.id, reason=f"stopped: {why}")
         raise SandboxStopped(f"sandbox {sandbox.id} has stopped: {why}")
 
-    async def _boot(self, driver_name: str, image: BuiltImage, resources: Resources) -> Sandbox:
+    async def _boot(
+        self,
+        driver_name: str,
+        image: BuiltImage,
+        resources: Resources,
+        read_only_files: tuple[ReadOnlyFile, ...] = (),
+    ) -> Sandbox:
         driver = self.drivers[driver_name]
         image_name = image.name
         sandbox_id = f"sb-{secrets.token_hex(6)}"
@@ -419,7 +446,9 @@ class SandboxManager:
         try:
             await channel.start()
             await egress.start()
-            spec = SandboxSpec(image=image_name, resources=resources)
+            spec = SandboxSpec(
+                image=image_name, resources=resources, read_only_files=read_only_files
+            )
             handle = await driver.create(sandbox_id, spec, image, state_dir)
             await channel.wait_ready(GUEST_READY_TIMEOUT)
         except BaseException as exc:

@@ -1,5 +1,7 @@
 """The host's side of the knowledge-base worker (`aamp.guest.rag`, in the rag image): one
-request in, one answer out, and the check an index file passes before the host keeps it.
+request in, one answer out (`call`, a process per request), searches through a worker kept
+running in a sandbox (`SearchWorker`), and the check an index file passes before the host
+keeps it.
 
 The answer and the index file come from a sandbox that parsed untrusted documents, so both
 are untrusted: the answer is size-capped and must be a JSON object; an index file is never
@@ -10,11 +12,14 @@ bounds, and its header is SQLite's with a sane page size that divides the file.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
+from aamp.sandbox.channel.errors import ChannelError
+from aamp.sandbox.channel.exec_session import ExecSession
 from aamp.sandbox.channel.guest_channel import GuestChannel
-from aamp.sandbox.guest_worker import run_worker
+from aamp.sandbox.guest_worker import run_worker, worker_argv
 
 MAX_ANSWER = 4_000_000
 MAX_INDEX_BYTES = 2 * 2**30
@@ -41,6 +46,90 @@ async def call(channel: GuestChannel, request: dict[str, Any], timeout: float) -
             why = f"killed by signal {result.signal} (a sandbox limit?)"
         raise WorkerFailed(f"the knowledge-base worker gave no answer: {why}")
     return answer
+
+
+class SearchWorker:
+    """Searches answered by one resident worker in a sandbox (`aamp.guest.rag` `serve`): it
+    is started on the first search, keeps its model and open indexes between searches, and
+    takes a JSON request per line on its stdin and gives a JSON answer per line on stdout.
+
+    One search at a time. A search that times out, a worker that died, or an answer that is
+    not one JSON object of at most MAX_ANSWER bytes ends the worker (`WorkerFailed`); the next
+    search starts a new one. Nothing here reads from the worker between searches, so it never
+    counts as the sandbox's activity while it waits.
+
+    Usage::
+
+        worker = SearchWorker()
+        answer = await worker.search(channel, {"index": ..., "query": ..., "k": 5}, 60)
+        await worker.close()        # or let the sandbox's teardown end it
+    """
+
+    def __init__(self) -> None:
+        self._session: ExecSession | None = None
+        self._stdout = bytearray()
+        self._stderr = bytearray()
+        self._lock = asyncio.Lock()
+
+    async def search(
+        self, channel: GuestChannel, request: dict[str, Any], timeout: float
+    ) -> dict[str, Any]:
+        line = json.dumps({**request, "action": "search"}).encode() + b"\n"
+        async with self._lock:
+            try:
+                async with asyncio.timeout(timeout):
+                    if self._session is None:
+                        self._session = await channel.exec(
+                            worker_argv("rag", "serve"), cwd="/workspace", stdin_open=True
+                        )
+                    await self._session.send_stdin(line)
+                    text = await self._answer_line()
+            except ChannelError as exc:  # GuestTimeout too: the guest went silent
+                await self.close()
+                raise WorkerFailed(f"the search worker is gone: {exc}") from None
+            except TimeoutError:
+                await self.close()
+                raise WorkerFailed(f"the search worker took longer than {timeout:g} s") from None
+            except (WorkerFailed, asyncio.CancelledError):
+                await self.close()  # where its answers stand is unknown: never read on
+                raise
+            try:
+                answer = json.loads(text)
+            except ValueError:
+                answer = None
+            if not isinstance(answer, dict):
+                await self.close()
+                raise WorkerFailed("the search worker answered something that is not an object")
+            return answer
+
+    async def _answer_line(self) -> bytes:
+        assert self._session is not None
+        while b"\n" not in self._stdout:
+            if len(self._stdout) > MAX_ANSWER:
+                raise WorkerFailed(f"the search worker's answer is over {MAX_ANSWER} bytes")
+            try:
+                out = await self._session.__anext__()
+            except StopAsyncIteration:
+                result = self._session.result
+                why = self._stderr.decode("utf-8", "replace")[-1000:].strip()
+                await self.close()
+                if result is not None and result.signal:
+                    why = f"killed by signal {result.signal} (a sandbox limit?) {why}"
+                raise WorkerFailed(f"the search worker stopped: {why or result}") from None
+            if out.stream == "stdout":
+                self._stdout += out.data
+            else:
+                self._stderr = (self._stderr + out.data)[-4000:]
+        text, _, rest = bytes(self._stdout).partition(b"\n")
+        self._stdout[:] = rest
+        return text
+
+    async def close(self) -> None:
+        """End the worker (its process group is killed); the next search starts another."""
+        session, self._session = self._session, None
+        self._stdout.clear()
+        if session is not None:
+            await session.aclose()
 
 
 class BadIndex(ValueError):

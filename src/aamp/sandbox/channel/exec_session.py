@@ -66,16 +66,20 @@ class ExecSession(HoldsConnection):
         self._stdin_task = asyncio.create_task(self._send_stdin(data))
 
     async def _send_stdin(self, data: bytes) -> None:
-        view = memoryview(data)
         try:
-            for start in range(0, len(view), wire.DATA_CHUNK):
-                wire.write_frame(
-                    self._conn.writer, wire.STDIN, view[start : start + wire.DATA_CHUNK]
-                )
-                await self._channel._drain(self._conn, "sending stdin")
+            await self.send_stdin(data)
             wire.write_frame(self._conn.writer, wire.EOF)
         except (ChannelError, ConnectionError, RuntimeError):
             pass  # the exec's own reads report what happened to the connection
+
+    async def send_stdin(self, data: bytes) -> None:
+        """More bytes for the command's stdin (started with `stdin_open`)."""
+        if self.result is not None or self._conn.closed:
+            raise GuestUnavailable(f"{self._argv0} has ended: its stdin is closed")
+        view = memoryview(data)
+        for start in range(0, len(view), wire.DATA_CHUNK):
+            wire.write_frame(self._conn.writer, wire.STDIN, view[start : start + wire.DATA_CHUNK])
+            await self._channel._drain(self._conn, "sending stdin")
 
     def __aiter__(self) -> ExecSession:
         return self

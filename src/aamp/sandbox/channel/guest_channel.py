@@ -53,9 +53,13 @@ class GuestChannel(ConnectionPool):
         cwd: str | None = None,
         stdin: bytes | None = None,
         timeout: float | None = None,
+        stdin_open: bool = False,
     ) -> ExecSession:
-        """Start a command; returns the live session (iterate it for output)."""
+        """Start a command; returns the live session (iterate it for output). With
+        `stdin_open` its stdin is a pipe kept open for `ExecSession.send_stdin`."""
         check_exec_args(argv, env, cwd, timeout)
+        if stdin_open and stdin is not None:
+            raise ValueError("give stdin's bytes or keep it open, not both")
         if stdin is not None and len(stdin) > self.max_file_bytes:
             raise FileTooLargeError(
                 f"stdin is {len(stdin)} bytes, over the limit of {self.max_file_bytes}"
@@ -65,7 +69,7 @@ class GuestChannel(ConnectionPool):
             "argv": list(argv),
             "env": dict(env or {}),
             "cwd": cwd,
-            "stdin": stdin is not None,
+            "stdin": stdin is not None or stdin_open,
             "timeout": timeout,
             "heartbeat": max(self.io_timeout / 3, 0.05),
         }
