@@ -36,7 +36,9 @@ class AsyncClient:
         in), and `timeout=`."""
         first = Client(*args, **kw)
         self.base: str = first.base
-        self._make = lambda: Client(first.base, first._token, timeout=first._http.timeout)
+        self._make = lambda: Client(
+            first.base, first._token, timeout=first._http.timeout, connection=first._connection
+        )
         self._idle: list[Client] = [first]
         self.sandboxes = AsyncSandboxes(self)
         self.agents = AsyncAgents(self)

@@ -9,10 +9,12 @@ whom the token names when known), as the API records a refused credential. A ses
 does not count: `/mcp` is for programs, and a page of another site cannot set a bearer header.
 
 The MCP side holds no authority of its own: each tool call acts with the request's token
-through the API at `api_url` (this very process), where the guard authenticates, decides and
-audits it like any other API request; the SDK client doing so is kept per token (`clients`),
-and closed as soon as its token is refused here. Stateless (no MCP session kept between
-requests), so replicas behind a load balancer need nothing shared.
+through the API of this very process, called in process (`in_process`: the site app itself,
+no loopback socket), where the guard authenticates, decides and audits it like any other API
+request; the SDK client doing so is kept per token (`clients`), and closed as soon as its
+token is refused here. (`api_url` is only the address those requests name as their host.)
+Stateless (no MCP session kept between requests), so replicas behind a load balancer need
+nothing shared.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def _bearer(headers: Any) -> str:
 
 
 def with_mcp(app: Any, cp: ControlPlane, api_url: str, *, host: str = "127.0.0.1") -> Any:
-    clients = TokenClients(api_url)
+    clients = TokenClients(api_url, app=app)
 
     async def client_for(ctx: Context) -> AsyncClient:
         return await clients.get(_bearer(ctx.headers))
