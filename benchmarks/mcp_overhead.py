@@ -7,10 +7,12 @@ named mcp.py: that would hide the `mcp` package from this script.)
     AAMP_IMAGE_DIR=/var/cache/aamp/images python benchmarks/mcp_overhead.py [--runs 51]
 
 A tool call is one MCP POST, authenticated by the API guard's token check, whose tool makes
-the API request through the SDK client kept for its token (one keep-alive connection to the
-API of the same process); so the difference is MCP's framing and validation, that token
-check, the worker-thread hop of the async SDK and the extra loopback request. Calls take
-turns, so both sides see the same load.
+the API request through the SDK client kept for its token, in process (an ASGI call of the
+same app, no loopback socket: `aamp.mcp.in_process`); so the difference is MCP's framing and
+validation on both sides (the official client's share is most of it), that token check and
+the worker-thread hop of the async SDK. Calls take turns, so both sides see the same load;
+on a machine whose cores are busy with other work, the thread hops and every wake-up cost
+more, and the figures swing with that load: compare runs made side by side.
 """
 
 from __future__ import annotations

@@ -200,7 +200,7 @@ def serve(settings: Settings) -> None:
     from aamp.mcp import with_mcp  # /mcp beside the API, acting through it
 
     config = uvicorn.Config(
-        with_mcp(app, cp, settings.api_url, host=settings.listen_host),
+        with_mcp(app, cp, settings.api_url),
         host=settings.listen_host,
         port=settings.listen_port,
         log_level="warning",

@@ -30,7 +30,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]  # tests/
 
-from aamp.client import AsyncClient  # noqa: E402
+from aamp.client import AsyncClient, ClientError  # noqa: E402
 from aamp.config import Settings  # noqa: E402
 from aamp.egress.resolver import StaticResolver  # noqa: E402
 from aamp.mcp import with_mcp  # noqa: E402
@@ -129,6 +129,18 @@ async def scenario(settings: Settings) -> dict[str, Any]:
                 await mcp.call_tool("sandbox_destroy", {"sandbox_id": sandbox})
             page = await admin.call("GET", "/v1/audit", params={"limit": "1000"})
             report["audit"] = page["records"]
+            # The SDK's twin of the tool (after the audit read above, which counts the tool's).
+            async with await admin.sandboxes.create(agent=agent, policy="browse") as browser:
+                taken = await browser.screenshot("http://app.test/")
+                report["sdk_shot"] = {
+                    "png": taken.png.hex(),
+                    **{k: getattr(taken, k) for k in ("sha256", "title", "status", "url")},
+                }
+                try:
+                    await browser.screenshot("http://blocked.test/")
+                    report["sdk_blocked"] = None
+                except ClientError as exc:
+                    report["sdk_blocked"] = {"code": exc.code, "message": exc.message}
     finally:
         server.should_exit = True
         await serving

@@ -55,6 +55,19 @@ def test_a_screenshot_through_the_policys_egress_and_a_blocked_domain_refused(
     assert taken["details"]["url"] == "http://app.test/" and taken["actor"] == "user:admin"
     assert refused["decision"] == "deny" and refused["details"]["url"] == "http://blocked.test/"
     assert refused["details"]["rule"]
+    # The SDK's `Sandbox.screenshot`, the same API call: the page, and the same refusal.
+    sdk = report["sdk_shot"]
+    sdk_png = bytes.fromhex(sdk["png"])
+    assert sdk_png.startswith(b"\x89PNG\r\n\x1a\n")
+    assert sdk["sha256"] == hashlib.sha256(sdk_png).hexdigest()
+    assert (sdk["status"], sdk["title"], sdk["url"]) == (
+        200,
+        "Quarterly numbers",
+        "http://app.test/",
+    )
+    assert report["sdk_blocked"]["code"] == "egress_refused", report["sdk_blocked"]
+    assert "http://blocked.test/" in report["sdk_blocked"]["message"]
+    assert "rule:" in report["sdk_blocked"]["message"]
     egress = [r for r in audit if r["action"].startswith("egress.")]
     assert any("blocked.test" in r["resource"] and r["decision"] != "allow" for r in egress)
     assert any("app.test" in r["resource"] and r["decision"] == "allow" for r in egress)

@@ -150,6 +150,14 @@ async def bearer_actor(request: Request, cp: ControlPlane, action: str) -> Actor
     return actor
 
 
+async def record_connect_refusal(
+    request: Request, cp: ControlPlane, actor: Actor, action: str, reason: str
+) -> None:
+    """Record `action` refused for an authenticated `actor` by a check outside the routes
+    (`/mcp`'s Host and Origin), in the shape of `bearer_actor`'s refusals."""
+    await _record(cp, request, actor, action, action, Decision(False, reason))
+
+
 def _csrf_failure(request: Request, csrf_hash: str | None) -> str | None:
     """Why a session's unsafe request lacks its CSRF token, or None if it is fine."""
     if csrf_hash is None or request.method not in UNSAFE_METHODS:

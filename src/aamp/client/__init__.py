@@ -4,7 +4,8 @@ built on it — one client, not two.
 - `Client` (`api.py`) — signed in with a bearer token (given, or as the CLI finds one:
   AAMP_TOKEN, the login profile, this host's installation): `client.sandboxes`
   (`sandboxes.py`: a `Sandbox` is a context manager that destroys it on exit, `exec` streams
-  to callbacks, `files.write/read`), `client.agents` (`runs.py`: `run(...)` → a `Run` with
+  to callbacks, `files.write/read`, `screenshot` of a web page through the sandbox's
+  egress), `client.agents` (`runs.py`: `run(...)` → a `Run` with
   resumable `events()` and checked `artifacts()`), and generic `call`/`stream` for any route.
 - `AsyncClient` (`aio.py`) — the same for asyncio, on the same sync core run in threads.
 - `ClientError` — every failure: the API's refusal (its `code`, `message`, HTTP `status`), or
@@ -29,7 +30,7 @@ __all__, __getattr__ = surface(
         "login": ("login", "logout"),
         "profiles": ("Profiles",),
         "runs": ("Artifact", "Event", "Run"),
-        "sandboxes": ("ExecResult", "Sandbox"),
+        "sandboxes": ("ExecResult", "Sandbox", "Screenshot"),
         "transport": ("ClientError", "Response"),
     },
 )

@@ -20,7 +20,7 @@ import contextlib
 
 from aamp.client.api import Client, find_credentials
 from aamp.client.runs import Artifact, Event, Run
-from aamp.client.sandboxes import ExecResult, Sandbox
+from aamp.client.sandboxes import ExecResult, Sandbox, Screenshot
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -36,7 +36,9 @@ class AsyncClient:
         in), and `timeout=`."""
         first = Client(*args, **kw)
         self.base: str = first.base
-        self._make = lambda: Client(first.base, first._token, timeout=first._http.timeout)
+        self._make = lambda: Client(
+            first.base, first._token, timeout=first._http.timeout, connection=first._connection
+        )
         self._idle: list[Client] = [first]
         self.sandboxes = AsyncSandboxes(self)
         self.agents = AsyncAgents(self)
@@ -174,6 +176,14 @@ class AsyncSandbox:
             lambda c: Sandbox(c, self.info).exec(
                 argv, timeout=timeout, on_stdout=out, on_stderr=err, env=env, cwd=cwd, stdin=stdin
             )
+        )
+
+    async def screenshot(
+        self, url: str, *, full_page: bool = False, timeout: float | None = None
+    ) -> Screenshot:
+        """As `Sandbox.screenshot`."""
+        return await self._owner._run(
+            lambda c: Sandbox(c, self.info).screenshot(url, full_page=full_page, timeout=timeout)
         )
 
     async def destroy(self) -> None:

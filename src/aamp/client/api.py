@@ -23,6 +23,7 @@ from aamp.client.transport import ClientError, Connection, Response
 
 TYPE_CHECKING = False  # typing's own costs ~15 ms of start-up: see aamp.client
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     from aamp.client.runs import Agents
@@ -70,7 +71,11 @@ class Client:
 
     `Client(url, token)`; `Client()` signs in as the CLI would (`find_credentials`:
     AAMP_TOKEN, the login profile, or this host's installation); `Client(profile="prod")`
-    uses that login profile."""
+    uses that login profile.
+
+    `connection` makes the connection requests go over, called as
+    `connection(base_url, headers, timeout=timeout)`; by default `transport.Connection`, a
+    socket. (The control plane's `/mcp` gives one that reaches its own API in process.)"""
 
     def __init__(
         self,
@@ -79,6 +84,7 @@ class Client:
         *,
         profile: str | None = None,
         timeout: float | None = 120.0,
+        connection: Callable[..., Connection] = Connection,
     ):
         if base_url is None or token is None:
             if base_url is not None or token is not None:
@@ -88,7 +94,8 @@ class Client:
             raise ClientError("invalid_request", "give a url and token, or a profile, not both")
         self.base = base_url
         self._token = token
-        self._http = Connection(
+        self._connection = connection
+        self._http = connection(
             base_url,
             {"authorization": f"Bearer {token}", "user-agent": f"aamp/{__version__}"},
             timeout=timeout,

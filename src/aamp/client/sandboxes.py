@@ -106,6 +106,31 @@ def collect_exec(
     raise ClientError("transfer_failed", "the exec stream ended without a result")
 
 
+class Screenshot:
+    """A web page as a sandbox's browser showed it: the PNG's bytes (checked against the
+    size and SHA-256 the API gave), the URL it ended on, the page's title and HTTP status."""
+
+    __slots__ = ("png", "sha256", "status", "title", "url")
+
+    def __init__(self, answer: dict[str, Any]):
+        import base64
+        import hashlib
+
+        png = base64.b64decode(answer["png_b64"])
+        if len(png) != answer["bytes"] or hashlib.sha256(png).hexdigest() != answer["sha256"]:
+            raise ClientError(
+                "screenshot_mismatch", "the screenshot is not the size and SHA-256 the API gave"
+            )
+        self.png: bytes = png
+        self.sha256: str = answer["sha256"]
+        self.url: str = answer["url"]
+        self.title: str = answer["title"]
+        self.status: int | None = answer["status"]
+
+    def __repr__(self) -> str:
+        return f"Screenshot({self.url!r}, status={self.status}, {len(self.png)} bytes)"
+
+
 class Files:
     """A sandbox's files, in and out through the control plane (checked, hashed, audited)."""
 
@@ -191,6 +216,21 @@ class Sandbox:
             return collect_exec(events, on_stdout=on_stdout, on_stderr=on_stderr)
         finally:
             events.close()
+
+    def screenshot(
+        self, url: str, *, full_page: bool = False, timeout: float | None = None
+    ) -> Screenshot:
+        """Load `url` in this sandbox's browser (a sandbox of the `browser` image) and take a
+        PNG of it. The page is reached only through the sandbox policy's egress rules: a
+        domain they do not allow is refused (`ClientError` `egress_refused`, naming the
+        rule), never loaded. `timeout`: seconds for loading the page (the API's default
+        otherwise)."""
+        body: dict[str, Any] = {"url": url, "full_page": full_page}
+        if timeout is not None:
+            body["timeout_seconds"] = timeout
+        path = f"/v1/sandboxes/{self.id}/screenshot"
+        # No client-side limit: the API bounds the page's load, and the browser's start.
+        return Screenshot(self._client.call("POST", path, json=body, timeout=None))
 
     def refresh(self) -> dict[str, Any]:
         """The control plane's current view of this sandbox (expiry, image, owner)."""

@@ -3,7 +3,8 @@ outside agents, under the caller's own grants, policies and audit.
 
 - `tools` — the tools, each one call (or a few) of the /v1 API through the SDK with the
   caller's token: no second authorisation path (`build_server`);
-- `http` — `/mcp` over streamable HTTP beside the API in `aamp up` (`with_mcp`);
+- `http` — `/mcp` over streamable HTTP beside the API in `aamp up` (`with_mcp`), its tools
+  reaching that API in process (`in_process`), their SDK clients kept per token (`clients`);
 - `stdio` — `aamp mcp`, over stdio (`serve_stdio`).
 """
 

@@ -8,15 +8,23 @@ tokens, and so two users, never share one; at most `limit` are kept (the least r
 is closed first), each is closed after `idle_seconds` unused, and `drop` closes a token's
 client at once when `/mcp` finds the token refused (revoked, expired, its user disabled).
 Keeping a client grants nothing: the API authenticates and decides every request it sends.
+
+Given `app` (the site app of this process, as `/mcp` does), a client's requests reach it in
+process (`in_process.AsgiConnection`) instead of over a loopback socket: the same app, guard
+and audit, without the second HTTP hop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections import OrderedDict
+from functools import partial
+from typing import Any
 
 from aamp.client import AsyncClient
+from aamp.mcp.in_process import AsgiConnection
 
 MAX_CLIENTS = 64
 IDLE_SECONDS = 300.0
@@ -29,9 +37,15 @@ def _key(token: str) -> str:
 
 class TokenClients:
     def __init__(
-        self, api_url: str, *, limit: int = MAX_CLIENTS, idle_seconds: float = IDLE_SECONDS
+        self,
+        api_url: str,
+        *,
+        app: Any = None,
+        limit: int = MAX_CLIENTS,
+        idle_seconds: float = IDLE_SECONDS,
     ) -> None:
         self.api_url = api_url
+        self.app = app
         self.limit = limit
         self.idle_seconds = idle_seconds
         self._kept: OrderedDict[str, tuple[AsyncClient, float]] = OrderedDict()
@@ -44,12 +58,18 @@ class TokenClients:
         await self._close_idle()
         key = _key(token)
         kept = self._kept.pop(key, None)
-        client = kept[0] if kept else AsyncClient(self.api_url, token, timeout=CALL_TIMEOUT_SECONDS)
+        client = kept[0] if kept else self._new(token)
         self._kept[key] = (client, time.monotonic())
         while len(self._kept) > self.limit:
             _, (oldest, _) = self._kept.popitem(last=False)
             await oldest.close()
         return client
+
+    def _new(self, token: str) -> AsyncClient:
+        if self.app is None:
+            return AsyncClient(self.api_url, token, timeout=CALL_TIMEOUT_SECONDS)
+        in_process = partial(AsgiConnection, self.app, asyncio.get_running_loop())
+        return AsyncClient(self.api_url, token, timeout=CALL_TIMEOUT_SECONDS, connection=in_process)
 
     async def drop(self, token: str) -> None:
         """Close the client of a token that was refused (nothing happens if none is kept)."""

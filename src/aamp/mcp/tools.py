@@ -389,15 +389,12 @@ def build_server(client_for: ClientFor) -> MCPServer:
 async def _screenshot(
     client: AsyncClient, sandbox_id: str, url: str, full_page: bool
 ) -> CallToolResult:
-    shot = await client.call(
-        "POST",
-        f"/v1/sandboxes/{sandbox_id}/screenshot",
-        json={"url": url, "full_page": full_page},
-    )
-    about = {k: shot[k] for k in ("url", "title", "status", "sha256", "bytes")}
+    shot = await AsyncSandbox(client, {"id": sandbox_id}).screenshot(url, full_page=full_page)
+    about = {"url": shot.url, "title": shot.title, "status": shot.status}
+    about |= {"sha256": shot.sha256, "bytes": len(shot.png)}
     return CallToolResult(
         content=[
-            ImageContent(data=shot["png_b64"], mime_type="image/png"),
+            ImageContent(data=base64.b64encode(shot.png).decode(), mime_type="image/png"),
             TextContent(text=json.dumps({"sandbox_id": sandbox_id, **about})),
         ]
     )
