@@ -22,9 +22,10 @@ from aamp.cli.dispatch import COMMANDS
 LOCAL = {"up", "doctor", "model", "image", "audit", "mcp", "bundle"}  # mcp: the `mcp` package
 ALLOWED_AAMP = ("aamp", "aamp.config", "aamp.cli", "aamp.client")
 COMMAND_MODULES = {f"aamp.cli.{command.module}" for command in COMMANDS.values()}
-# Standard-library modules too slow to load for a command's sake (each ~5-30 ms with what it
-# pulls in): http.client's header parser is the e-mail package's, and it loads ssl.
-TOO_SLOW = ("http.client", "email", "ssl")
+# Standard-library modules too slow to load for a command's sake (each ~3-30 ms with what it
+# pulls in): http.client's header parser is the e-mail package's, and it loads ssl; dataclasses
+# loads inspect; argparse asks shutil for the terminal's width unless told (cli.parsing).
+TOO_SLOW = ("http.client", "email", "ssl", "dataclasses", "inspect", "shutil")
 
 COMMAND_LINES = [
     ["--help"],

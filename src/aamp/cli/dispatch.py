@@ -28,6 +28,7 @@ import sys
 from collections.abc import Callable, Iterable
 
 from aamp.cli.command import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, CommandError
+from aamp.cli.parsing import Parser
 from aamp.config import ConfigError, Settings
 
 Arguments = Callable[[argparse.ArgumentParser], None]
@@ -118,7 +119,7 @@ def build_parser(
     """The parser of the commands `listed` (by default all), with the arguments of those
     named in `arguments_of` (by default all)."""
     listed = list(listed)
-    p = argparse.ArgumentParser(prog="aamp", description="aamp control plane")
+    p = Parser(prog="aamp", description="aamp control plane")
     # Usage lines name every command even when only some are listed: they read as they would.
     every = "{" + ",".join(COMMANDS) + "}" if listed != list(COMMANDS) else None
     sub = p.add_subparsers(dest="command", required=True, metavar=every)
