@@ -21,13 +21,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from sqlalchemy import select
 
 from aamp.errors import AampError
 from aamp.fleet.registry import HostRegistry
-from aamp.store import format_time
+from aamp.store import time_at
 from aamp.store.tables import HostRow
 
 DEFAULT_CANDIDATES = 3
@@ -74,7 +73,7 @@ class Placement:
     def place(self, need: Need) -> Placed:
         """(Blocking.) Reserve `need` on the best of up to `k` candidate hosts."""
         registry = self.registry
-        fresh = format_time(datetime.fromtimestamp(registry.clock() - registry.lost_after, UTC))
+        fresh = time_at(registry.clock() - registry.lost_after)
         free_slots = HostRow.sandboxes - HostRow.used_sandboxes
         fits = select(HostRow).where(
             HostRow.state == "active",

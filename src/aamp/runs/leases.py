@@ -23,11 +23,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
-from datetime import UTC, datetime
 
 from sqlalchemy import and_, or_, select, update
 
-from aamp.store import Store, format_time
+from aamp.store import Store, time_at
 from aamp.store.tables import RunRow
 
 ACTIVE = ("queued", "running", "waiting_approval")
@@ -43,7 +42,7 @@ class RunLeases:
     clock: Callable[[], float] = time.time
 
     def _at(self, offset: float = 0.0) -> str:
-        return format_time(datetime.fromtimestamp(self.clock() + offset, UTC))
+        return time_at(self.clock() + offset)
 
     def take(self, run_id: str) -> None:
         """(Blocking.) This replica drives `run_id` (a run it has just created)."""
