@@ -173,7 +173,7 @@ def test_a_header_that_would_break_the_head_is_refused_unsent(serve) -> None:
     token = "aamp_t\r\nx-injected: yes"  # e.g. a token file with a line break in it
     with Client(server.url, token) as client, pytest.raises(ClientError) as caught:
         client.call("GET", "/v1/sandboxes")
-    assert caught.value.code == "bad_header"
+    assert caught.value.code == "bad_request"
     assert "'authorization'" in caught.value.message and "line break" in caught.value.message
     assert "aamp_t" not in caught.value.message  # a token is never repeated in an error
     assert server.heads == [] and server.connections == 0
@@ -233,3 +233,12 @@ def test_an_answer_that_is_not_http_it_can_read_is_a_transfer_failure(serve, ans
     with Client(server.url, "t") as client, pytest.raises(ClientError) as caught:
         client.call("GET", "/v1/x")
     assert caught.value.code == "transfer_failed", caught.value.message
+
+
+def test_a_method_that_is_not_one_is_refused_unsent(serve) -> None:
+    server = serve(lambda conn, head: conn.sendall(json_answer({})))
+    with Client(server.url, "t") as client, pytest.raises(ClientError) as caught:
+        client.call("GET /v1/other HTTP/1.1\r\nx:", "/v1/sandboxes")
+    assert caught.value.code == "bad_request", caught.value.message
+    assert "is not an HTTP method" in caught.value.message
+    assert server.heads == []

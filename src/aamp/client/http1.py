@@ -79,6 +79,8 @@ def request_head(
     """The request line and header fields, and whether the body is to be sent chunked. Framing
     is added as http.client adds it: a content-length for bytes, chunked for an iterable of
     bytes, unless the caller framed the body itself."""
+    if not (method.isascii() and method.isalpha()):
+        raise ValueError(f"{method!r} is not an HTTP method (letters only, as GET or PUT)")
     names = {name.lower() for name in headers}
     chunked = False
     fields = [] if "host" in names else [("Host", host)]

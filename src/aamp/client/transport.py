@@ -188,7 +188,7 @@ class Connection:
         try:
             head, chunked = request_head(method, target, self._host, sent, content)
         except ValueError as exc:
-            raise ClientError("bad_header", str(exc)) from None
+            raise ClientError("bad_request", str(exc)) from None
         sock, file = self._connect(unreachable_hint)
         wait = self.timeout if isinstance(timeout, UseClientDefault) else timeout
         sock.settimeout(wait)
