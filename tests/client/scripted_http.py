@@ -20,6 +20,8 @@ class ScriptedHttpServerForTests:
         self.script = script
         self.connections = 0
         self.heads: list[bytes] = []
+        # What arrived after the last head, already read off its connection (a body's start).
+        self.after_head = b""
         self.closed_by_client = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
@@ -46,6 +48,7 @@ class ScriptedHttpServerForTests:
                     buffered += data
                 head, _, buffered = buffered.partition(b"\r\n\r\n")
                 self.heads.append(head)
+                self.after_head = buffered
                 if self.script(conn, head):
                     return
 
@@ -58,5 +61,6 @@ def answer(status: str, body: bytes, *, extra: str = "") -> bytes:
     return head.encode() + body
 
 
-def json_answer(value: object, status: str = "200 OK") -> bytes:
-    return answer(status, json.dumps(value).encode(), extra="content-type: application/json\r\n")
+def json_answer(value: object, status: str = "200 OK", *, extra_close: bool = False) -> bytes:
+    extra = "content-type: application/json\r\n" + ("connection: close\r\n" if extra_close else "")
+    return answer(status, json.dumps(value).encode(), extra=extra)

@@ -166,3 +166,79 @@ def test_only_an_http_address_is_used() -> None:
     with pytest.raises(ClientError) as caught:
         Connection("https://cp.internal:8700", {}, timeout=5)
     assert caught.value.code == "bad_url"
+
+
+def test_a_header_that_would_break_the_head_is_refused_unsent(serve) -> None:
+    server = serve(lambda conn, head: conn.sendall(json_answer({})))
+    token = "aamp_t\r\nx-injected: yes"  # e.g. a token file with a line break in it
+    with Client(server.url, token) as client, pytest.raises(ClientError) as caught:
+        client.call("GET", "/v1/sandboxes")
+    assert caught.value.code == "bad_request"
+    assert "'authorization'" in caught.value.message and "line break" in caught.value.message
+    assert "aamp_t" not in caught.value.message  # a token is never repeated in an error
+    assert server.heads == [] and server.connections == 0
+
+
+def test_a_body_of_unknown_length_goes_chunked_and_arrives_whole(serve) -> None:
+    received = []
+
+    def script(conn: socket.socket, head: bytes) -> bool:
+        assert b"\r\nTransfer-Encoding: chunked" in head
+        body = server.after_head
+        while not body.endswith(b"\r\n0\r\n\r\n"):
+            body += conn.recv(65536)
+        received.append(body)
+        conn.sendall(json_answer({"ok": True}, extra_close=True))
+        return True
+
+    server = serve(script)
+    with Client(server.url, "t", timeout=5) as client:
+        assert client.call("PUT", "/v1/f", content=iter([b"ab", b"", b"cde"])) == {"ok": True}
+    assert received == [b"2\r\nab\r\n3\r\ncde\r\n0\r\n\r\n"]
+
+
+def test_an_answer_that_closes_its_connection_is_followed_by_a_new_one(serve) -> None:
+    server = serve(lambda conn, head: conn.sendall(json_answer([1], extra_close=True)))
+    with Client(server.url, "t") as client:
+        assert client.call("GET", "/a") == [1] and client.call("GET", "/b") == [1]
+    assert server.connections == 2
+
+
+def test_a_body_framed_by_the_connections_end_and_an_interim_answer(serve) -> None:
+    def script(conn: socket.socket, head: bytes) -> bool:
+        conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.0 200 OK\r\nx-a: 1\r\n\r\n[1,")
+        conn.sendall(b"2]")
+        return True  # the end of the connection is the end of the body
+
+    server = serve(script)
+    with Client(server.url, "t") as client:
+        assert client.call("GET", "/a") == [1, 2]
+        assert client.call("GET", "/b") == [1, 2]
+    assert server.connections == 2
+
+
+@pytest.mark.parametrize(
+    "answer_bytes",
+    [
+        b"HTTP/1.1 200 OK\r\ncontent-length: nine\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 200 OK\r\n" + b"x-a: 1\r\n" * 101 + b"\r\n",
+        b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nx-long: " + b"a" * 70000 + b"\r\n\r\n",
+    ],
+    ids=["length", "chunk-size", "too-many-headers", "no-colon", "long-line"],
+)
+def test_an_answer_that_is_not_http_it_can_read_is_a_transfer_failure(serve, answer_bytes) -> None:
+    server = serve(lambda conn, head: conn.sendall(answer_bytes) or True)
+    with Client(server.url, "t") as client, pytest.raises(ClientError) as caught:
+        client.call("GET", "/v1/x")
+    assert caught.value.code == "transfer_failed", caught.value.message
+
+
+def test_a_method_that_is_not_one_is_refused_unsent(serve) -> None:
+    server = serve(lambda conn, head: conn.sendall(json_answer({})))
+    with Client(server.url, "t") as client, pytest.raises(ClientError) as caught:
+        client.call("GET /v1/other HTTP/1.1\r\nx:", "/v1/sandboxes")
+    assert caught.value.code == "bad_request", caught.value.message
+    assert "is not an HTTP method" in caught.value.message
+    assert server.heads == []

@@ -11,8 +11,9 @@
 
 Start-up is most of what a command costs, so the modules a command loads are kept to the
 standard library, the client and the settings (a test holds every API command to that): the
-client's HTTP is `http.client`, not an HTTP package; YAML is loaded only by the commands that
-read a YAML file; and these modules write `TYPE_CHECKING = False` rather than import `typing`
+client speaks HTTP/1.1 itself (`aamp.client.http1`: no HTTP package, not even `http.client`);
+only the typed command's parser is built; YAML is loaded only by the commands that read a
+YAML file; and these modules write `TYPE_CHECKING = False` rather than import `typing`
 (~15 ms) only to annotate. Type checkers treat that name as they treat typing's.
 """
 

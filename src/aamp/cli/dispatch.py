@@ -13,11 +13,11 @@ runs it, and `NAME_arguments`, where the command takes any, adds its arguments. 
 plane, bad input, files that cannot be read) into `aamp: MESSAGE` and exit 1; anything else
 is a bug and keeps its traceback.
 
-Start-up is most of a command's cost, so only what the typed command needs is loaded: its
-module (not the other commands'), the client (with `http.client`) for an `Api` command only, and
-only its arguments are added to the parser (argparse's cost is per parser, and a command's
+Start-up is most of a command's cost, so only what the typed command needs is loaded and built:
+its module (not the other commands'), the client for an `Api` command only, and the parser of
+that command alone (`parser_for`: argparse's cost is per parser, ~1 ms each, and a command's
 words never reach another command's parser). `aamp --help` lists every command from the
-table and loads none of them.
+table and loads none of their modules.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import sys
 from collections.abc import Callable, Iterable
 
 from aamp.cli.command import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, CommandError
+from aamp.cli.parsing import Parser
 from aamp.config import ConfigError, Settings
 
 Arguments = Callable[[argparse.ArgumentParser], None]
@@ -112,11 +113,18 @@ def functions(name: str) -> tuple[Callable[..., int], Arguments | None]:
     return getattr(module, attribute), getattr(module, f"{attribute}_arguments", None)
 
 
-def build_parser(arguments_of: Iterable[str] = COMMANDS) -> argparse.ArgumentParser:
-    """The parser of every command, with the arguments of those named (by default all)."""
-    p = argparse.ArgumentParser(prog="aamp", description="aamp control plane")
-    sub = p.add_subparsers(dest="command", required=True)
-    for name, command in COMMANDS.items():
+def build_parser(
+    arguments_of: Iterable[str] = COMMANDS, listed: Iterable[str] = COMMANDS
+) -> argparse.ArgumentParser:
+    """The parser of the commands `listed` (by default all), with the arguments of those
+    named in `arguments_of` (by default all)."""
+    listed = list(listed)
+    p = Parser(prog="aamp", description="aamp control plane")
+    # Usage lines name every command even when only some are listed: they read as they would.
+    every = "{" + ",".join(COMMANDS) + "}" if listed != list(COMMANDS) else None
+    sub = p.add_subparsers(dest="command", required=True, metavar=every)
+    for name in listed:
+        command = COMMANDS[name]
         if isinstance(command, OwnWords):  # listed for --help; its words are its own
             sub.add_parser(name, help=command.help, add_help=False)
             continue
@@ -127,6 +135,17 @@ def build_parser(arguments_of: Iterable[str] = COMMANDS) -> argparse.ArgumentPar
     return p
 
 
+def parser_for(words: list[str]) -> argparse.ArgumentParser:
+    """The parser for a command line: that of the command typed first, alone and with its
+    arguments (argparse's cost is per parser, and a command's words never reach another
+    command's parser); for anything else (`--help`, no command, one that does not exist)
+    every command's, with the arguments of the first word that is not an option."""
+    if words and words[0] in COMMANDS:
+        return build_parser(arguments_of=words[:1], listed=words[:1])
+    typed = next((w for w in words if not w.startswith("-")), None)
+    return build_parser(arguments_of=[typed] if typed else [])
+
+
 def main(argv: list[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     if words and isinstance(COMMANDS.get(words[0]), OwnWords):
@@ -135,9 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in words:
         cut = words.index("--")
         words, after_dashes = words[:cut], words[cut + 1 :]
-    # The command's name is the first word that is not an option (`aamp` itself has only -h).
-    typed = next((w for w in words if not w.startswith("-")), None)
-    args = build_parser(arguments_of=[typed] if typed else []).parse_args(words)
+    args = parser_for(words).parse_args(words)
     args.after_dashes = after_dashes  # the command `aamp sandbox exec` runs; others ignore it
     try:
         settings = Settings.from_env()

@@ -12,7 +12,7 @@ built on it — one client, not two.
   a control plane that cannot be reached, does not answer in time, or breaks off.
 - `Profiles` (`profiles.py`) — the login profiles file `aamp login` writes (0600);
   `login`/`logout` (`login.py`) — a password for an API token, through the API alone.
-- `transport` — one keep-alive HTTP/1.1 connection on the standard library's `http.client`.
+- `transport` — one keep-alive HTTP/1.1 connection (`http1`: the wire format, on a socket).
 
 It imports nothing of the server side and no third-party package, so a CLI command starts in
 tens of milliseconds (its modules write `TYPE_CHECKING = False` rather than import `typing`,

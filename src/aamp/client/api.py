@@ -12,7 +12,6 @@ data and raises `ClientError`, and the caller decides what to print.
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -191,6 +190,8 @@ class Client:
     ) -> Iterator[dict[str, Any]]:
         """Yield the exec's events as they arrive: {"stream", "data": bytes} then the result.
         Closing the generator early closes the connection, and the server kills the command."""
+        import base64  # loaded here: only exec's bytes are base64, and a command pays ~1 ms
+
         body: dict[str, Any] = {"argv": argv, "env": env or {}, "cwd": cwd}
         if stdin is not None:
             body["stdin_b64"] = base64.b64encode(stdin).decode()

@@ -1,10 +1,15 @@
 """One keep-alive HTTP/1.1 connection to the control plane, its failures as `ClientError`.
 
-Standard library only (`http.client`): a command pays for no HTTP package's import (httpx's
-alone takes longer than a CLI command's whole budget of 150 ms), and the SDK this grows into
-needs nothing besides. What the API answers with a non-2xx status is raised as a `ClientError` with
-the API's own `code` and `message`; a control plane that cannot be reached, does not answer in
-time or breaks off mid-answer is a `ClientError` too, so callers handle one kind of error.
+Standard library only, with the wire format in `aamp.client.http1` rather than `http.client`:
+a command pays for no HTTP package's import (httpx's alone takes longer than a CLI command's
+whole budget of 150 ms; http.client's e-mail header parser and `ssl`, ~30 ms), and the SDK
+needs nothing besides. The connection is kept for the next request while the control plane
+keeps it open (HTTP/1.1 keep-alive), and opened again when it was closed between requests.
+
+What the API answers with a non-2xx status is raised as a `ClientError` with the API's own
+`code` and `message`; a control plane that cannot be reached, does not answer in time or
+breaks off mid-answer (or sends what is not HTTP/1.1) is a `ClientError` too, so callers
+handle one kind of error.
 
 A request's path is sent as given (no dot-segment folding, so a name such as `..` reaches the
 route it was meant for), with characters outside RFC 3986's path characters percent-encoded:
@@ -20,15 +25,17 @@ route it was meant for), with characters outside RFC 3986's path characters perc
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import select
 import socket
 from collections.abc import Iterable, Iterator
 from urllib.parse import quote, urlencode, urlsplit
 
+from aamp.client.http1 import Body, Head, ProtocolError, body_chunks, read_head, request_head
+
 TYPE_CHECKING = False  # typing's own costs ~15 ms of start-up: see aamp.client
 if TYPE_CHECKING:
+    from io import BufferedReader
     from typing import Any
 
 CONNECT_TIMEOUT = 5.0
@@ -53,24 +60,25 @@ class ClientError(Exception):
 
 
 class Response:
-    """A response whose body is read as the caller asks; read errors are `ClientError`s."""
+    """An answer whose body is read as the caller asks; read errors are `ClientError`s."""
 
-    def __init__(self, raw: http.client.HTTPResponse):
-        self._raw = raw
+    def __init__(self, head: Head, body: Body):
+        self._body_reader = body
         self._body: bytes | None = None
-        self.status = raw.status
-        self.headers = raw.headers
+        self.status = head.status
+        self.headers = head.headers
+        # Whether the connection may carry another request once the body is read.
+        self.reusable = head.keeps_alive and body.framed
 
     @property
     def complete(self) -> bool:
         """Whether the whole body has been read (the connection may then carry another)."""
-        return self._raw.isclosed()
+        return self._body_reader.done
 
     def read(self) -> bytes:
         """The rest of the body (kept: a second call returns the same bytes)."""
         if self._body is None:
-            with _transfer():
-                self._body = self._raw.read()
+            self._body = b"".join(self.iter_bytes())
         return self._body
 
     def json(self) -> Any:
@@ -78,33 +86,28 @@ class Response:
         return json.loads(body) if body else None
 
     def iter_bytes(self, size: int = 64 * 1024) -> Iterator[bytes]:
+        """The body's bytes as they arrive."""
         while True:
             with _transfer():
-                chunk = self._raw.read1(size)
+                chunk = self._body_reader.read1(size)
             if not chunk:
-                self._check_ended()
                 return
             yield chunk
 
     def iter_lines(self) -> Iterator[str]:
-        """The body's lines as text, without their line ends ("\\n" or "\\r\\n")."""
-        while True:
-            with _transfer():
-                line = self._raw.readline()
-            if not line:
-                self._check_ended()
-                return
-            yield line.decode("utf-8").removesuffix("\n").removesuffix("\r")
-
-    def _check_ended(self) -> None:
-        # http.client's partial reads end quietly when the connection does; a body that
-        # stops short of its content-length is a failed transfer, not a shorter file.
-        missing = self._raw.length
-        if missing:
-            raise ClientError(
-                "transfer_failed",
-                f"transfer failed: the answer ended {missing} bytes short of its length",
-            )
+        """The body's lines as text, without their line ends ("\\n" or "\\r\\n"), each as
+        soon as it has arrived whole."""
+        pending: list[bytes] = []  # the start of a line not yet ended
+        for chunk in self.iter_bytes():
+            if b"\n" not in chunk:
+                pending.append(chunk)
+                continue
+            *lines, rest = b"".join([*pending, chunk]).split(b"\n")
+            pending = [rest]
+            for line in lines:
+                yield line.decode("utf-8").removesuffix("\r")
+        if last := b"".join(pending):
+            yield last.decode("utf-8").removesuffix("\r")
 
 
 class Connection:
@@ -118,18 +121,28 @@ class Connection:
         self.timeout = timeout
         self._headers = headers
         self._aborted = False
-        self._conn = http.client.HTTPConnection(
-            parts.hostname, parts.port or 80, timeout=CONNECT_TIMEOUT
-        )
+        # An ASCII name is given to getaddrinfo as bytes: as text it goes through the IDNA
+        # codec, whose import alone is ~2 ms of every command.
+        hostname = parts.hostname
+        self._address = (hostname.encode() if hostname.isascii() else hostname, parts.port or 80)
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        self._host = host if parts.port is None else f"{host}:{parts.port}"
+        self._sock: socket.socket | None = None
+        self._file: BufferedReader | None = None
+        self._last: Response | None = None  # the answer the connection carried last
 
     def close(self) -> None:
-        self._conn.close()
+        if self._file is not None:
+            self._file.close()
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = self._file = self._last = None
 
     def abort(self) -> None:
         """Shut the socket down (a read blocked in another thread returns), and refuse every
         later request: for a reader that is no longer wanted."""
         self._aborted = True
-        sock = self._conn.sock
+        sock = self._sock
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
@@ -149,7 +162,7 @@ class Connection:
             yield resp
         finally:
             if not resp.complete:
-                self._conn.close()
+                self.close()
 
     def _request(
         self,
@@ -172,54 +185,78 @@ class Connection:
         if json is not None:
             content = _json_bytes(json)
             sent["content-type"] = "application/json"
-        self._connect(unreachable_hint)
-        sock = self._conn.sock
-        assert sock is not None
+        try:
+            head, chunked = request_head(method, target, self._host, sent, content)
+        except ValueError as exc:
+            raise ClientError("bad_request", str(exc)) from None
+        sock, file = self._connect(unreachable_hint)
         wait = self.timeout if isinstance(timeout, UseClientDefault) else timeout
         sock.settimeout(wait)
         try:
-            raw = self._exchange(method, target, content, sent)
+            resp = self._exchange(sock, file, method, head, content, chunked=chunked)
         except TimeoutError:
-            self._conn.close()
+            self.close()
             raise ClientError(
                 "timed_out", f"the control plane did not answer within {wait:g} s"
             ) from None
-        except (OSError, http.client.HTTPException) as exc:
-            self._conn.close()
+        except (OSError, ProtocolError) as exc:
+            self.close()
             raise ClientError("transfer_failed", f"transfer failed: {_reason(exc)}") from None
-        resp = Response(raw)
+        self._last = resp
         if not 200 <= resp.status < 300:
             _raise_refusal(resp)
         return resp
 
     def _exchange(
-        self, method: str, target: str, body: bytes | Iterable[bytes] | None, headers: dict
-    ) -> http.client.HTTPResponse:
+        self,
+        sock: socket.socket,
+        file: BufferedReader,
+        method: str,
+        head: bytes,
+        body: bytes | Iterable[bytes] | None,
+        *,
+        chunked: bool,
+    ) -> Response:
         try:
-            self._conn.request(method, target, body=body, headers=headers)
+            if body is None or isinstance(body, bytes | bytearray | memoryview):
+                sock.sendall(head + bytes(body or b""))
+            else:
+                sock.sendall(head)
+                for piece in body_chunks(body, chunked=chunked):
+                    sock.sendall(piece)
         except (BrokenPipeError, ConnectionResetError) as exc:
             # The server stopped reading the body: it may have answered first (an upload
             # refused by its size is), and that answer is what the caller needs to see.
             try:
-                return self._conn.getresponse()
-            except (OSError, http.client.HTTPException):
+                return self._answer(file, method)
+            except (OSError, ProtocolError):
                 raise exc from None
-        return self._conn.getresponse()
+        return self._answer(file, method)
 
-    def _connect(self, unreachable_hint: str) -> None:
-        sock = self._conn.sock
-        if sock is not None and select.select([sock], [], [], 0)[0]:
+    @staticmethod
+    def _answer(file: BufferedReader, method: str) -> Response:
+        head = read_head(file)
+        return Response(head, Body(file, head, method=method))
+
+    def _connect(self, unreachable_hint: str) -> tuple[socket.socket, BufferedReader]:
+        last, sock = self._last, self._sock
+        if sock is not None and (
+            (last is not None and not (last.complete and last.reusable))
             # Readable while idle: the server closed its end (or sent what nobody asked for).
-            self._conn.close()
-        if self._conn.sock is None:
+            or select.select([sock], [], [], 0)[0]
+        ):
+            self.close()
+        if self._sock is None or self._file is None:
             try:
-                self._conn.connect()
+                self._sock = socket.create_connection(self._address, timeout=CONNECT_TIMEOUT)
             except OSError:
-                self._conn.close()
+                self.close()
                 raise ClientError(
                     "unreachable",
                     f"the control plane is not reachable at {self.base}{unreachable_hint}",
                 ) from None
+            self._file = self._sock.makefile("rb")
+        return self._sock, self._file
 
 
 def _raise_refusal(resp: Response) -> None:
@@ -240,7 +277,7 @@ def _transfer() -> Iterator[None]:
     """Reading a body: a broken or timed-out connection is a ClientError naming why."""
     try:
         yield
-    except (OSError, http.client.HTTPException) as exc:
+    except (OSError, ProtocolError) as exc:
         raise ClientError("transfer_failed", f"transfer failed: {_reason(exc)}") from None
 
 

@@ -21,14 +21,13 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from aamp.errors import AampError
 from aamp.fleet.registry import HostRegistry
-from aamp.store import format_time
+from aamp.store import time_at
 from aamp.store.tables import HostRow
 
 DEFAULT_CANDIDATES = 3
@@ -76,7 +75,7 @@ class Placement:
         """(Blocking.) Reserve `need` on the best of up to `k` candidate hosts — of `among`
         only, if given: the hosts the caller can reach."""
         registry = self.registry
-        fresh = format_time(datetime.fromtimestamp(registry.clock() - registry.lost_after, UTC))
+        fresh = time_at(registry.clock() - registry.lost_after)
         free_slots = HostRow.sandboxes - HostRow.used_sandboxes
         fits = select(HostRow).where(
             HostRow.id.in_(among) if among is not None else HostRow.id.is_not(None),

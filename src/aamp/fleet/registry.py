@@ -24,13 +24,12 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass
-from datetime import UTC, datetime
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from aamp.errors import AampError, Conflict, InvalidInput, NotFound, matching
-from aamp.store import Store, existing, format_time, value_of
+from aamp.store import Store, existing, time_at, value_of
 from aamp.store.tables import HostRow, SandboxRow
 
 HOST_ID_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,62}$")
@@ -127,7 +126,7 @@ class HostRegistry:
     clock: Callable[[], float] = time.time
 
     def _now(self, offset: float = 0.0) -> str:
-        return format_time(datetime.fromtimestamp(self.clock() + offset, UTC))
+        return time_at(self.clock() + offset)
 
     # -- an admin's ------------------------------------------------------------------------
 

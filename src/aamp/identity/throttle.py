@@ -13,21 +13,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from sqlalchemy import delete, func, select
 
 from aamp.identity.errors import Throttled
-from aamp.store import Store, format_time, parse_time
+from aamp.store import Store, parse_time, time_at
 from aamp.store.tables import LoginFailureRow
 
 DEFAULT_WINDOW_SECONDS = 300.0
 DEFAULT_PER_USER = 5
 DEFAULT_PER_ADDRESS = 20
-
-
-def _stamp(seconds: float) -> str:
-    return format_time(datetime.fromtimestamp(seconds, UTC))
 
 
 @dataclass
@@ -41,7 +36,7 @@ class LoginThrottle:
     def check(self, username: str, address: str) -> None:
         """Raise `Throttled` (nothing else happens) if either key is locked out."""
         now = self.clock()
-        cutoff = _stamp(now - self.window)
+        cutoff = time_at(now - self.window)
         with self.store.session() as s:
             for key, limit, what in (
                 (f"user:{username}", self.per_user, f"user {username!r}"),
@@ -62,9 +57,9 @@ class LoginThrottle:
         now = self.clock()
         with self.store.write_session() as s:
             s.execute(
-                delete(LoginFailureRow).where(LoginFailureRow.at <= _stamp(now - self.window))
+                delete(LoginFailureRow).where(LoginFailureRow.at <= time_at(now - self.window))
             )
-            at = _stamp(now)
+            at = time_at(now)
             s.add_all(
                 LoginFailureRow(key=k, at=at) for k in (f"user:{username}", f"addr:{address}")
             )

@@ -25,12 +25,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
-from datetime import UTC, datetime
 
 from sqlalchemy import ColumnElement, and_, or_, select, update
 
 from aamp.errors import Conflict
-from aamp.store import Store, format_time
+from aamp.store import Store, time_at
 from aamp.store.tables import RunRow
 
 ACTIVE = ("queued", "running", "waiting_approval")
@@ -66,7 +65,7 @@ class RunLeases:
     _lost: set[str] = field(default_factory=set, init=False, repr=False)
 
     def _at(self, offset: float = 0.0) -> str:
-        return format_time(datetime.fromtimestamp(self.clock() + offset, UTC))
+        return time_at(self.clock() + offset)
 
     def fence(self, run_id: str) -> Fence | None:
         """The lease this replica took on `run_id`, for its writes — a lost one too, so that

@@ -21,7 +21,7 @@ from aamp.store.keyfiles import (
 )
 from aamp.store.rows import added, existing, locked, locked_or_new, value_of
 from aamp.store.store import ReadPlan, Store, quick_read, read_plan
-from aamp.store.timestamps import format_time, is_time, now, parse_time
+from aamp.store.timestamps import format_time, is_time, now, parse_time, time_at
 from aamp.store.url import DATABASE_URL_ENV, DatabaseConfigError, database_url
 
 __all__ = [
@@ -45,5 +45,6 @@ __all__ = [
     "read_or_create_key_file",
     "read_plan",
     "replace_key_file",
+    "time_at",
     "value_of",
 ]

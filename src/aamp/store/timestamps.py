@@ -24,6 +24,11 @@ def now() -> str:
     return format_time(datetime.now(UTC))
 
 
+def time_at(seconds: float) -> str:
+    """The stored text for a time given in seconds since the epoch (a `time.time` clock's)."""
+    return format_time(datetime.fromtimestamp(seconds, UTC))
+
+
 def parse_time(text: str) -> datetime:
     if not _RE.match(text):
         raise ValueError(f"not an aamp timestamp (RFC 3339 UTC with microseconds): {text!r}")
