@@ -17,7 +17,7 @@ __all__, __getattr__ = surface(
             "SandboxOwner",
         ),
         "errors": ("ApiError", "error_response"),
-        "guard": ("CSRF_HEADER", "SESSION_COOKIE", "bearer_actor"),
+        "guard": ("CSRF_HEADER", "SESSION_COOKIE", "bearer_actor", "record_connect_refusal"),
         "middleware": ("BodyLimitMiddleware", "RequestIdMiddleware"),
         "runs": ("rebuilt_request",),
     },

@@ -31,6 +31,12 @@ __all__, __getattr__ = surface(
         "profiles": ("Profiles",),
         "runs": ("Artifact", "Event", "Run"),
         "sandboxes": ("ExecResult", "Sandbox", "Screenshot"),
-        "transport": ("ClientError", "Response"),
+        "transport": (
+            "USE_CLIENT_DEFAULT",
+            "ClientError",
+            "Response",
+            "Timeout",
+            "UseClientDefault",
+        ),
     },
 )
