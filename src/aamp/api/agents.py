@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 from aamp.agents.definition import DefinitionError, definition_from_dict, endpoint_problems
 from aamp.agents.registry import AgentInfo
 from aamp.agents.versions import AgentVersions
+from aamp.api.body import Body
 from aamp.api.context import ControlPlane
 from aamp.api.errors import ApiError
 from aamp.api.guard import actor_of, check, cp_of, json_body, record_change, rule
@@ -23,7 +24,7 @@ KindName = Literal["policy", "service", "image", "model-endpoint", "knowledge-ba
 VERSION_PATTERN = r"^(draft|latest|[0-9]{1,9})$"
 
 
-class AgentIn(BaseModel):
+class AgentIn(Body):
     name: Annotated[str, Field(min_length=1, max_length=64)]
 
 
@@ -39,13 +40,13 @@ class VersionOut(BaseModel):
     published_by: str | None
 
 
-class GrantIn(BaseModel):
+class GrantIn(Body):
     user: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     role: Literal["admin", "builder", "operator"] | None = None
     level: LevelName
 
 
-class AgentResourceIn(BaseModel):
+class AgentResourceIn(Body):
     kind: KindName
     name: Annotated[str, Field(min_length=1, max_length=64)]
 

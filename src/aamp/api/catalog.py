@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
 
+from aamp.api.body import Body
 from aamp.api.context import ControlPlane
 from aamp.api.errors import ApiError
 from aamp.api.guard import cp_of, record_change, record_refusal, rule
@@ -57,19 +58,19 @@ class PolicyOut(BaseModel):
     updated_by: str
 
 
-class ServiceIn(BaseModel):
+class ServiceIn(Body):
     upstream: Annotated[str, Field(min_length=1, max_length=512)]
     auth: Literal["bearer", "basic", "header"]
     secrets: Annotated[list[Annotated[str, Field(max_length=64)]], Field(max_length=2)]
     header_name: Annotated[str, Field(max_length=128)] | None = None
 
 
-class ModelEndpointIn(BaseModel):
+class ModelEndpointIn(Body):
     base_url: Annotated[str, Field(min_length=1, max_length=512)]
     api_key_secret: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     models: Annotated[
         list[Annotated[str, Field(min_length=1, max_length=200)]], Field(max_length=MAX_MODELS)
-    ] = []
+    ] = Field(default_factory=list)
 
 
 class ResolvedAddress(BaseModel):

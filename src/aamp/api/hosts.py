@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
+from aamp.api.body import Body
 from aamp.api.guard import cp_of, record_change, request_id, rule
 from aamp.errors import AampError
 from aamp.fleet import HostFacts, HostInfo, HostRegistry, check_host_id
@@ -25,8 +26,7 @@ HostId = Annotated[str, Path(pattern=HOST_ID)]
 HostToken = Annotated[str, Header(alias=TOKEN_HEADER, max_length=256)]
 
 
-class AddIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class AddIn(Body):
     id: str = Field(max_length=63)
 
 
@@ -35,8 +35,7 @@ class AddedOut(BaseModel):
     token: str
 
 
-class RegisterIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class RegisterIn(Body):
     drivers: list[str] = Field(max_length=8)
     cpus: int
     memory_mb: int
@@ -44,8 +43,7 @@ class RegisterIn(BaseModel):
     images: list[str] = Field(default_factory=list, max_length=256)
 
 
-class HeartbeatIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class HeartbeatIn(Body):
     epoch: int
     images: list[str] | None = Field(default=None, max_length=256)
 

@@ -20,8 +20,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel
 
+from aamp.api.body import Body
 from aamp.api.errors import ApiError
 from aamp.api.guard import actor_of, cp_of, record_refusal, request_id, rule
 from aamp.egress.ca import ca_cert_path
@@ -31,7 +31,7 @@ ImageName = Annotated[str, Path(pattern=r"^[a-z0-9][a-z0-9-]{0,63}$")]
 KEEPALIVE_SECONDS = 15.0
 
 
-class BuildIn(BaseModel):
+class BuildIn(Body):
     force: bool = False
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
-from pydantic import BaseModel, Field
+from pydantic import Field
 
+from aamp.api.body import Body
 from aamp.api.catalog import delete_unless_in_use
 from aamp.api.errors import ApiError
 from aamp.api.guard import cp_of, record_change, rule
@@ -23,7 +24,7 @@ KbName = Annotated[str, Path(pattern=KB_NAME)]
 DocName = Annotated[str, Path(pattern=DOCUMENT_NAME)]
 
 
-class CreateIn(BaseModel):
+class CreateIn(Body):
     name: str = Field(pattern=KB_NAME)
 
 

@@ -26,6 +26,7 @@ from pydantic import BaseModel, Field
 
 from aamp.agents.definition import AgentDefinition, DefinitionError, endpoint_problems
 from aamp.agents.versions import AgentVersion, AgentVersions, missing_version
+from aamp.api.body import Body
 from aamp.api.context import ControlPlane
 from aamp.api.errors import ApiError
 from aamp.api.guard import actor_of, check, cp_of, json_body, record_change, request_id, rule
@@ -48,16 +49,16 @@ KEEPALIVE_SECONDS = 15.0
 MAX_VERSION = 999_999_999
 
 
-class InputFile(BaseModel):
+class InputFile(Body):
     name: Annotated[str, Field(min_length=1, max_length=255)]
     content_b64: str
 
 
-class RunIn(BaseModel):
+class RunIn(Body):
     task: Annotated[str, Field(min_length=1, max_length=100_000)]
     # A version number is at most 9 digits, as in /agents/{id}/versions/{version}.
     version: Annotated[int, Field(ge=1, le=MAX_VERSION)] | Literal["latest", "draft"] = "latest"
-    inputs: Annotated[list[InputFile], Field(max_length=MAX_INPUTS)] = []
+    inputs: Annotated[list[InputFile], Field(max_length=MAX_INPUTS)] = Field(default_factory=list)
 
 
 class InboundOut(BaseModel):
@@ -75,7 +76,7 @@ class ArtifactOut(BaseModel):
     created_at: str
 
 
-class DecisionIn(BaseModel):
+class DecisionIn(Body):
     decision: Literal["approve", "deny"]
     note: Annotated[str, Field(max_length=2000)] | None = None
 

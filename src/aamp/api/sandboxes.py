@@ -13,9 +13,10 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import Field, ValidationError
 from starlette.types import Receive, Scope, Send
 
+from aamp.api.body import Body
 from aamp.api.context import ControlPlane, SandboxOwner
 from aamp.api.errors import ApiError
 from aamp.api.guard import actor_of, check, cp_of, json_body, request_id, rule
@@ -36,14 +37,14 @@ MAX_STDIN_BYTES = 16 * MiB
 MAX_ARGV_ITEMS = 4096
 
 
-class ResourcesIn(BaseModel):
+class ResourcesIn(Body):
     cpus: float = 1.0
     memory_bytes: int = Resources().memory_bytes
     pids: int = Resources().pids
     disk_bytes: int = Resources().disk_bytes
 
 
-class SandboxIn(BaseModel):
+class SandboxIn(Body):
     """Admins may give image, lifetime and resources directly, or a whole policy document
     (`policy_document`, YAML as in PRODUCT.md; `aamp sandbox create --policy FILE`). Everyone
     else names an agent they can run and a policy granted to it; the policy then sets image,
@@ -59,7 +60,7 @@ class SandboxIn(BaseModel):
     resources: ResourcesIn | None = None
 
 
-class ExecIn(BaseModel):
+class ExecIn(Body):
     argv: list[str] = Field(min_length=1, max_length=MAX_ARGV_ITEMS)
     env: dict[str, str] = Field(default_factory=dict)
     cwd: str | None = None

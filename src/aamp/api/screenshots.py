@@ -19,6 +19,7 @@ from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
 
 from aamp.agents.browser_tool import BrowserTool
+from aamp.api.body import Body
 from aamp.api.errors import ApiError
 from aamp.api.guard import cp_of, rule
 from aamp.api.sandboxes import audit_sandbox, sandbox_resource
@@ -27,7 +28,7 @@ BROWSER_IMAGE = "browser"
 SandboxId = Annotated[str, Path(min_length=1, max_length=64)]
 
 
-class ScreenshotIn(BaseModel):
+class ScreenshotIn(Body):
     url: str = Field(pattern=r"^https?://", max_length=8192, description="the page to load")
     full_page: bool = Field(False, description="the whole page, not only the visible part")
     timeout_seconds: float = Field(30, gt=0, le=300, description="for loading the page")

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request
-from pydantic import BaseModel, Field
+from pydantic import Field
 
+from aamp.api.body import Body
 from aamp.api.errors import ApiError
 from aamp.api.guard import actor_of, cp_of, request_id, rule
 from aamp.vault import MAX_VALUE_BYTES, SecretMetadata
@@ -19,7 +20,7 @@ from aamp.vault import MAX_VALUE_BYTES, SecretMetadata
 Name = Annotated[str, Path(min_length=1, max_length=64)]
 
 
-class SecretIn(BaseModel):
+class SecretIn(Body):
     value: Annotated[str, Field(min_length=1, max_length=MAX_VALUE_BYTES)]
 
 

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, Field
 
+from aamp.api.body import Body
 from aamp.api.context import ControlPlane
 from aamp.api.guard import SESSION_COOKIE, actor_of, cp_of, record_change, request_id, rule
 from aamp.identity.directory import SESSION_HOURS, USERNAME_RE, TokenInfo
@@ -19,7 +20,7 @@ Username = Annotated[str, Field(min_length=1, max_length=64)]
 Password = Annotated[str, Field(min_length=1, max_length=1024)]
 
 
-class LoginIn(BaseModel):
+class LoginIn(Body):
     username: Username
     password: Password
 
@@ -51,18 +52,18 @@ class UserOut(BaseModel):
     created_by: str
 
 
-class UserIn(BaseModel):
+class UserIn(Body):
     username: Username
     role: RoleName
     password: Password
 
 
-class UserPatch(BaseModel):
+class UserPatch(Body):
     role: RoleName | None = None
     disabled: bool | None = None
 
 
-class PasswordIn(BaseModel):
+class PasswordIn(Body):
     password: Password
 
 
@@ -71,7 +72,7 @@ class NewTokenOut(TokenInfo):
     token: Annotated[str, Field(description="the secret; shown only in this response")]
 
 
-class TokenIn(BaseModel):
+class TokenIn(Body):
     name: Annotated[str, Field(min_length=1, max_length=64)] = "api"
     expires_in_days: Annotated[int, Field(ge=1, le=3650)] | None = None
 

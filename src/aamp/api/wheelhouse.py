@@ -10,8 +10,9 @@ from pathlib import Path as FilePath
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
-from pydantic import BaseModel, Field
+from pydantic import Field
 
+from aamp.api.body import Body
 from aamp.api.errors import ApiError
 from aamp.api.guard import cp_of, record_change, rule
 from aamp.sandbox.wheelhouse import MAX_WHEEL_BYTES, Wheel, Wheelhouse, WheelhouseError
@@ -20,7 +21,7 @@ WHEEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,250}\.whl$"
 Requirement = Annotated[str, Field(min_length=1, max_length=500)]
 
 
-class AddIn(BaseModel):
+class AddIn(Body):
     requirements: list[Requirement] = Field(min_length=1, max_length=100)
 
 
