@@ -31,12 +31,16 @@ __all__, __getattr__ = surface(
         "profiles": ("Profiles",),
         "runs": ("Artifact", "Event", "Run"),
         "sandboxes": ("ExecResult", "Sandbox", "Screenshot"),
+        "http1": ("Head", "Headers"),
         "transport": (
+            "PATH_SAFE",
             "USE_CLIENT_DEFAULT",
             "ClientError",
             "Response",
             "Timeout",
             "UseClientDefault",
+            "json_bytes",
+            "raise_refusal",
         ),
     },
 )

@@ -183,7 +183,7 @@ class Connection:
             target += "?" + urlencode(params)
         sent = {**self._headers, **(headers or {})}
         if json is not None:
-            content = _json_bytes(json)
+            content = json_bytes(json)
             sent["content-type"] = "application/json"
         try:
             head, chunked = request_head(method, target, self._host, sent, content)
@@ -204,7 +204,7 @@ class Connection:
             raise ClientError("transfer_failed", f"transfer failed: {_reason(exc)}") from None
         self._last = resp
         if not 200 <= resp.status < 300:
-            _raise_refusal(resp)
+            raise_refusal(resp)
         return resp
 
     def _exchange(
@@ -259,7 +259,8 @@ class Connection:
         return self._sock, self._file
 
 
-def _raise_refusal(resp: Response) -> None:
+def raise_refusal(resp: Response) -> None:
+    """The API's refusal in `resp` (its `code` and `message`) as a ClientError."""
     body = resp.read()
     try:
         data = json.loads(body)
@@ -268,7 +269,8 @@ def _raise_refusal(resp: Response) -> None:
         raise ClientError("http_error", f"HTTP {resp.status}", resp.status) from None
 
 
-def _json_bytes(value: Any) -> bytes:
+def json_bytes(value: Any) -> bytes:
+    """A request's JSON body as the API reads it: compact, and no NaN (which is not JSON)."""
     return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
 
 

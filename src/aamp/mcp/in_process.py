@@ -20,16 +20,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import queue
 from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import quote, unquote, urlencode, urlsplit
 
-from aamp.client.transport import USE_CLIENT_DEFAULT, ClientError, Timeout, UseClientDefault
+from aamp.client.http1 import Head, Headers
+from aamp.client.transport import (
+    PATH_SAFE,
+    USE_CLIENT_DEFAULT,
+    ClientError,
+    Response,
+    Timeout,
+    UseClientDefault,
+    json_bytes,
+    raise_refusal,
+)
 
-# RFC 3986 pchar and "/", plus "%", as the socket transport sends a path.
-PATH_SAFE = "/%:@!$&'()*+,;="
 WINDOW = 8  # body chunks the app may send ahead of the reader
 ASGI = {"version": "3.0", "spec_version": "2.3"}  # as uvicorn serves the API
 
@@ -68,8 +75,8 @@ class _Exchange:
             raise OSError("the reader is gone")
         if message["type"] == "http.response.start":
             answered = message.get("headers", [])
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in answered}
-            self._out.put(("start", (message["status"], headers)))
+            fields = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in answered]
+            self._out.put(("start", (message["status"], Headers(fields))))
         elif message["type"] == "http.response.body":
             await self._room.acquire()
             self._out.put(("body", bytes(message.get("body", b""))))
@@ -99,60 +106,29 @@ class _Exchange:
         self._room.release()  # a body chunk waiting for room goes on, and finds the reader gone
 
 
-class AsgiResponse:
-    """A response whose body arrives from the app as the caller reads it."""
+class _ExchangeBody:
+    """The app's body chunks as `transport.Response` reads a socket's: `read1` gives what has
+    arrived (b"" at the end), so the SDK's own response type serves both connections."""
 
-    def __init__(self, exchange: _Exchange, status: int, headers: dict[str, str], wait: Any):
-        self._exchange, self._wait = exchange, wait
-        self.status, self.headers = status, headers
-        self._body: bytes | None = None
-        self._ended = False
+    framed = True  # the app says where its body ends
+
+    def __init__(self, exchange: _Exchange, wait: float | None) -> None:
+        self.exchange, self._wait = exchange, wait
+        self.done = False
         self._pending = b""
 
-    @property
-    def complete(self) -> bool:
-        return self._ended
-
-    def _chunks(self) -> Iterator[bytes]:
-        if self._pending:
-            pending, self._pending = self._pending, b""
-            yield pending
-        while not self._ended:
-            kind, value = self._exchange.take(self._wait)
+    def read1(self, size: int) -> bytes:
+        while not self._pending and not self.done:
+            kind, value = self.exchange.take(self._wait)
             if kind == "body":
-                if value:
-                    yield value
+                self._pending = value
             elif kind == "end":
-                self._ended = True
+                self.done = True
             else:  # failed: the app raised mid-body, as a connection broken off would be
-                self._ended = True
+                self.done = True
                 raise ClientError("transfer_failed", f"transfer failed: {value}")
-
-    def read(self) -> bytes:
-        """The rest of the body (kept: a second call returns the same bytes)."""
-        if self._body is None:
-            self._body = b"".join(self._chunks())
-        return self._body
-
-    def json(self) -> Any:
-        body = self.read()
-        return json.loads(body) if body else None
-
-    def iter_bytes(self, size: int = 64 * 1024) -> Iterator[bytes]:
-        for chunk in self._chunks():
-            for at in range(0, len(chunk), size):
-                yield chunk[at : at + size]
-
-    def iter_lines(self) -> Iterator[str]:
-        """The body's lines as text, without their line ends ("\\n" or "\\r\\n")."""
-        rest = b""
-        for chunk in self._chunks():
-            rest += chunk
-            *lines, rest = rest.split(b"\n")
-            for line in lines:
-                yield line.decode("utf-8").removesuffix("\r")
-        if rest:
-            yield rest.decode("utf-8").removesuffix("\r")
+        chunk, self._pending = self._pending[:size], self._pending[size:]
+        return chunk
 
 
 class AsgiConnection:
@@ -190,22 +166,23 @@ class AsgiConnection:
         self._aborted = True
         self.close()
 
-    def send(self, method: str, path: str, **kw: Any) -> AsgiResponse:
+    def send(self, method: str, path: str, **kw: Any) -> Response:
         """One request whose body is read before it returns; a refusal is a ClientError."""
         resp = self._request(method, path, **kw)
         resp.read()
         return resp
 
     @contextlib.contextmanager
-    def stream(self, method: str, path: str, **kw: Any) -> Iterator[AsgiResponse]:
+    def stream(self, method: str, path: str, **kw: Any) -> Iterator[Response]:
         """A request whose body the caller reads as it arrives; its status is checked first.
         Leaving early tells the app the reader is gone."""
         resp = self._request(method, path, **kw)
+        exchange = self._current
         try:
             yield resp
         finally:
-            if not resp.complete:
-                resp._exchange.leave()
+            if not resp.complete and exchange is not None:
+                exchange.leave()
 
     def _request(
         self,
@@ -217,12 +194,12 @@ class AsgiConnection:
         content: bytes | Iterable[bytes] | None = None,
         headers: dict[str, str] | None = None,
         timeout: Timeout = USE_CLIENT_DEFAULT,
-    ) -> AsgiResponse:
+    ) -> Response:
         if self._aborted:
             raise ClientError("aborted", "this connection was cut (abort); make a new client")
         sent = {**self._headers, **(headers or {})}
         if json is not None:
-            content = _json_bytes(json)
+            content = json_bytes(json)
             sent["content-type"] = "application/json"
         body = content if isinstance(content, (bytes, bytearray)) else b"".join(content or ())
         sent["content-length"] = str(len(body))
@@ -253,19 +230,7 @@ class AsgiConnection:
         if kind != "start":
             raise ClientError("transfer_failed", f"transfer failed: {value or 'no answer'}")
         status, answered = value
-        resp = AsgiResponse(exchange, status, answered, wait)
+        resp = Response(Head("HTTP/1.1", status, "", answered), _ExchangeBody(exchange, wait))
         if not 200 <= status < 300:
-            _raise_refusal(resp)
+            raise_refusal(resp)
         return resp
-
-
-def _raise_refusal(resp: AsgiResponse) -> None:
-    try:
-        data = json.loads(resp.read())
-        raise ClientError(data["code"], data["message"], resp.status)
-    except (ValueError, KeyError, TypeError):
-        raise ClientError("http_error", f"HTTP {resp.status}", resp.status) from None
-
-
-def _json_bytes(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
