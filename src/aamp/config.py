@@ -107,6 +107,14 @@ class Settings:
     def __repr__(self) -> str:
         return "Settings(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in FIELDS) + ")"
 
+    def replace(self, **changes: object) -> Settings:
+        """A copy with `changes` (the constructor's parameters by name), as
+        `dataclasses.replace` makes one of a dataclass."""
+        given: dict[str, object] = {name: getattr(self, name) for name in (*FIELDS, "env")}
+        if unknown := sorted(set(changes) - set(given)):
+            raise TypeError(f"Settings have no {', '.join(unknown)}")
+        return Settings(**{**given, **changes})  # type: ignore[arg-type]
+
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
         env = dict(os.environ if environ is None else environ)

@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -252,7 +251,7 @@ async def test_a_forwarded_copy_still_names_what_a_local_attacker_hid(
     forwarded copy cannot be."""
     siem = tmp_path / "siem" / "aamp-witness.log"
     siem.parent.mkdir()
-    forwarding = replace(settings, env={**settings.env, FORWARD_ENV: f"file:{siem}"})
+    forwarding = settings.replace(env={**settings.env, FORWARD_ENV: f"file:{siem}"})
     signer = await _thirty(forwarding, store)
     assert siem.read_bytes() == _witness(settings).read_bytes()
     truncate_tail(store, 12)
@@ -272,7 +271,7 @@ async def test_witness_lines_are_forwarded_to_syslog(
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as daemon:
         daemon.bind(str(path))
         daemon.settimeout(5)
-        forwarding = replace(settings, env={**settings.env, FORWARD_ENV: f"syslog:{path}"})
+        forwarding = settings.replace(env={**settings.env, FORWARD_ENV: f"syslog:{path}"})
         await _thirty(forwarding, store)
         messages = [daemon.recv(4096) for _ in range(3)]
     lines = _witness(settings).read_bytes().splitlines()
@@ -286,7 +285,7 @@ async def test_a_forward_that_fails_later_loses_nothing_locally(
     path = tmp_path / "log.sock"
     daemon = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     daemon.bind(str(path))
-    forwarding = replace(settings, env={**settings.env, FORWARD_ENV: f"syslog:{path}"})
+    forwarding = settings.replace(env={**settings.env, FORWARD_ENV: f"syslog:{path}"})
     log = AuditLog.open(forwarding, store)
     async with log:
         daemon.close()  # the syslog daemon goes away
@@ -329,16 +328,16 @@ async def test_bad_settings_are_refused_when_the_log_opens(
     settings: Settings, store: Store, tmp_path: Path
 ) -> None:
     for value, words in _bad_forwards(settings, tmp_path):
-        bad = replace(settings, env={**settings.env, FORWARD_ENV: value})
+        bad = settings.replace(env={**settings.env, FORWARD_ENV: value})
         with pytest.raises(ConfigError, match=FORWARD_ENV) as caught:
             AuditLog.open(bad, store)
         assert words in str(caught.value), (value, str(caught.value))
     for value in ("0", "-1", "1.5", "five", "3601"):
-        bad = replace(settings, env={**settings.env, SECONDS_ENV: value})
+        bad = settings.replace(env={**settings.env, SECONDS_ENV: value})
         with pytest.raises(ConfigError, match=f"{SECONDS_ENV} must be a whole number"):
             AuditLog.open(bad, store)
     assert not _witness(settings).exists()
-    good = replace(settings, env={**settings.env, SECONDS_ENV: "2"})
+    good = settings.replace(env={**settings.env, SECONDS_ENV: "2"})
     assert AuditLog.open(good, store).checkpoint_seconds == 2
     assert AuditLog.open(settings, store).checkpoint_seconds == 5
 
