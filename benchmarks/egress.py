@@ -13,7 +13,8 @@ socket, and this client. Measured:
   with the installation CA, re-originated to the upstream verified against its own CA;
   response scrubbed). Its ratio and added p50 are against `direct-tls`.
 With each mode, the proxy process's CPU (seconds per 100 MiB, ms per small request): on a
-shared host it moves far less with the load than wall time does.
+shared host it moves far less with the load than wall time does; the host's load average at
+the start and end of the run is printed (and written) with the figures.
 Prints a table and writes benchmarks/results/egress.json. Targets (issue 18, not asserted):
 >= 0.8x direct throughput, <= 0.5 ms added p50 per small request; with TLS interception
 >= 0.5x direct TLS throughput, <= 1 ms added p50.
@@ -347,6 +348,7 @@ def main() -> None:
         parser.error(f"unknown mode(s): {', '.join(sorted(unknown))}; known: {', '.join(MODES)}")
     wanted |= {_baseline(m) for m in wanted}
     modes = [m for m in MODES if m in wanted]
+    load_before = os.getloadavg()
     try:
         size = args.mib * MiB
         throughput: dict[str, list[float]] = {mode: [] for mode in modes}
@@ -372,7 +374,11 @@ def main() -> None:
 
     direct_tp = {m: statistics.median(throughput[_baseline(m)]) for m in modes}
     direct_p50 = {m: statistics.median(latency[_baseline(m)]) for m in modes}
+    # The host's 1-minute load average when the run began and ended: on a shared machine the
+    # wall-time figures mean little without it (the proxy CPU columns move far less).
+    load = {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)}
     result = {
+        "load_average_1min": load,
         "download_mib": args.mib,
         "runs": args.runs,
         "small_requests": args.small,
@@ -402,6 +408,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
 
+    print("load average (1 min): {before:.2f} at the start, {after:.2f} at the end".format(**load))
     print("ratio and added p50 are against direct (plain modes) or direct-tls (TLS modes)")
     print(f"{args.mib} MiB download, {args.runs} runs (MiB/s; p95 = 95th percentile slowest)")
     print("proxy CPU: the proxy process's CPU seconds per 100 MiB / CPU ms per request")
