@@ -237,26 +237,29 @@ class Forwarding:
         down = body.kind
         decoder: BodyDecoder | None = None
         status_line = response.status_line
-        if scrubber is not None:
-            status_line = scrubber.scrub(status_line.encode("latin-1")).decode("latin-1")
-            if body.kind != "none":
-                encodings = response.get_all("content-encoding")
-                try:
-                    decoder = BodyDecoder(", ".join(encodings))
-                except UnsupportedEncoding as exc:
-                    raise Refusal(502, attempt.decision.rule, str(exc)) from None
-                rdrop = rdrop | {"content-length"} | _BODY_DIGESTS
-                if decoder.decoding:
-                    rdrop = rdrop | {"content-encoding"}
-                down = "chunked" if head.version == "HTTP/1.1" else "eof"
-                if down == "eof":
-                    client_keep = False
+        # The fields are scrubbed one by one only if a form occurs somewhere in the raw head
+        # (which holds every field's bytes): then none can occur in any of them.
+        fields = scrubber if scrubber is not None and scrubber.finds(response.raw) else None
+        if fields is not None:
+            status_line = fields.scrub(status_line.encode("latin-1")).decode("latin-1")
+        if scrubber is not None and body.kind != "none":
+            encodings = response.get_all("content-encoding")
+            try:
+                decoder = BodyDecoder(", ".join(encodings))
+            except UnsupportedEncoding as exc:
+                raise Refusal(502, attempt.decision.rule, str(exc)) from None
+            rdrop = rdrop | {"content-length"} | _BODY_DIGESTS
+            if decoder.decoding:
+                rdrop = rdrop | {"content-encoding"}
+            down = "chunked" if head.version == "HTTP/1.1" else "eof"
+            if down == "eof":
+                client_keep = False
         out_lines = [status_line]
         for (name, value), raw in zip(response.headers, response.raw_names, strict=True):
             if name not in rdrop:
-                if scrubber is not None:
-                    raw = scrubber.scrub(raw.encode("latin-1")).decode("latin-1")
-                    value = scrubber.scrub(value.encode("latin-1")).decode("latin-1")
+                if fields is not None:
+                    raw = fields.scrub(raw.encode("latin-1")).decode("latin-1")
+                    value = fields.scrub(value.encode("latin-1")).decode("latin-1")
                 out_lines.append(f"{raw}: {value}")
         if down == "chunked":
             out_lines.append("Transfer-Encoding: chunked")

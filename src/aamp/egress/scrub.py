@@ -290,6 +290,10 @@ class Scrubber:
         out, _ = self._replace(buf, len(buf), pending)
         return out
 
+    def finds(self, data: bytes) -> bool:
+        """Whether some form occurs in `data` (one whole value; the stream state is untouched)."""
+        return bool(self._needles) and not self._clean(data)
+
     def scrub(self, data: bytes) -> bytes:
         """Scrub one whole value (a header), independent of the stream state."""
         if not self._needles or self._clean(data):
