@@ -72,6 +72,17 @@ def test_header_scrub_is_independent_of_the_stream():
     assert scrubber.flush() == b"x" * (held - 4) + SECRET[:4]
 
 
+def test_finds_a_form_in_a_whole_value_without_touching_the_stream():
+    scrubber = Scrubber(SecretForms([OTHER], folded=[SECRET]))
+    head = b"HTTP/1.1 200 OK\r\nX-Echo: Bearer " + SECRET.upper() + b"\r\n\r\n"
+    assert scrubber.finds(head)  # a folded form, in another case
+    assert scrubber.finds(b"X-" + OTHER + b": 1")  # an exact one, in a header name
+    assert not scrubber.finds(b"X-" + OTHER.lower() + b": 1")  # exact means exact
+    assert not scrubber.finds(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n")
+    assert not Scrubber(SecretForms([])).finds(head)
+    assert scrubber.hits == 0 and scrubber.flush() == b""
+
+
 def test_gzip_deflate_and_br_are_decoded_in_bounded_pieces():
     body = b"A" * (3 * DECODED_PIECE) + SECRET
     for encoding, data in (
