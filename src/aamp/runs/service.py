@@ -106,6 +106,7 @@ def artifacts_dir(settings: Settings, run_id: str) -> Path:
 STOPPED = "the control plane stopped during the run (killed or crashed)"
 SHUT_DOWN = "the control plane shut down during the run"
 HANDED_OFF = "run.handed_off"  # the last step of a run whose replica shut down cleanly
+CANCEL_WAIT_SECONDS = 30.0  # beyond two leases, for a cancel asked of another replica
 FRESH_SANDBOX_NOTE = (
     "[aamp] The control-plane process that ran the steps above stopped; this run goes on in a "
     "fresh sandbox. /workspace holds the input files again; files written by the tool calls "
@@ -360,7 +361,9 @@ class RunService:
         await self.store.run(self.runs.request_cancel, run_id, by)
         self._sweep_soon.set()  # a run whose driver died is claimed, and ended, here
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + 2 * self.lease_seconds
+        # Long enough for a dead driver's lease to expire and the taker to end the run, and
+        # for a live one to destroy the sandbox (as a cancel here waits for, unbounded).
+        deadline = loop.time() + 2 * self.lease_seconds + CANCEL_WAIT_SECONDS
         while loop.time() < deadline:
             waiter = self.bus.waiter(run_id)  # its steps: run.finished among them
             if await self.store.run(self.runs.settled, run_id):
