@@ -186,7 +186,11 @@ async def test_the_single_host_plane_registers_its_own_host(plane: Plane) -> Non
 async def test_a_refused_own_host_does_not_stop_the_sweep(
     replicas: tuple[Plane, Plane], caplog: pytest.LogCaptureFixture
 ) -> None:
-    a, _ = replicas
+    a, b = replicas
+    # Only A's tick below sweeps: a sweep of B's (or of A's own timer) at the same moment
+    # would lock h1 first, and A's, skipping the locked row, would see it not lost yet.
+    for plane in (a, b):
+        await plane.cp.fleet.stop()
     # What a second process starting under the same AAMP_FLEET_HOST_ID does: a new token.
     await a.cp.store.run(a.cp.hosts.new_token, "replica-a")
     async with a.client(a.admin_token) as admin:
@@ -194,6 +198,7 @@ async def test_a_refused_own_host_does_not_stop_the_sweep(
         assert (await _register(admin, "h1", token)).status_code == 200
     await asyncio.sleep(LOST_SECONDS + 0.1)
     with caplog.at_level(logging.ERROR, logger="aamp.fleet"):
-        await a.cp.fleet.tick()  # refused for its own host, and still sweeps
+        lost = await a.cp.fleet.tick()  # refused for its own host, and still sweeps
     assert "sandbox host 'replica-a' was refused" in caplog.text
+    assert "h1" in [h.id for h in lost]
     assert a.cp.hosts.get("h1").state == "lost"

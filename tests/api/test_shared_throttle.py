@@ -5,6 +5,7 @@ limit once."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -68,3 +69,22 @@ async def test_a_success_clears_the_user_count_everywhere_but_not_the_address_co
         locked = await on_a.post("/v1/session", json=_login("amy", "amy-password-1"))
         assert locked.status_code == 429
         assert "client address" in locked.json()["message"]
+
+
+async def test_guesses_at_the_same_moment_on_both_replicas_meet_the_limit_exactly(
+    replicas: tuple[Plane, Plane],
+) -> None:
+    a, b = replicas
+    await a.user("gus", "operator", "gus-password-1")
+    async with a.client() as on_a, b.client() as on_b:
+        # Each attempt is counted in the transaction that checks the count, so of guesses
+        # made at once over two replicas only the limit's worth is let through to a password
+        # check; the rest are refused as throttled.
+        statuses = await asyncio.gather(
+            *(
+                (on_a if i % 2 else on_b).post("/v1/session", json=_login("gus", f"guess-{i}"))
+                for i in range(4 * DEFAULT_PER_USER)
+            )
+        )
+    codes = sorted(r.status_code for r in statuses)
+    assert codes == [401] * DEFAULT_PER_USER + [429] * (3 * DEFAULT_PER_USER), codes

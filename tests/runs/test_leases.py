@@ -150,3 +150,17 @@ def test_at_start_up_on_one_process_every_unfinished_run_is_claimed_at_once(stor
     assert leases.claim_expired() is None  # neither expired yet
     assert leases.claim_expired(any_age=True) == (second, None)
     assert leases.claim_expired(any_age=True) is None
+
+
+def test_a_run_that_ended_under_its_lease_is_not_lost_to_its_driver(store: Store) -> None:
+    """The driver stores `run.finished` just after the ending's status: a renewal between the
+    two must not stop it, nor have that last step refused."""
+    (run,) = _runs(store, 1)
+    a = RunLeases(store, "replica-a", seconds=10)
+    a.take(run)
+    fence = a.fence(run)
+    RunStore(store).update(run, fence, status="running")
+    RunStore(store).update(run, fence, status="succeeded")
+    assert a.renew({run}) == set()
+    assert a.fence(run) == fence and not a.fence(run).lost  # type: ignore[union-attr]
+    RunStore(store).append_event(run, 1, "run.finished", {}, fence=a.fence(run))

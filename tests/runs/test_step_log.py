@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import db_fixtures
@@ -19,6 +20,7 @@ from aamp.audit import AuditLog
 from aamp.audit.record import AuditRecord
 from aamp.errors import Conflict
 from aamp.runs.bus import EventBus
+from aamp.runs.leases import LeaseLost, RunLeases
 from aamp.runs.steps import StepLog
 from aamp.runs.store import RunStore
 from aamp.store import Store
@@ -174,3 +176,38 @@ async def test_a_number_given_twice_is_refused_and_changes_nothing(store: Store)
     run = runs.get(run_id)
     assert (run.steps, run.prompt_tokens, run.completion_tokens) == (1, 5, 7)
     assert runs.last_seq(run_id) == 1
+
+
+async def test_a_fenced_out_step_is_refused_before_its_audit_or_audited_as_refused(
+    store: Store, audit: AuditLog
+) -> None:
+    run_id = _run(store)
+    runs = RunStore(store)
+    mine = RunLeases(store, "replica-a", seconds=60)
+    mine.take(run_id)
+    log = StepLog(store, runs, audit, EventBus(), mine.fence)
+    await log.emit(run_id, "run.started", {})
+    # Another replica, whose clock says this one's lease expired long ago, takes the run.
+    other = RunLeases(store, "replica-b", seconds=60, clock=lambda: time.time() + 3600)
+    assert other.claim_expired() == (run_id, "replica-a")
+
+    # This replica does not know yet: the step is audited, refused, and the refusal audited.
+    with pytest.raises(LeaseLost):
+        await log.emit(run_id, "model.call", _call(1, 1))
+    assert _audited(store, run_id) == [
+        ("run.run.started", 1),
+        ("run.model.call", 2),
+        ("run.step_refused", 2),
+    ]
+    with store.engine.connect() as conn:
+        decision, reason = conn.execute(
+            text("SELECT decision, reason FROM audit_records WHERE action = 'run.step_refused'")
+        ).one()
+    assert decision == "deny" and "replica-b" in reason
+
+    # Once its renewal said so, a step is refused before anything of it is audited.
+    assert mine.renew({run_id}) == {run_id}
+    with pytest.raises(LeaseLost, match="taken over"):
+        await log.emit(run_id, "model.call", _call(1, 1))
+    assert len(_audited(store, run_id)) == 3
+    assert [e.seq for e in runs.events_after(run_id, 0)] == [1]

@@ -442,6 +442,7 @@ def router() -> APIRouter:
 
         async def stream() -> AsyncIterator[bytes]:
             nonlocal seq
+            settled = False
             while True:
                 waiter = service.bus.waiter(run_id)
                 batch = await cp.store.run(store.events_after, run_id, seq, EVENTS_PAGE)
@@ -454,12 +455,17 @@ def router() -> APIRouter:
                     return
                 if len(batch) == EVENTS_PAGE:
                     continue  # a full page: more are stored already
+                if settled:
+                    service.bus.notify(run_id)
+                    return
                 # The waiter was taken before the read, so a step stored since wakes it at once.
-                if not batch:
-                    run = await cp.store.run(store.get, run_id)
-                    if run.finished and not service.live(run_id):
-                        service.bus.notify(run_id)
-                        return
+                # A run that ended without a `run.finished` (its driver died just before) ends
+                # the stream once its driver, on whichever replica, is done with it: after one
+                # more read, for the steps stored since this one.
+                if not batch and not service.live(run_id):
+                    settled = await cp.store.run(store.settled, run_id)
+                    if settled:
+                        continue
                 if await request.is_disconnected():
                     return
                 if not await service.bus.wait(waiter, KEEPALIVE_SECONDS):

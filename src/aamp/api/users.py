@@ -102,12 +102,13 @@ def router() -> APIRouter:
         cp = cp_of(request)
         address = _address(request)
         subject = f"user:{body.username}" if USERNAME_RE.match(body.username) else "user:?"
+        attempt: tuple[int, ...] = ()
         try:
-            await cp.store.run(cp.throttle.check, body.username, address)
+            attempt = await cp.store.run(cp.throttle.attempt, body.username, address)
             user = await cp.store.run(cp.directory.check_password, body.username, body.password)
         except Exception as exc:
-            if isinstance(exc, AuthenticationFailed):
-                await cp.store.run(cp.throttle.failed, body.username, address)
+            if attempt and not isinstance(exc, AuthenticationFailed):
+                await cp.store.run(cp.throttle.forget, attempt)  # counted only wrong passwords
             await cp.audit.record(
                 actor="anonymous",
                 action="login",
@@ -118,7 +119,7 @@ def router() -> APIRouter:
                 details={"address": address},
             )
             raise
-        await cp.store.run(cp.throttle.succeeded, body.username)
+        await cp.store.run(cp.throttle.succeeded, body.username, attempt)
         secret, csrf = await cp.store.run(cp.directory.create_session, user)
         await cp.audit.record(
             actor=f"user:{user.username}",

@@ -29,6 +29,7 @@ from dataclasses import KW_ONLY, dataclass, field
 from sqlalchemy import ColumnElement, and_, or_, select, update
 
 from aamp.errors import Conflict
+from aamp.runs.bus import LEASE, announce
 from aamp.store import Store, time_at
 from aamp.store.tables import RunRow
 
@@ -42,6 +43,9 @@ class Fence:
 
     replica: str
     epoch: int
+    # This replica already knows another one took the run over (its renewal said so): a
+    # write is refused before anything of it is done, even its audit record.
+    lost: bool = field(default=False, compare=False)
 
     def holds(self) -> ColumnElement[bool]:
         """The condition a run's row meets while this lease is still the run's."""
@@ -71,7 +75,7 @@ class RunLeases:
         """The lease this replica took on `run_id`, for its writes — a lost one too, so that
         they are refused; None if it took none (or released it)."""
         epoch = self._held.get(run_id)
-        return None if epoch is None else Fence(self.replica, epoch)
+        return None if epoch is None else Fence(self.replica, epoch, run_id in self._lost)
 
     def held(self) -> set[str]:
         """The runs whose lease this replica holds, as far as it knows (not those lost)."""
@@ -92,28 +96,34 @@ class RunLeases:
 
     def renew(self, run_ids: set[str]) -> set[str]:
         """(Blocking.) Extend the leases of the runs this replica drives; returns those of
-        `run_ids` it no longer holds (another replica took them over, or they ended)."""
+        `run_ids` it no longer holds: another replica took them over (or they are gone).
+
+        A run that ended under this replica's lease is neither renewed nor lost: its driver
+        is storing its last steps (`run.finished` comes just after the ending's status), and
+        must not be stopped, nor its writes refused, half-way."""
         if not run_ids:
             return set()
         with self.store.write_session() as s:
             rows = s.execute(
-                select(RunRow.id, RunRow.lease_epoch)
-                .where(
-                    RunRow.id.in_(run_ids),
-                    RunRow.lease_owner == self.replica,
-                    RunRow.status.in_(ACTIVE),
-                )
+                select(RunRow.id, RunRow.lease_owner, RunRow.lease_epoch, RunRow.status)
+                .where(RunRow.id.in_(run_ids))
                 .with_for_update()
             ).all()
             # Held still, and by the epoch this replica took (not a later take of its own).
-            held = {r.id for r in rows if self._held.get(r.id, r.lease_epoch) == r.lease_epoch}
-            if held:
+            mine = {
+                r.id
+                for r in rows
+                if r.lease_owner == self.replica
+                and self._held.get(r.id, r.lease_epoch) == r.lease_epoch
+            }
+            active = {r.id for r in rows if r.id in mine and r.status in ACTIVE}
+            if active:
                 s.execute(
                     update(RunRow)
-                    .where(RunRow.id.in_(held))
+                    .where(RunRow.id.in_(active))
                     .values(lease_until=self._at(self.seconds))
                 )
-        lost = run_ids - held
+        lost = run_ids - mine
         self._lost |= lost & set(self._held)
         return lost
 
@@ -154,11 +164,25 @@ class RunLeases:
         self._lost.discard(run_id)
         return run_id, previous
 
+    def hand_off(self, run_id: str) -> None:
+        """(Blocking.) This replica stops driving an unfinished run (it shuts down): its lease
+        expires now, so the next replica to sweep takes the run over — woken at once
+        (`aamp.runs.bus.LEASE`). The lease still names this replica, for the taker's record."""
+        fence = self._let_go(run_id)
+        if fence is None:
+            return
+        with self.store.write_session() as s:
+            changed = s.execute(
+                update(RunRow)
+                .where(RunRow.id == run_id, fence.holds(), RunRow.status.in_(ACTIVE))
+                .values(lease_until=self._at(-1.0))
+            )
+            if changed.rowcount:  # type: ignore[attr-defined]
+                announce(s, LEASE, run_id)
+
     def release(self, run_id: str) -> None:
         """(Blocking.) The run ended here: nobody holds its lease any more."""
-        fence = self.fence(run_id)
-        self._held.pop(run_id, None)
-        self._lost.discard(run_id)
+        fence = self._let_go(run_id)
         if fence is None:
             return
         with self.store.write_session() as s:
@@ -167,3 +191,10 @@ class RunLeases:
                 .where(RunRow.id == run_id, fence.holds())
                 .values(lease_owner=None, lease_until=None)
             )
+
+    def _let_go(self, run_id: str) -> Fence | None:
+        """Forget the lease this replica took on `run_id`; returns it (None: it took none)."""
+        fence = self.fence(run_id)
+        self._held.pop(run_id, None)
+        self._lost.discard(run_id)
+        return fence

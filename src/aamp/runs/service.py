@@ -23,6 +23,15 @@ numbering on from the last stored step; or it fails with the reason when it cann
 agent can no longer use what it needs). On SQLite one process alone uses the store (the
 installation lock), so at start-up (`recover()`) every unfinished run is taken over at once,
 through the same path.
+
+Any replica serves a run's requests (`aamp.runs.bus` wakes the others through the rows):
+a cancel asked for on a replica that does not drive the run is written into the run's row
+(`cancel_requested_by`) and the driver, woken by it or at its next lease beat, cancels the
+run (a replica taking over a run someone asked to cancel ends it cancelled); an approval is
+answered in its row and the driver, waiting on that row, goes on. A clean shutdown on
+PostgreSQL hands each live run's lease over (`run.handed_off`, the lease expired at once,
+the other replicas woken) instead of failing the run; on SQLite, where no other replica can
+take it, it fails the run as before.
 """
 
 from __future__ import annotations
@@ -55,7 +64,7 @@ from aamp.egress.registered import AddressVerdict, CheckedTransport
 from aamp.errors import AampError, Conflict, NotFound
 from aamp.policy import Policy
 from aamp.runs import artifacts as art
-from aamp.runs.bus import EventBus
+from aamp.runs.bus import APPROVAL, CANCEL, LEASE, EventBus, Listener
 from aamp.runs.leases import DEFAULT_LEASE_SECONDS, LeaseLost, RunLeases
 from aamp.runs.steps import StepLog
 from aamp.runs.store import RunEvent, RunInfo, RunStore
@@ -95,6 +104,9 @@ def artifacts_dir(settings: Settings, run_id: str) -> Path:
 
 
 STOPPED = "the control plane stopped during the run (killed or crashed)"
+SHUT_DOWN = "the control plane shut down during the run"
+HANDED_OFF = "run.handed_off"  # the last step of a run whose replica shut down cleanly
+CANCEL_WAIT_SECONDS = 30.0  # beyond two leases, for a cancel asked of another replica
 FRESH_SANDBOX_NOTE = (
     "[aamp] The control-plane process that ran the steps above stopped; this run goes on in a "
     "fresh sandbox. /workspace holds the input files again; files written by the tool calls "
@@ -137,9 +149,15 @@ class RunService:
         self.steps = StepLog(self.store, self.runs, self.audit, self.bus, self.leases.fence)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._cancel_reasons: dict[str, tuple[str, str]] = {}
-        self._approvals: dict[str, asyncio.Future[Answer]] = {}
         self._live: dict[str, LiveRun] = {}
         self._fenced_out: set[str] = set()  # runs another replica took over from this one
+        self._handed_off: set[str] = set()  # runs this replica gives up as it shuts down
+        # Wake-ups from the other replicas (PostgreSQL); SQLite has this process only.
+        self.listener = Listener(self.store, self.bus) if self.store.dialect != "sqlite" else None
+        self._sweep_soon = asyncio.Event()  # a lease was given up: claim it now
+        self._checks: set[asyncio.Task[None]] = set()
+        self.bus.subscribe(CANCEL, self._cancel_asked)
+        self.bus.subscribe(LEASE, lambda _run_id: self._sweep_soon.set())
         self._sandboxes: dict[str, str] = {}  # run id -> its sandbox, while it lives
         self._keeper: asyncio.Task[None] | None = None
 
@@ -150,6 +168,8 @@ class RunService:
         (the installation lock makes each a dead process's: its sandbox was reaped at
         start-up). Returns the ids taken over now."""
         taken = []
+        if self.listener is not None:
+            self.listener.start()
         if self.store.dialect == "sqlite":
             while (
                 claim := await self.store.run(lambda: self.leases.claim_expired(any_age=True))
@@ -166,7 +186,9 @@ class RunService:
         """Every third of a lease: renew this replica's leases (dropping the runs another
         replica took over meanwhile), then take over the runs whose lease expired."""
         while True:
-            await asyncio.sleep(self.lease_seconds / 3)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._sweep_soon.wait(), self.lease_seconds / 3)
+            self._sweep_soon.clear()
             try:
                 await self.sweep_leases()
             except Exception:  # the store is down: try again at the next beat
@@ -181,6 +203,8 @@ class RunService:
                 log.warning("run %s was taken over by another replica; stopping it here", run_id)
                 self._fenced_out.add(run_id)
                 task.cancel()
+        # The poll behind the cancel wake-ups: a notification missed only delays a cancel.
+        await self._cancel_asked_here(self.leases.held())
         await self.fail_lost_sandboxes()
         taken = []
         while (claim := await self.store.run(self.leases.claim_expired)) is not None:
@@ -204,12 +228,38 @@ class RunService:
                 failed.append(run_id)
         return failed
 
+    def _cancel_asked(self, run_id: str | None) -> None:
+        """A wake-up: someone asked to cancel `run_id` (None: maybe any run) on some replica."""
+        ids = set(self._tasks) if run_id is None else {run_id} & set(self._tasks)
+        if ids:
+            task = asyncio.get_running_loop().create_task(self._cancel_asked_here(ids))
+            self._checks.add(task)
+            task.add_done_callback(self._checks.discard)
+
+    async def _cancel_asked_here(self, run_ids: set[str]) -> None:
+        """Cancel those of `run_ids` driven here that someone asked to cancel (their rows say
+        so: the wake-up alone is not trusted)."""
+        asked = await self.store.run(self.runs.cancel_requests, run_ids)
+        for run_id, by in asked.items():
+            task = self._tasks.get(run_id)
+            if task is not None and not task.done():
+                self._cancel_reasons.setdefault(run_id, ("cancelled", f"cancelled by {by}"))
+                task.cancel()
+
     async def _take_over(self, run_id: str, previous: str | None) -> None:
         """Go on with a run whose driver stopped, from its step log, or fail it saying why."""
         who = f"replica {previous}" if previous else "a process that never took its lease"
+        asked = await self.store.run(self.runs.cancel_requests, {run_id})
+        if run_id in asked:
+            await self._fail_taken(run_id, f"cancelled by {asked[run_id]}", status="cancelled")
+            return
         try:
             run = await self.store.run(self.runs.get, run_id)
             events = await self.store.run(self.runs.events_after, run_id, 0, 1_000_000)
+            if events and events[-1].type == HANDED_OFF:
+                who, stopped = f"replica {previous}", SHUT_DOWN
+            else:
+                stopped = STOPPED
             state = replay((e.type, e.data) for e in events)
             if self.rebuild is None:
                 raise NotResumable("this process cannot rebuild runs")
@@ -227,11 +277,11 @@ class RunService:
                         f"the run searched version {version}"
                     )
         except (NotResumable, AampError) as exc:
-            await self._fail_taken(run_id, f"{STOPPED} ({who}); it cannot go on: {exc}")
+            await self._fail_taken(run_id, f"{stopped} ({who}); it cannot go on: {exc}")
             return
         except Exception as exc:  # e.g. an ApiError from the rebuild: its message says why
             await self._fail_taken(
-                run_id, f"{STOPPED} ({who}); it cannot go on: {getattr(exc, 'message', exc)}"
+                run_id, f"{stopped} ({who}); it cannot go on: {getattr(exc, 'message', exc)}"
             )
             return
         if events and run.started_at:
@@ -243,15 +293,15 @@ class RunService:
         takeover = Takeover(previous, state, after, max(0.0, elapsed), mounted)
         self._start(request, takeover)
 
-    async def _fail_taken(self, run_id: str, reason: str) -> None:
+    async def _fail_taken(self, run_id: str, reason: str, status: str = "failed") -> None:
         fence = self.leases.fence(run_id)
         try:
             await self.store.run(self.runs.cancel_pending, run_id)
             with contextlib.suppress(Conflict):
                 await self.store.run(
-                    lambda: self.runs.update(run_id, fence, status="failed", reason=reason)
+                    lambda: self.runs.update(run_id, fence, status=status, reason=reason)
                 )
-            await self.emit(run_id, "run.finished", {"status": "failed", "reason": reason})
+            await self.emit(run_id, "run.finished", {"status": status, "reason": reason})
             await self.store.run(self.runs.forget_inputs, run_id)
         except LeaseLost:
             pass  # another replica took it from this one meanwhile: it is theirs to end
@@ -259,20 +309,29 @@ class RunService:
             await self.store.run(self.leases.release, run_id)
 
     async def shutdown(self) -> None:
-        """Stop every live run (failed: the control plane stopped) and wait for their ends."""
+        """Stop every live run and wait for its end here. On PostgreSQL each is handed to
+        another replica (its lease given up, expired at once, the replicas woken), which goes
+        on from its step log or fails it saying why; on SQLite, where no other replica can
+        take it, it fails (the control plane shut down)."""
         if self._keeper is not None:
             self._keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._keeper
             self._keeper = None
+        hand_off = self.store.dialect != "sqlite"
         for run_id, task in list(self._tasks.items()):
-            self._cancel_reasons.setdefault(
-                run_id, ("failed", "the control plane shut down during the run")
-            )
+            if hand_off:
+                self._handed_off.add(run_id)
+            else:
+                self._cancel_reasons.setdefault(run_id, ("failed", SHUT_DOWN))
             task.cancel()
         for task in list(self._tasks.values()):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        for check in list(self._checks):
+            check.cancel()
+        if self.listener is not None:
+            await self.listener.stop()
 
     def start(self, request: RunRequest) -> None:
         self._start(request, None)
@@ -289,15 +348,28 @@ class RunService:
         return task is not None and not task.done()
 
     async def cancel(self, run_id: str, *, by: str) -> bool:
-        """Cancel a live run (True), or say it already ended (False)."""
+        """Cancel an unfinished run, and wait (a bounded time) for its end: True once it
+        ended. Driven here, it is cancelled at once; else the run's row asks its driver,
+        whichever replica that is (or the one that takes it over) — `Conflict` if it ended."""
         task = self._tasks.get(run_id)
-        if task is None or task.done():
-            return False
-        self._cancel_reasons.setdefault(run_id, ("cancelled", f"cancelled by {by}"))
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.shield(task)
-        return True
+        if task is not None and not task.done():
+            self._cancel_reasons.setdefault(run_id, ("cancelled", f"cancelled by {by}"))
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.shield(task)
+            return True
+        await self.store.run(self.runs.request_cancel, run_id, by)
+        self._sweep_soon.set()  # a run whose driver died is claimed, and ended, here
+        loop = asyncio.get_running_loop()
+        # Long enough for a dead driver's lease to expire and the taker to end the run, and
+        # for a live one to destroy the sandbox (as a cancel here waits for, unbounded).
+        deadline = loop.time() + 2 * self.lease_seconds + CANCEL_WAIT_SECONDS
+        while loop.time() < deadline:
+            waiter = self.bus.waiter(run_id)  # its steps: run.finished among them
+            if await self.store.run(self.runs.settled, run_id):
+                return True
+            await self.bus.wait(waiter, min(1.0, max(0.0, deadline - loop.time())))
+        return False
 
     async def wait(self, run_id: str) -> None:
         task = self._tasks.get(run_id)
@@ -313,17 +385,32 @@ class RunService:
     # -- approvals ---------------------------------------------------------------------------
 
     async def decide(self, approval_id: str, approve: bool, *, by: str, note: str | None) -> dict:
+        """Answer an approval in its row; the run waiting on it, on whichever replica, wakes
+        and records `approval.decided` (its driver writes its steps)."""
         status = "approved" if approve else "denied"
         decided = await self.store.run(lambda: self.runs.decide(approval_id, status, by, note))
-        await self.emit(
-            decided["run_id"],
-            "approval.decided",
-            {"approval": approval_id, "status": status, "by": by, "note": note},
-        )
-        future = self._approvals.get(approval_id)
-        if future is not None and not future.done():
-            future.set_result(Answer(status, by, note))
+        self.bus.notify(approval_id, APPROVAL)
         return decided
+
+    async def _answer(self, approval_id: str, timeout: int) -> Answer:
+        """Wait for the answer in the approval's row — woken when it is answered, on any
+        replica, and reading it again every lease beat anyway — or expire it after
+        `timeout` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            waiter = self.bus.waiter(approval_id, APPROVAL)  # before the read: see bus.py
+            row = await self.store.run(self.runs.get_approval, approval_id)
+            if row["status"] != "pending":
+                return Answer(row["status"], row["decided_by"] or "nobody", row["note"])
+            left = deadline - loop.time()
+            if left <= 0:
+                try:
+                    await self.store.run(lambda: self.runs.decide(approval_id, "expired", "system"))
+                except Conflict:
+                    continue  # answered just now: read that answer
+                return Answer("expired", "nobody")
+            await self.bus.wait(waiter, min(left, self.lease_seconds / 3))
 
     async def _question(
         self, run_id: str, kind: str, subject: dict[str, Any], timeout: int
@@ -334,31 +421,22 @@ class RunService:
         live = self._live.get(run_id)
         if live is not None:
             live.begin_wait()
-        asked: dict[str, Any] | None = None
         try:
             asked = await self.store.run(
                 lambda: self.runs.request_approval(run_id, kind, subject, self.leases.fence(run_id))
             )
             approval_id = asked["id"]
-            future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-            self._approvals[approval_id] = future
             await self.emit(
                 run_id,
                 "approval.requested",
                 {"approval": approval_id, "kind": kind, "subject": subject, "timeout": timeout},
             )
-            try:
-                answer = await asyncio.wait_for(future, timeout)
-            except TimeoutError:
-                with contextlib.suppress(Conflict):
-                    await self.store.run(lambda: self.runs.decide(approval_id, "expired", "system"))
-                await self.emit(
-                    run_id, "approval.decided", {"approval": approval_id, "status": "expired"}
-                )
-                answer = Answer("expired", "nobody")
+            answer = await self._answer(approval_id, timeout)
+            decided: dict[str, Any] = {"approval": approval_id, "status": answer.status}
+            if answer.status != "expired":
+                decided |= {"by": answer.by, "note": answer.note}
+            await self.emit(run_id, "approval.decided", decided)
         finally:
-            if asked is not None:
-                self._approvals.pop(asked["id"], None)
             if live is not None:
                 live.end_wait()
         if live is not None:
@@ -555,6 +633,9 @@ class RunService:
                     )
             if run_id in self._fenced_out:
                 return  # taken over: its ending is the new driver's to write
+            if run_id in self._handed_off:  # this replica shuts down: another goes on
+                await self.emit(run_id, HANDED_OFF, {"by": self.replica, "reason": SHUT_DOWN})
+                return
             await self.store.run(self.runs.cancel_pending, run_id)
             with contextlib.suppress(Conflict):
                 await self.store.run(
@@ -576,8 +657,11 @@ class RunService:
             self._cancel_reasons.pop(run_id, None)
             self._fenced_out.discard(run_id)
             self._sandboxes.pop(run_id, None)
+            handed_off = run_id in self._handed_off
+            self._handed_off.discard(run_id)
             with contextlib.suppress(Exception):  # an expired lease is claimed anyway
-                await self.store.run(self.leases.release, run_id)
+                give_up = self.leases.hand_off if handed_off else self.leases.release
+                await self.store.run(give_up, run_id)
 
     def _endpoint_access(self, run_id: str, endpoint: ModelEndpoint) -> EndpointAccess:
         """The run's way to its model endpoint: every connection resolved once with the

@@ -14,8 +14,11 @@ A step whose audit record was written is then stored even if the caller is cance
 
 A step is stored under the lease this replica holds on the run (`fence_of`), if any: a
 replica another one fenced out gets `LeaseLost` and stores nothing (the run's new driver
-numbers on from the store and the audit log, so no number is stored twice). Its audit record
-of that one step, written just before, stays: a record of what the stalled replica tried.
+numbers on from the store and the audit log, so no number is stored twice). Once this replica
+knows it lost the lease (its renewal said so), a step is refused before it is audited. A
+stalled replica that does not know yet has its step audited, then refused by the store: it
+then audits the refusal (`run.step_refused`, decision deny, the step's number and type), so
+the audit log never shows a step of a fenced-out replica as if it had been stored.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 
 from aamp.audit.record import AuditSink
 from aamp.runs.bus import EventBus
-from aamp.runs.leases import Fence
+from aamp.runs.leases import Fence, LeaseLost
 from aamp.runs.store import RunEvent, RunStore
 from aamp.store import Store
 
@@ -92,6 +95,11 @@ class StepLog:
                 if seq is None:
                     seq = await self.store.run(self.runs.last_seq, run_id) + 1
                 tail.next_seq = None  # until this step is stored: on failure, ask the store
+                fence = self.fence_of(run_id)
+                if fence is not None and fence.lost:
+                    raise LeaseLost(
+                        f"run {run_id}: {fence.replica}'s lease {fence.epoch} was taken over"
+                    )
                 await self.audit.record(
                     actor=f"run:{run_id}",
                     action=f"run.{type_}",
@@ -99,15 +107,26 @@ class StepLog:
                     decision="info",
                     details={"seq": seq, **audit_details(type_, data)},
                 )
-                event = await self.store.run(
-                    self.runs.append_event,
-                    run_id,
-                    seq,
-                    type_,
-                    data,
-                    counts(type_, data),
-                    self.fence_of(run_id),
-                )
+                try:
+                    event = await self.store.run(
+                        self.runs.append_event,
+                        run_id,
+                        seq,
+                        type_,
+                        data,
+                        counts(type_, data),
+                        fence,
+                    )
+                except LeaseLost as refused:
+                    await self.audit.record(
+                        actor=f"run:{run_id}",
+                        action="run.step_refused",
+                        resource=f"run:{run_id}",
+                        decision="deny",
+                        reason=str(refused),
+                        details={"seq": seq, "type": type_},
+                    )
+                    raise
                 tail.next_seq = seq + 1
         finally:
             tail.users -= 1

@@ -10,6 +10,9 @@ The writes of a run's driver (its steps, status, approvals' questions, artifacts
 the driver's lease (`fence`, `aamp.runs.leases.Fence`): they are then made only while the
 run's row still names that lease, in the same transaction, and refused with `LeaseLost`
 otherwise — nothing is written by a replica that another replica has fenced out.
+
+A stored step, an approval answered and a cancel asked for are announced to the other
+replicas in their own transaction (`aamp.runs.bus.announce`: PostgreSQL `NOTIFY`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from sqlalchemy import delete, func, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 
 from aamp.errors import Conflict, NotFound
+from aamp.runs.bus import APPROVAL, CANCEL, STEP, announce
 from aamp.runs.leases import Fence, LeaseLost
 from aamp.store import Store, existing, quick_read, value_of
 from aamp.store.tables import (
@@ -211,6 +215,42 @@ class RunStore:
             s.flush()
             return _info(row)
 
+    def request_cancel(self, run_id: str, by: str) -> RunInfo:
+        """Ask whichever replica drives an unfinished run to cancel it (the first asker is
+        kept); a run that ended is refused (`Conflict`)."""
+        with self.store.write_session() as s:
+            row = existing(s, RunRow, run_id, f"no run {run_id!r}")
+            s.refresh(row, with_for_update=True)
+            if row.status in FINAL:
+                raise Conflict(f"run {run_id} already ended ({row.status})")
+            if row.cancel_requested_by is None:
+                row.cancel_requested_by = by
+            announce(s, CANCEL, run_id)
+            s.flush()
+            return _info(row)
+
+    def cancel_requests(self, run_ids: set[str]) -> dict[str, str]:
+        """Of some runs, those someone asked to cancel, and who."""
+        if not run_ids:
+            return {}
+        with self.store.session() as s:
+            rows = s.execute(
+                select(RunRow.id, RunRow.cancel_requested_by).where(
+                    RunRow.id.in_(run_ids), RunRow.cancel_requested_by.is_not(None)
+                )
+            ).all()
+            return {r.id: r.cancel_requested_by for r in rows}
+
+    @quick_read  # one primary-key read; the live stream makes it when it has nothing new
+    def settled(self, run_id: str) -> bool:
+        """The run ended and its driver is done with it: its lease was given up (after its
+        `run.finished` step was stored) or has expired (its driver died in between)."""
+        with self.store.session() as s:
+            row = s.get(RunRow, run_id)
+            if row is None or row.status not in FINAL:
+                return False
+            return row.lease_owner is None or (row.lease_until or "") < now()
+
     def interrupted(self) -> list[RunInfo]:
         """Runs an earlier process left unfinished (it stopped or was killed)."""
         with self.store.session() as s:
@@ -288,6 +328,7 @@ class RunStore:
                 conn.execute(
                     _EVENTS.insert().values(run_id=run_id, seq=seq, type=type_, data=text, at=at)
                 )
+                announce(conn, STEP, run_id)
         except IntegrityError as err:
             raise Conflict(f"step {seq} of run {run_id} refused by the store: {err.orig}") from None
         return RunEvent(seq, type_, data, at)
@@ -374,9 +415,11 @@ class RunStore:
         """Answer a pending request once; a second answer is refused."""
         with self.store.write_session() as s:
             row = existing(s, RunApprovalRow, approval_id, f"no approval request {approval_id!r}")
+            s.refresh(row, with_for_update=True)  # two replicas answering at once: one wins
             if row.status != "pending":
                 raise Conflict(f"approval {approval_id} was already answered ({row.status})")
             row.status, row.decided_at, row.decided_by, row.note = status, now(), by, note
+            announce(s, APPROVAL, approval_id)
             s.flush()
             return _approval(row)
 

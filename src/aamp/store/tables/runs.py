@@ -67,6 +67,8 @@ class RunRow(Base):
     lease_until: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
     # One more at every take or takeover; the driver's writes name it (fencing, 0011).
     lease_epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Who asked to cancel the run, for its driver on whichever replica (0014).
+    cancel_requested_by: Mapped[str | None] = mapped_column(String(255), nullable=True)
 
     # The history's order (newest first) after each filter it takes, so a page is an index
     # range read in order (migration 0006); the prefixes serve plain lookups too.
