@@ -173,13 +173,21 @@ class AsyncSandbox:
         env: dict[str, str] | None = None,
         cwd: str | None = None,
         stdin: bytes | None = None,
+        keep: int | None = None,
     ) -> ExecResult:
         """As `Sandbox.exec`; the callbacks run on the event loop as output arrives."""
         loop = asyncio.get_running_loop()
         out, err = _on_loop(loop, on_stdout), _on_loop(loop, on_stderr)
         return await self._owner._run(
             lambda c: Sandbox(c, self.info).exec(
-                argv, timeout=timeout, on_stdout=out, on_stderr=err, env=env, cwd=cwd, stdin=stdin
+                argv,
+                timeout=timeout,
+                on_stdout=out,
+                on_stderr=err,
+                env=env,
+                cwd=cwd,
+                stdin=stdin,
+                keep=keep,
             )
         )
 
