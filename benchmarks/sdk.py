@@ -11,7 +11,8 @@ one pair to the next (SDK first, then raw first), and the ratio is taken pair by
 median (and p95) is the figure, not the ratio of two medians, so a machine whose speed drifts
 (other work on its cores, a sandbox boot that is slow for everyone) moves both halves of a
 pair alike and not the figure. The load average is printed with it: compare runs made at
-like loads.
+like loads. So is the CPU this process spends per call on each side: what the SDK itself
+costs beyond the requests, which a busy machine moves far less than wall time.
 """
 
 from __future__ import annotations
@@ -64,26 +65,34 @@ class RawApi:
         self.send("DELETE", f"/v1/sandboxes/{made['id']}")
 
 
+class Timings:
+    """One way's wall seconds per call, and the CPU seconds this process spent on them."""
+
+    def __init__(self) -> None:
+        self.wall: list[float] = []
+        self.cpu = 0.0
+
+    def time(self, work: Callable[[], object]) -> None:
+        spent, started = time.process_time(), time.perf_counter()
+        work()
+        self.wall.append(time.perf_counter() - started)
+        self.cpu += time.process_time() - spent
+
+
 def alternate(
     runs: int, ours: Callable[[], object], raw: Callable[[], object]
-) -> tuple[list[float], list[float]]:
-    """Seconds of each way, `runs` pairs timed back to back, who goes first switching every
-    pair (after one untimed pair)."""
-
-    def timed(work: Callable[[], object]) -> float:
-        started = time.perf_counter()
-        work()
-        return time.perf_counter() - started
-
-    timed(ours), timed(raw)
-    mine, theirs = [], []
+) -> tuple[Timings, Timings]:
+    """Each way, `runs` pairs timed back to back, who goes first switching every pair
+    (after one untimed pair)."""
+    ours(), raw()
+    mine, theirs = Timings(), Timings()
     for n in range(runs):
         if n % 2:
-            theirs.append(timed(raw))
-            mine.append(timed(ours))
+            theirs.time(raw)
+            mine.time(ours)
         else:
-            mine.append(timed(ours))
-            theirs.append(timed(raw))
+            mine.time(ours)
+            theirs.time(raw)
     return mine, theirs
 
 
@@ -134,13 +143,16 @@ def measure(runs: int) -> list[dict[str, object]]:
             return results
 
 
-def row(name: str, ours: list[float], raw: list[float], started_at_load: str) -> dict[str, object]:
-    mine, floor = _summary(ours), _summary(raw)
+def row(name: str, ours: Timings, raw: Timings, started_at_load: str) -> dict[str, object]:
+    mine, floor = _summary(ours.wall), _summary(raw.wall)
     return {
         "operation": name,
         **{f"sdk_{k}": v for k, v in mine.items()},
         **{f"raw_{k}": v for k, v in floor.items()},
-        **paired(ours, raw),
+        **paired(ours.wall, raw.wall),
+        # The client's own CPU per call: what the SDK costs beyond the requests themselves.
+        "sdk_cpu_ms": round(ours.cpu / len(ours.wall) * 1000, 2),
+        "raw_cpu_ms": round(raw.cpu / len(raw.wall) * 1000, 2),
         "load": f"{started_at_load} -> {load()}",
     }
 
@@ -152,13 +164,13 @@ def main() -> None:
     results = measure(args.runs)
     print(
         f"{'operation':<26}{'sdk p50':>9}{'p95':>8}{'raw p50':>9}{'p95':>8}"
-        f"{'ratio p50':>11}{'p95':>7}  load"
+        f"{'ratio p50':>11}{'p95':>7}{'cpu sdk':>9}{'raw':>6}  load"
     )
     for r in results:
         print(
             f"{r['operation']:<26}{r['sdk_median_ms']:>9}{r['sdk_p95_ms']:>8}"
             f"{r['raw_median_ms']:>9}{r['raw_p95_ms']:>8}{r['ratio_median']:>11}"
-            f"{r['ratio_p95']:>7}  {r['load']}"
+            f"{r['ratio_p95']:>7}{r['sdk_cpu_ms']:>9}{r['raw_cpu_ms']:>6}  {r['load']}"
         )
     save(
         RESULTS,
