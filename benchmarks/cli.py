@@ -109,13 +109,20 @@ def _environment(home: Path, *, compile_each_run: bool) -> dict[str, str]:
 @contextlib.contextmanager
 def _control_plane(env: dict[str, str]) -> Iterator[str]:
     """A real `aamp up` for the length of the block; yields its API's URL."""
+    with _control_plane_process(env) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def _control_plane_process(env: dict[str, str]) -> Iterator[tuple[str, int]]:
+    """As `_control_plane`, yielding its API's URL and the process's id."""
     url = f"http://127.0.0.1:{env['AAMP_PORT']}"
     log = Path(env["AAMP_HOME"]) / "up.log"
     with log.open("wb") as out:
         proc = subprocess.Popen([*_aamp(), "up"], env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         _wait_for_health(proc, url, log)
-        yield url
+        yield url, proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=60)

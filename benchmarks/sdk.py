@@ -3,10 +3,16 @@ against the same three requests made by hand on one `http.client` connection, an
 exec of `true` in a live sandbox against the raw exec request. Prints a table (median and
 p95), writes benchmarks/results/sdk.json. Target (never asserted): SDK one-shot ≤ 1.05 × raw.
 
-    AAMP_IMAGE_DIR=/var/cache/aamp/images python benchmarks/sdk.py [--runs 21]
+    AAMP_IMAGE_DIR=/var/cache/aamp/images python benchmarks/sdk.py [--runs 41]
 
 The control plane is a real `aamp up` (gVisor, the built `base` image) with its own home, as
-in benchmarks/cli.py; the two ways take turns so a drifting machine moves both alike.
+in benchmarks/cli.py. The two ways are timed in pairs, back to back, the order switching from
+one pair to the next (SDK first, then raw first), and the ratio is taken pair by pair: its
+median (and p95) is the figure, not the ratio of two medians, so a machine whose speed drifts
+(other work on its cores, a sandbox boot that is slow for everyone) moves both halves of a
+pair alike and not the figure. The load average is printed with it: compare runs made at
+like loads. So is the CPU this process spends per call on each side: what the SDK itself
+costs beyond the requests, which a busy machine moves far less than wall time.
 """
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ import http.client
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,19 +65,56 @@ class RawApi:
         self.send("DELETE", f"/v1/sandboxes/{made['id']}")
 
 
+class Timings:
+    """One way's wall seconds per call, and the CPU seconds this process spent on them."""
+
+    def __init__(self) -> None:
+        self.wall: list[float] = []
+        self.cpu = 0.0
+
+    def time(self, work: Callable[[], object]) -> None:
+        spent, started = time.process_time(), time.perf_counter()
+        work()
+        self.wall.append(time.perf_counter() - started)
+        self.cpu += time.process_time() - spent
+
+
 def alternate(
     runs: int, ours: Callable[[], object], raw: Callable[[], object]
-) -> tuple[list[float], list[float]]:
-    import time
+) -> tuple[Timings, Timings]:
+    """Each way, `runs` pairs timed back to back, who goes first switching every pair
+    (after one untimed pair)."""
+    ours(), raw()
+    mine, theirs = Timings(), Timings()
+    for n in range(runs):
+        if n % 2:
+            theirs.time(raw)
+            mine.time(ours)
+        else:
+            mine.time(ours)
+            theirs.time(raw)
+    return mine, theirs
 
-    def timed(work: Callable[[], object]) -> float:
-        started = time.perf_counter()
-        work()
-        return time.perf_counter() - started
 
-    timed(ours), timed(raw)
-    pairs = [(timed(ours), timed(raw)) for _ in range(runs)]
-    return [a for a, _ in pairs], [b for _, b in pairs]
+def paired(ours: list[float], raw: list[float]) -> dict[str, float]:
+    """The pair-by-pair figures: median and p95 of ours/raw and of ours - raw (ms)."""
+    ratios = [a / b for a, b in zip(ours, raw, strict=True)]
+    diffs = [(a - b) * 1000 for a, b in zip(ours, raw, strict=True)]
+
+    def p95(values: list[float]) -> float:
+        return statistics.quantiles(values, n=20)[18]
+
+    return {
+        "ratio_median": round(statistics.median(ratios), 3),
+        "ratio_p95": round(p95(ratios), 3),
+        "diff_median_ms": round(statistics.median(diffs), 2),
+        "diff_p95_ms": round(p95(diffs), 2),
+    }
+
+
+def load() -> str:
+    """The 1-, 5- and 15-minute load averages, as uptime prints them."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def measure(runs: int) -> list[dict[str, object]]:
@@ -86,40 +131,51 @@ def measure(runs: int) -> list[dict[str, object]]:
                     with client.sandboxes.create(image="base", ttl=120) as sandbox:
                         assert sandbox.exec(["true"]).ok
 
+                at = load()
                 ours, theirs = alternate(runs, sdk_one_shot, raw.one_shot)
-                results.append(row("create+exec true+destroy", ours, theirs))
+                results.append(row("create+exec true+destroy", ours, theirs, at))
                 with client.sandboxes.create(image="base", ttl=600) as sandbox:
+                    at = load()
                     ours, theirs = alternate(
                         runs, lambda: sandbox.exec(["true"]), lambda: raw.exec_true(sandbox.id)
                     )
-                    results.append(row("exec true", ours, theirs))
+                    results.append(row("exec true", ours, theirs, at))
             return results
 
 
-def row(name: str, ours: list[float], raw: list[float]) -> dict[str, object]:
-    mine, floor = _summary(ours), _summary(raw)
+def row(name: str, ours: Timings, raw: Timings, started_at_load: str) -> dict[str, object]:
+    mine, floor = _summary(ours.wall), _summary(raw.wall)
     return {
         "operation": name,
         **{f"sdk_{k}": v for k, v in mine.items()},
         **{f"raw_{k}": v for k, v in floor.items()},
-        "ratio_median": round(mine["median_ms"] / floor["median_ms"], 3),
+        **paired(ours.wall, raw.wall),
+        # The client's own CPU per call: what the SDK costs beyond the requests themselves.
+        "sdk_cpu_ms": round(ours.cpu / len(ours.wall) * 1000, 2),
+        "raw_cpu_ms": round(raw.cpu / len(raw.wall) * 1000, 2),
+        "load": f"{started_at_load} -> {load()}",
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=21)
+    parser.add_argument("--runs", type=int, default=41)
     args = parser.parse_args()
     results = measure(args.runs)
-    print(f"{'operation':<28}{'sdk median':>11}{'p95':>8}{'raw median':>12}{'p95':>8}{'ratio':>7}")
+    print(
+        f"{'operation':<26}{'sdk p50':>9}{'p95':>8}{'raw p50':>9}{'p95':>8}"
+        f"{'ratio p50':>11}{'p95':>7}{'cpu sdk':>9}{'raw':>6}  load"
+    )
     for r in results:
         print(
-            f"{r['operation']:<28}{r['sdk_median_ms']:>11}{r['sdk_p95_ms']:>8}"
-            f"{r['raw_median_ms']:>12}{r['raw_p95_ms']:>8}{r['ratio_median']:>7}"
+            f"{r['operation']:<26}{r['sdk_median_ms']:>9}{r['sdk_p95_ms']:>8}"
+            f"{r['raw_median_ms']:>9}{r['raw_p95_ms']:>8}{r['ratio_median']:>11}"
+            f"{r['ratio_p95']:>7}{r['sdk_cpu_ms']:>9}{r['raw_cpu_ms']:>6}  {r['load']}"
         )
     save(
         RESULTS,
-        "SDK calls next to the same requests by hand; ms; runs alternate",
+        "SDK calls next to the same requests by hand; ms; pairs back to back, the order "
+        "switching; ratio_* and diff_* are pair by pair",
         args.runs,
         results,
     )

@@ -7,8 +7,9 @@ client gone (`http.disconnect`), and the app cannot run ahead of a slow reader."
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import sys
-import time
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from api_plane import plane_settings, running_plane  # tests/api
 from test_mcp_auth import MCP_HEADERS, mcp_site  # tests/mcp
 
 from aamp.client import Client, ClientError
+from aamp.mcp import on_loop
 from aamp.mcp.in_process import WINDOW, AsgiConnection
 
 NOTHING_LISTENS = "http://127.0.0.1:9"
@@ -49,6 +51,32 @@ async def test_a_tool_call_reaches_the_api_in_process_through_its_guard(tmp_path
             )
         (record,) = page.json()["records"]
         assert record["decision"] == "allow" and record["request_id"].startswith("req-")
+
+
+async def test_a_tool_call_needs_no_worker_thread(tmp_path: Path) -> None:
+    """The SDK's code runs on the loop itself over the in-process connection: a tool call
+    answers while every worker thread the loop could hand it to is taken."""
+    async with running_plane(plane_settings(tmp_path)) as plane, mcp_site(plane) as site:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=1))
+        release = threading.Event()
+        taken = loop.run_in_executor(None, release.wait)
+        call = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {"name": "sandbox_list", "arguments": {}},
+        }
+        headers = {**MCP_HEADERS, "authorization": f"Bearer {plane.admin_token}"}
+        transport = httpx.ASGITransport(app=site)
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url=NOTHING_LISTENS) as c:
+                answer = await asyncio.wait_for(c.post("/mcp", json=call, headers=headers), 10)
+        finally:
+            release.set()
+            await taken
+        result = answer.json()["result"]
+        assert not result["isError"] and result["structuredContent"] == {"sandboxes": []}
 
 
 class StreamingApp:
@@ -91,18 +119,18 @@ class StreamingApp:
         await watcher
 
 
-def _client(app: Any, loop: asyncio.AbstractEventLoop, timeout: float = 5) -> Client:
+def _client(app: Any, timeout: float = 5) -> Client:
     def connect(base: str, headers: dict[str, str], *, timeout: float | None) -> AsgiConnection:
-        return AsgiConnection(app, loop, base, headers, timeout=timeout)
+        return AsgiConnection(app, base, headers, timeout=timeout)
 
     return Client(NOTHING_LISTENS, "a-token", timeout=timeout, connection=connect)
 
 
 async def test_a_refusal_is_the_apis_code_and_message() -> None:
     app = StreamingApp(status=403)
-    client = _client(app, asyncio.get_running_loop())
+    client = _client(app)
     with pytest.raises(ClientError) as refused:
-        await asyncio.to_thread(client.call, "GET", "/v1/things/a b", params={"q": "1"})
+        await on_loop.run(client.call, "GET", "/v1/things/a b", params={"q": "1"})
     assert (refused.value.code, refused.value.message, refused.value.status) == (
         "forbidden",
         "not yours",
@@ -115,17 +143,17 @@ async def test_a_refusal_is_the_apis_code_and_message() -> None:
 
 async def test_a_reader_that_leaves_is_a_client_gone_and_is_never_outrun() -> None:
     app = StreamingApp()
-    client = _client(app, asyncio.get_running_loop())
+    client = _client(app)
 
     def read_two_then_pause_then_leave() -> tuple[list[str], int]:
         with client.stream("GET", "/v1/stream") as resp:
             lines = resp.iter_lines()
             first = [next(lines), next(lines)]
-            time.sleep(0.3)  # the app may run ahead only by the window
+            on_loop.wait(asyncio.sleep(0.3))  # the app may run ahead only by the window
             ahead = app.sent
         return first, ahead
 
-    first, ahead = await asyncio.to_thread(read_two_then_pause_then_leave)
+    first, ahead = await on_loop.run(read_two_then_pause_then_leave)
     assert first == ["0", "1"]
     assert ahead <= 2 + WINDOW + 1, ahead
     await asyncio.wait_for(app.disconnected.wait(), 5)
@@ -134,8 +162,8 @@ async def test_a_reader_that_leaves_is_a_client_gone_and_is_never_outrun() -> No
 
 async def test_an_app_that_does_not_answer_times_out_and_is_left() -> None:
     app = StreamingApp(answer=False)
-    client = _client(app, asyncio.get_running_loop(), timeout=0.2)
+    client = _client(app, timeout=0.2)
     with pytest.raises(ClientError) as late:
-        await asyncio.to_thread(client.call, "GET", "/v1/slow")
+        await on_loop.run(client.call, "GET", "/v1/slow")
     assert late.value.code == "timed_out"
     await asyncio.wait_for(app.disconnected.wait(), 5)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -151,6 +152,43 @@ def test_in_process_and_over_http(live, tmp_path) -> None:
                 await the_whole_flow(remote, csv.read_bytes())
 
         asyncio.run(main())
+
+
+def _memory_kib(pid: int, field: str) -> int:
+    """A process's VmRSS or VmHWM (its peak since the last reset), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def test_a_huge_exec_output_is_cut_as_it_arrives_not_held(live) -> None:
+    """128 MiB of stdout through sandbox_exec over /mcp: the control plane's peak memory does
+    not grow by anything like the output (only what is returned is kept while it streams),
+    64 KiB come back, and the note counts every byte written and dropped."""
+    size = 128 * 1024 * 1024
+    pid = live.proc.pid
+
+    async def main() -> tuple[dict[str, Any], int]:
+        async with over_http(live.url, live.admin_token) as client:
+            made = await call(client, "sandbox_create", image="base", ttl_seconds=600)
+            argv = ["head", "-c", str(size), "/dev/zero"]
+            await call(client, "sandbox_exec", sandbox_id=made["id"], argv=["true"])
+            Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM counts from here
+            before = _memory_kib(pid, "VmRSS")
+            ran = await call(
+                client, "sandbox_exec", sandbox_id=made["id"], argv=argv, timeout_seconds=600
+            )
+            grown = _memory_kib(pid, "VmHWM") - before
+            await call(client, "sandbox_destroy", sandbox_id=made["id"])
+            return ran, grown
+
+    ran, grown_kib = asyncio.run(main())
+    assert grown_kib < 48 * 1024, f"the control plane grew by {grown_kib} KiB"
+    assert ran["exit_code"] == 0 and ran["stdout"] == "\0" * 64 * 1024
+    dropped = size - 64 * 1024
+    assert f"stdout cut at 65536 bytes ({size} written, {dropped} dropped)" in ran["note"]
+    assert "stderr" not in ran["note"]
 
 
 def audit_of(admin: Client, actor: str, action: str) -> list[dict[str, Any]]:

@@ -49,6 +49,17 @@ def test_sandbox_lifecycle_streamed_exec_and_files(live) -> None:
             slow = sandbox.exec(["sleep", "30"], timeout=1)
             assert slow.timed_out and not slow.ok
 
+            # `keep` bounds what the result holds of each stream; the rest is only counted.
+            told: list[bytes] = []
+            kept = sandbox.exec(
+                ["sh", "-c", "head -c 300000 /dev/zero; echo oops >&2"],
+                keep=1000,
+                on_stdout=told.append,
+            )
+            assert (kept.stdout, kept.stderr, kept.truncated) == (b"\0" * 1000, b"oops\n", True)
+            assert (kept.stdout_size, kept.stderr_size) == (300_000, 5)
+            assert sum(map(len, told)) == 300_000  # the callback still saw all of it
+
             data = os.urandom(1024 * 1024)
             assert sandbox.files.write("in/blob.bin", data) == len(data)
             copied = sandbox.exec(["sh", "-c", "sha256sum in/blob.bin | cut -d' ' -f1"])

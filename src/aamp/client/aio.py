@@ -5,6 +5,8 @@ very same code (`aamp.client.sandboxes`, `aamp.client.runs`) in a worker thread,
 errors, the one agent-name rule and the checks on artifacts cannot drift between the two;
 concurrent awaits get connections of their own. Output callbacks and streamed events are
 handed back to the event loop, so `on_stdout` runs on the loop's thread, as async code expects.
+A connection that lives on the event loop itself (the control plane's in-process one, for
+`/mcp`) says how that code runs over it instead (its `offload`: on the loop, no thread).
 
     async with AsyncClient(url, token) as client:
         async with await client.sandboxes.create(image="base") as sandbox:
@@ -24,7 +26,7 @@ from aamp.client.sandboxes import ExecResult, Sandbox, Screenshot
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
     from typing import Any
 
 
@@ -40,6 +42,9 @@ class AsyncClient:
             first.base, first._token, timeout=first._http.timeout, connection=first._connection
         )
         self._idle: list[Client] = [first]
+        self._offload: Callable[..., Awaitable[Any]] = getattr(
+            first._http, "offload", asyncio.to_thread
+        )
         self.sandboxes = AsyncSandboxes(self)
         self.agents = AsyncAgents(self)
 
@@ -69,7 +74,7 @@ class AsyncClient:
 
     async def _run(self, work: Callable[[Client], Any]) -> Any:
         async with self._borrowed() as client:
-            return await asyncio.to_thread(work, client)
+            return await self._offload(work, client)
 
     async def call(self, method: str, path: str, **kw: Any) -> Any:
         return await self._run(lambda c: c.call(method, path, **kw))
@@ -99,7 +104,7 @@ class AsyncClient:
             loop.call_soon_threadsafe(queue.put_nowait, ("end", None))
 
         client = self._idle.pop() if self._idle else self._make()
-        worker = asyncio.ensure_future(asyncio.to_thread(pump, client))
+        worker = asyncio.ensure_future(self._offload(pump, client))
         try:
             while True:
                 kind, value = await queue.get()
@@ -168,13 +173,21 @@ class AsyncSandbox:
         env: dict[str, str] | None = None,
         cwd: str | None = None,
         stdin: bytes | None = None,
+        keep: int | None = None,
     ) -> ExecResult:
         """As `Sandbox.exec`; the callbacks run on the event loop as output arrives."""
         loop = asyncio.get_running_loop()
         out, err = _on_loop(loop, on_stdout), _on_loop(loop, on_stderr)
         return await self._owner._run(
             lambda c: Sandbox(c, self.info).exec(
-                argv, timeout=timeout, on_stdout=out, on_stderr=err, env=env, cwd=cwd, stdin=stdin
+                argv,
+                timeout=timeout,
+                on_stdout=out,
+                on_stderr=err,
+                env=env,
+                cwd=cwd,
+                stdin=stdin,
+                keep=keep,
             )
         )
 

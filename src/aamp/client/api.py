@@ -13,6 +13,7 @@ data and raises `ClientError`, and the caller decides what to print.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -74,7 +75,8 @@ class Client:
 
     `connection` makes the connection requests go over, called as
     `connection(base_url, headers, timeout=timeout)`; by default `transport.Connection`, a
-    socket. (The control plane's `/mcp` gives one that reaches its own API in process.)"""
+    socket. (The control plane's `/mcp` gives one that reaches its own API in process, on
+    the event loop: `aamp.mcp.in_process`.)"""
 
     def __init__(
         self,
@@ -156,6 +158,11 @@ class Client:
         """Cut the connection, from any thread: a request under way fails at once, and so
         does every later one (a client cut this way is done)."""
         self._http.abort()
+
+    def pause(self, seconds: float) -> None:
+        """Wait between polls; a connection on the event loop (`/mcp`'s in-process one)
+        waits there without stopping it, any other sleeps."""
+        getattr(self._http, "pause", time.sleep)(seconds)
 
     def call(self, method: str, path: str, **kw: Any) -> Any:
         """One JSON request; the decoded body (None for an empty one). `kw`: params, json,

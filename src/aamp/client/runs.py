@@ -139,7 +139,7 @@ class Run:
         while self.refresh().status not in FINISHED:
             if deadline is not None and time.monotonic() >= deadline:
                 raise ClientError("timed_out", f"run {self.id} is still {self.status}")
-            time.sleep(poll)
+            self._client.pause(poll)
         return self
 
     def artifacts(self) -> list[Artifact]:

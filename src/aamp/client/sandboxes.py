@@ -37,9 +37,20 @@ def seconds(value: float | str, field: str) -> float:
 
 
 class ExecResult:
-    """How a command ended, and its output (each stream kept up to `keep` bytes)."""
+    """How a command ended, and its output: each stream kept up to `keep` bytes, and how many
+    bytes the command wrote to each (`stdout_size`, `stderr_size`: more than is kept when
+    `truncated`)."""
 
-    __slots__ = ("exit_code", "signal", "stderr", "stdout", "timed_out", "truncated")
+    __slots__ = (
+        "exit_code",
+        "signal",
+        "stderr",
+        "stderr_size",
+        "stdout",
+        "stdout_size",
+        "timed_out",
+        "truncated",
+    )
 
     def __init__(
         self,
@@ -49,9 +60,11 @@ class ExecResult:
         stdout: bytes,
         stderr: bytes,
         truncated: bool,
+        sizes: tuple[int, int] | None = None,
     ):
         self.exit_code, self.signal, self.timed_out = exit_code, signal, timed_out
         self.stdout, self.stderr, self.truncated = stdout, stderr, truncated
+        self.stdout_size, self.stderr_size = sizes or (len(stdout), len(stderr))
 
     @property
     def ok(self) -> bool:
@@ -73,8 +86,10 @@ def collect_exec(
     keep: int | None = None,
 ) -> ExecResult:
     """Fold an exec's event stream into an `ExecResult`, calling the callbacks as output
-    arrives. `keep` bounds what the result holds of each stream (None: all of it)."""
+    arrives. `keep` bounds what the result holds of each stream (None: all of it); the rest
+    is only counted, never held."""
     out, err = bytearray(), bytearray()
+    out_size = err_size = 0
     truncated = False
     for event in events:
         if "data" in event:
@@ -83,6 +98,10 @@ def collect_exec(
             callback = on_stdout if is_out else on_stderr
             if callback is not None:
                 callback(data)
+            if is_out:
+                out_size += len(data)
+            else:
+                err_size += len(data)
             buf = out if is_out else err
             room = len(data) if keep is None else max(0, keep - len(buf))
             truncated = truncated or room < len(data)
@@ -97,6 +116,7 @@ def collect_exec(
                 bytes(out),
                 bytes(err),
                 truncated,
+                (out_size, err_size),
             )
             # Read on to the body's end (the result is its last line), so the connection
             # stays usable for the next request instead of being closed and made again.
@@ -203,17 +223,20 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         stdin: bytes | None = None,
+        keep: int | None = None,
     ) -> ExecResult:
         """Run `argv` and wait for it; output goes to the callbacks as it arrives and is kept
-        in the result. A command that fails is a result (`exit_code`, `timed_out`), not an
-        error; only the API's refusals and a broken connection raise `ClientError`."""
+        in the result — at most `keep` bytes of each stream, when given (the rest is counted:
+        `truncated`, `stdout_size`, `stderr_size`). A command that fails is a result
+        (`exit_code`, `timed_out`), not an error; only the API's refusals and a broken
+        connection raise `ClientError`."""
         if isinstance(argv, str):
             raise TypeError("argv is a list of words, e.g. ['sh', '-c', 'echo hi']")
         events = self._client.exec(
             self.id, list(argv), env=dict(env or {}), cwd=cwd, stdin=stdin, timeout=timeout
         )
         try:
-            return collect_exec(events, on_stdout=on_stdout, on_stderr=on_stderr)
+            return collect_exec(events, on_stdout=on_stdout, on_stderr=on_stderr, keep=keep)
         finally:
             events.close()
 

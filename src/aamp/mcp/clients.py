@@ -16,7 +16,6 @@ and audit, without the second HTTP hop.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
 from collections import OrderedDict
@@ -68,7 +67,7 @@ class TokenClients:
     def _new(self, token: str) -> AsyncClient:
         if self.app is None:
             return AsyncClient(self.api_url, token, timeout=CALL_TIMEOUT_SECONDS)
-        in_process = partial(AsgiConnection, self.app, asyncio.get_running_loop())
+        in_process = partial(AsgiConnection, self.app)
         return AsyncClient(self.api_url, token, timeout=CALL_TIMEOUT_SECONDS, connection=in_process)
 
     async def drop(self, token: str) -> None:

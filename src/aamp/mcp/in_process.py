@@ -2,13 +2,15 @@
 
 `AsgiConnection` has the interface of `aamp.client.transport.Connection` (`send`, `stream`,
 `close`, `abort`; responses with `status`, `headers`, `read`, `json`, `iter_bytes`,
-`iter_lines`), so the SDK's own code (`Client`, and `AsyncClient` in its worker threads) runs
-unchanged over it. A request is an ASGI call of the site app of this very process, scheduled
-on its event loop from the calling thread; so it goes through everything a request from the
-network does after the socket — the request id and body limit, the one guard (the bearer
-token's check, `allowed`, the decision's audit record), the route — and is refused the same
-way. What it saves is only the loopback hop: a socket each way, HTTP framing and parsing on
-both sides, and the server's per-connection machinery.
+`iter_lines`), so the SDK's own code (`Client`, and `AsyncClient` over it) runs unchanged. A
+request is an ASGI call of the site app of this very process, a task on its event loop; so it
+goes through everything a request from the network does after the socket — the request id
+and body limit, the one guard (the bearer token's check, `allowed`, the decision's audit
+record), the route — and is refused the same way. What it saves is the loopback hop (a
+socket each way, HTTP framing and parsing on both sides, the server's per-connection
+machinery) and every thread hop: the SDK's blocking-style code runs on the loop's own thread
+(`on_loop`; `offload` is how `AsyncClient` runs it), waiting for the app's answer through
+`on_loop.wait`, so a call is never handed between threads.
 
 Like a socket, it pushes back: the app's body waits while `WINDOW` chunks are unread, and a
 reader that leaves early (or times out) is a client gone — the app is told `http.disconnect`,
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import queue
 from collections.abc import Iterable, Iterator
 from typing import Any
 from urllib.parse import quote, unquote, urlencode, urlsplit
@@ -36,32 +37,35 @@ from aamp.client.transport import (
     json_bytes,
     raise_refusal,
 )
+from aamp.mcp import on_loop
 
 WINDOW = 8  # body chunks the app may send ahead of the reader
 ASGI = {"version": "3.0", "spec_version": "2.3"}  # as uvicorn serves the API
 
 
 class _Exchange:
-    """One request's ASGI call on the loop, and what it sent, handed to the reading thread."""
+    """One request's ASGI call, a task on the loop, and what it sent, for its reader (code
+    run by `on_loop.run` on the same loop)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, body: bytes) -> None:
-        self.loop = loop
+    def __init__(self, body: bytes) -> None:
         self._body: bytes | None = body
-        self._out: queue.Queue[tuple[str, Any]] = queue.Queue()
-        # Made here, in the calling thread: asyncio's primitives bind to a loop on first use,
-        # which is on `loop` (the app's side, or `call_soon_threadsafe` from the reader's).
+        self._out: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self._room = asyncio.Semaphore(WINDOW)
         self._gone = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None  # kept: the loop holds tasks weakly
 
-    async def run(self, app: Any, scope: dict[str, Any]) -> None:
+    def start(self, app: Any, scope: dict[str, Any]) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(app, scope))
+
+    async def _run(self, app: Any, scope: dict[str, Any]) -> None:
         try:
             await app(scope, self._receive, self._send)
         except BaseException as exc:  # the reader must hear of it, whatever it was
-            self._out.put(("failed", exc))
+            self._out.put_nowait(("failed", exc))
             if not isinstance(exc, Exception):
                 raise
         else:
-            self._out.put(("end", None))
+            self._out.put_nowait(("end", None))
 
     async def _receive(self) -> dict[str, Any]:
         if self._body is not None:
@@ -76,34 +80,38 @@ class _Exchange:
         if message["type"] == "http.response.start":
             answered = message.get("headers", [])
             fields = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in answered]
-            self._out.put(("start", (message["status"], Headers(fields))))
+            self._out.put_nowait(("start", (message["status"], Headers(fields))))
         elif message["type"] == "http.response.body":
             await self._room.acquire()
-            self._out.put(("body", bytes(message.get("body", b""))))
+            self._out.put_nowait(("body", bytes(message.get("body", b""))))
             if not message.get("more_body", False):
-                self._out.put(("end", None))
+                self._out.put_nowait(("end", None))
 
     def take(self, wait: float | None) -> tuple[str, Any]:
-        """The next thing the app sent (from the reading thread)."""
-        try:
-            kind, value = self._out.get(timeout=wait)
-        except queue.Empty:
-            self.leave()
-            raise ClientError(
-                "timed_out", f"the control plane did not answer within {wait:g} s"
-            ) from None
+        """The next thing the app sent, waiting for it on the loop at most `wait` seconds."""
+        if self._out.empty():
+            try:
+                kind, value = on_loop.wait(self._next(wait))
+            except TimeoutError:
+                self.leave()
+                raise ClientError(
+                    "timed_out", f"the control plane did not answer within {wait:g} s"
+                ) from None
+        else:
+            kind, value = self._out.get_nowait()
         if kind == "body":
-            self.loop.call_soon_threadsafe(self._room.release)
+            self._room.release()
         return kind, value
 
-    def leave(self) -> None:
-        """The reader is gone (from any thread): the app hears `http.disconnect`."""
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing is listening
-            self.loop.call_soon_threadsafe(self._left)
+    async def _next(self, wait: float | None) -> tuple[str, Any]:
+        async with asyncio.timeout(wait):
+            return await self._out.get()
 
-    def _left(self) -> None:
-        self._gone.set()
-        self._room.release()  # a body chunk waiting for room goes on, and finds the reader gone
+    def leave(self) -> None:
+        """The reader is gone: the app hears `http.disconnect`."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nothing is listening
+            self._gone.set()
+            self._room.release()  # a chunk waiting for room goes on, and finds the reader gone
 
 
 class _ExchangeBody:
@@ -132,14 +140,15 @@ class _ExchangeBody:
 
 
 class AsgiConnection:
-    """Requests to the site app `app` running on `loop`, from a thread other than the loop's
-    (an `AsyncClient`'s worker threads): a drop-in for `transport.Connection`. A body given
-    as an iterable of chunks is joined before it is sent (the tools send at most 4 MiB)."""
+    """Requests to the site app `app` running on this thread's event loop, from code that
+    `offload` runs there: a drop-in for `transport.Connection`. A body given as an iterable
+    of chunks is joined before it is sent (the tools send at most 4 MiB)."""
+
+    offload = staticmethod(on_loop.run)  # how AsyncClient runs the SDK's code over it
 
     def __init__(
         self,
         app: Any,
-        loop: asyncio.AbstractEventLoop,
         base_url: str,
         headers: dict[str, str],
         *,
@@ -147,7 +156,7 @@ class AsgiConnection:
     ) -> None:
         self.base = base_url
         self.timeout = timeout
-        self._app, self._loop = app, loop
+        self._app = app
         self._headers = headers
         parts = urlsplit(base_url)
         self._host = parts.netloc or "localhost"
@@ -165,6 +174,10 @@ class AsgiConnection:
         every later one."""
         self._aborted = True
         self.close()
+
+    def pause(self, seconds: float) -> None:
+        """Wait between polls without stopping the loop (a socket's client sleeps)."""
+        on_loop.wait(asyncio.sleep(seconds))
 
     def send(self, method: str, path: str, **kw: Any) -> Response:
         """One request whose body is read before it returns; a refusal is a ClientError."""
@@ -223,8 +236,8 @@ class AsgiConnection:
             "state": {},
         }
         wait = self.timeout if isinstance(timeout, UseClientDefault) else timeout
-        exchange = _Exchange(self._loop, bytes(body))
-        asyncio.run_coroutine_threadsafe(exchange.run(self._app, scope), self._loop)
+        exchange = _Exchange(bytes(body))
+        exchange.start(self._app, scope)
         self._current = exchange
         kind, value = exchange.take(wait)
         if kind != "start":

@@ -25,7 +25,7 @@ from mcp.types import CallToolResult, ImageContent, TextContent
 from pydantic import Field
 
 from aamp import __version__
-from aamp.client import AsyncClient, AsyncSandbox, ClientError
+from aamp.client import AsyncClient, AsyncSandbox, ClientError, ExecResult
 
 # The SDK client a call acts through: the caller's token's (it is not closed by the tool).
 ClientFor = Callable[[Context], Awaitable[AsyncClient]]
@@ -70,9 +70,17 @@ def _refusal(exc: ClientError) -> ToolError:
     return ToolError(f"refused ({exc.code}): {exc.message}")
 
 
-def _clip(data: bytes) -> tuple[str, bool]:
-    cut = data[:MAX_OUTPUT_BYTES]
-    return cut.decode("utf-8", errors="replace"), len(data) > MAX_OUTPUT_BYTES
+def _cut_note(result: ExecResult) -> str | None:
+    """What of a command's output was not returned, or None when it all was."""
+    cut = [
+        f"{name} cut at {MAX_OUTPUT_BYTES} bytes ({size} written, {size - MAX_OUTPUT_BYTES} "
+        "dropped)"
+        for name, size in (("stdout", result.stdout_size), ("stderr", result.stderr_size))
+        if size > MAX_OUTPUT_BYTES
+    ]
+    if not cut:
+        return None
+    return f"{'; '.join(cut)}; redirect the output to a file and read parts of it"
 
 
 def _encode(data: bytes, encoding: str) -> str:
@@ -164,26 +172,23 @@ def build_server(client_for: ClientFor) -> MCPServer:
 
         async def run(client: AsyncClient) -> dict[str, Any]:
             sandbox = await _sandbox(client, sandbox_id)
+            # Only what is returned is kept of each stream; the rest is counted, not held.
             result = await sandbox.exec(
                 argv,
                 timeout=timeout_seconds,
                 stdin=stdin.encode() if stdin is not None else None,
+                keep=MAX_OUTPUT_BYTES,
             )
-            out, out_cut = _clip(result.stdout)
-            err, err_cut = _clip(result.stderr)
             answer: dict[str, Any] = {
                 "exit_code": result.exit_code,
                 "signal": result.signal,
                 "timed_out": result.timed_out,
-                "stdout": out,
-                "stderr": err,
+                "stdout": result.stdout.decode("utf-8", errors="replace"),
+                "stderr": result.stderr.decode("utf-8", errors="replace"),
             }
-            cut = [name for name, was in (("stdout", out_cut), ("stderr", err_cut)) if was]
-            if cut:
-                answer["note"] = (
-                    f"{' and '.join(cut)} cut at {MAX_OUTPUT_BYTES} bytes; redirect the output "
-                    "to a file and read parts of it"
-                )
+            note = _cut_note(result)
+            if note is not None:
+                answer["note"] = note
             return answer
 
         return await with_client(ctx, run)
