@@ -1,7 +1,8 @@
 """`/mcp`'s tools reach the API of their own process in process (`aamp.mcp.in_process`): a
 tool call works with nothing listening at the API's address, passes the API's guard and
 leaves its audit record; and the connection behaves as a socket would for the SDK — a
-refusal is the API's `code` and `message`, a reader that leaves early or times out is a
+refusal is the API's `code` and `message`, a header or method the socket would refuse to
+send is refused the same way (`transport.outgoing`), a reader that leaves early or times out is a
 client gone (`http.disconnect`), and the app cannot run ahead of a slow reader."""
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from api_plane import plane_settings, running_plane  # tests/api
 from test_mcp_auth import MCP_HEADERS, mcp_site  # tests/mcp
 
 from aamp.client import Client, ClientError
+from aamp.client.transport import Connection
 from aamp.mcp import on_loop
 from aamp.mcp.in_process import WINDOW, AsgiConnection
 
@@ -167,3 +169,33 @@ async def test_an_app_that_does_not_answer_times_out_and_is_left() -> None:
         await on_loop.run(client.call, "GET", "/v1/slow")
     assert late.value.code == "timed_out"
     await asyncio.wait_for(app.disconnected.wait(), 5)
+
+
+@pytest.mark.parametrize(
+    ("token", "method", "headers"),
+    [
+        ("a-token", "GET", {"x-note": "a\r\nx-injected: yes"}),
+        ("a-token", "GET", {"x-note": "a\0b"}),
+        ("a-token", "GET", {"x-bad\nname": "v"}),
+        ("a-token\r\nx-injected: yes", "GET", {}),  # a token file with a line break in it
+        ("a-token", "GET /v1/other HTTP/1.1\r\nx-injected: yes\r\n\r\nGET", {}),
+        ("a-token", "G3T", {}),
+    ],
+)
+async def test_what_a_socket_cannot_send_is_refused_the_same_way_in_process(
+    token: str, method: str, headers: dict[str, str]
+) -> None:
+    # The app would answer anything with a refusal of its own: what the test sees must be
+    # the client's refusal, made before the app is called.
+    app = StreamingApp(status=403)
+    base = {"authorization": f"Bearer {token}"}
+    in_process = AsgiConnection(app, NOTHING_LISTENS, base, timeout=5)
+    on_socket = Connection(NOTHING_LISTENS, base, timeout=5)  # refused before it connects
+    refusals = []
+    for connection, run in ((in_process, on_loop.run), (on_socket, asyncio.to_thread)):
+        with pytest.raises(ClientError) as refused:
+            await run(connection.send, method, "/v1/things", headers=headers)
+        refusals.append((refused.value.code, refused.value.message))
+    assert refusals[0] == refusals[1], refusals
+    assert refusals[0][0] == "bad_request"
+    assert app.scope == {}  # the app never heard of the request

@@ -216,7 +216,7 @@ def test_missing_tool_names_the_debian_package(tmp_path: Path, monkeypatch) -> N
 def test_no_debian_mirror_is_a_clear_build_error(tmp_path: Path, monkeypatch) -> None:
     # A host whose apt has no bookworm source (simulated by an empty apt directory).
     monkeypatch.setattr(
-        "aamp.sandbox.image_recipes.mirror_url",
+        "aamp.sandbox.image_tree.mirror_url",
         lambda settings, suite: mirror_url(settings, apt_dir=tmp_path / "no-apt", suite=suite),
     )
     store = ImageStore(_settings(tmp_path / "images"), guest_dir=_guest_copy(tmp_path / "g"))

@@ -79,8 +79,6 @@ def request_head(
     """The request line and header fields, and whether the body is to be sent chunked. Framing
     is added as http.client adds it: a content-length for bytes, chunked for an iterable of
     bytes, unless the caller framed the body itself."""
-    if not (method.isascii() and method.isalpha()):
-        raise ValueError(f"{method!r} is not an HTTP method (letters only, as GET or PUT)")
     names = {name.lower() for name in headers}
     chunked = False
     fields = [] if "host" in names else [("Host", host)]
@@ -96,15 +94,23 @@ def request_head(
         else:
             fields.append(("Transfer-Encoding", "chunked"))
             chunked = True
-    lines = [f"{method} {target} HTTP/1.1"]
+    check_request(method, fields)
+    lines = [f"{method} {target} HTTP/1.1", *(f"{name}: {value}" for name, value in fields)]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"), chunked
+
+
+def check_request(method: str, fields: Iterable[tuple[str, str]]) -> None:
+    """Refuse (ValueError) a request that cannot be sent as it is meant: a method that is not
+    letters, a header name that is empty or holds a colon, a name or value with CR, LF or NUL.
+    Every connection checks here, the socket's and the in-process one alike."""
+    if not (method.isascii() and method.isalpha()):
+        raise ValueError(f"{method!r} is not an HTTP method (letters only, as GET or PUT)")
     for name, value in fields:
         if not name or FORBIDDEN_IN_HEADERS & set(name + value) or ":" in name:
             # Refused rather than sent: a line break in a value would start a header (or a
             # request) of the value's choosing. The value itself is not repeated: it may be a
             # token.
             raise ValueError(f"the header {name!r} cannot be sent: it holds a line break or NUL")
-        lines.append(f"{name}: {value}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"), chunked
 
 
 def body_chunks(body: Iterable[bytes], *, chunked: bool) -> Iterator[bytes]:

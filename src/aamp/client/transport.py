@@ -31,7 +31,15 @@ import socket
 from collections.abc import Iterable, Iterator
 from urllib.parse import quote, urlencode, urlsplit
 
-from aamp.client.http1 import Body, Head, ProtocolError, body_chunks, read_head, request_head
+from aamp.client.http1 import (
+    Body,
+    Head,
+    ProtocolError,
+    body_chunks,
+    check_request,
+    read_head,
+    request_head,
+)
 
 TYPE_CHECKING = False  # typing's own costs ~15 ms of start-up: see aamp.client
 if TYPE_CHECKING:
@@ -164,36 +172,18 @@ class Connection:
             if not resp.complete:
                 self.close()
 
-    def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        unreachable_hint: str,
-        params: dict[str, str] | None = None,
-        json: Any = None,
-        content: bytes | Iterable[bytes] | None = None,
-        headers: dict[str, str] | None = None,
-        timeout: Timeout = USE_CLIENT_DEFAULT,
-    ) -> Response:
+    def _request(self, method: str, path: str, *, unreachable_hint: str, **kw: Any) -> Response:
         if self._aborted:
             raise ClientError("aborted", "this connection was cut (abort); make a new client")
-        target = quote(path, safe=PATH_SAFE)
-        if params:
-            target += "?" + urlencode(params)
-        sent = {**self._headers, **(headers or {})}
-        if json is not None:
-            content = json_bytes(json)
-            sent["content-type"] = "application/json"
+        req = outgoing(method, path, self._headers, self.timeout, **kw)
         try:
-            head, chunked = request_head(method, target, self._host, sent, content)
+            head, chunked = request_head(method, req.target, self._host, req.headers, req.body)
         except ValueError as exc:
             raise ClientError("bad_request", str(exc)) from None
         sock, file = self._connect(unreachable_hint)
-        wait = self.timeout if isinstance(timeout, UseClientDefault) else timeout
-        sock.settimeout(wait)
+        sock.settimeout(wait := req.wait)
         try:
-            resp = self._exchange(sock, file, method, head, content, chunked=chunked)
+            resp = self._exchange(sock, file, method, head, req.body, chunked=chunked)
         except TimeoutError:
             self.close()
             raise ClientError(
@@ -257,6 +247,65 @@ class Connection:
                 ) from None
             self._file = self._sock.makefile("rb")
         return self._sock, self._file
+
+
+class Outgoing:
+    """A request as both connections send it (`outgoing`). A plain class: `typing`'s
+    NamedTuple would cost every command its import (see aamp.client)."""
+
+    __slots__ = ("body", "headers", "path", "query", "wait")
+
+    def __init__(
+        self,
+        path: str,
+        query: str,
+        headers: dict[str, str],
+        body: bytes | Iterable[bytes] | None,
+        wait: float | None,
+    ) -> None:
+        self.path = path  # percent-encoded, PATH_SAFE kept as it is
+        self.query = query  # "" for none
+        self.headers = headers  # the connection's, then the caller's over them
+        self.body = body
+        self.wait = wait  # seconds for the answer; None: as long as it takes
+
+    @property
+    def target(self) -> str:
+        """The request line's target: the path and, if there is one, the query."""
+        return f"{self.path}?{self.query}" if self.query else self.path
+
+
+def outgoing(
+    method: str,
+    path: str,
+    base_headers: dict[str, str],
+    base_timeout: float | None,
+    *,
+    params: dict[str, str] | None = None,
+    json: Any = None,
+    content: bytes | Iterable[bytes] | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: Timeout = USE_CLIENT_DEFAULT,
+) -> Outgoing:
+    """What a connection sends for one call of `send` or `stream` (their keywords are these):
+    the caller's headers over the connection's, a JSON body encoded with its content type, the
+    timeout the call asks for or the connection's. A method or header that cannot be sent
+    (`http1.check_request`) is a ClientError `bad_request`, before anything is sent."""
+    sent = {**base_headers, **(headers or {})}
+    if json is not None:
+        content = json_bytes(json)
+        sent["content-type"] = "application/json"
+    try:
+        check_request(method, sent.items())
+    except ValueError as exc:
+        raise ClientError("bad_request", str(exc)) from None
+    return Outgoing(
+        quote(path, safe=PATH_SAFE),
+        urlencode(params or {}),
+        sent,
+        content,
+        base_timeout if isinstance(timeout, UseClientDefault) else timeout,
+    )
 
 
 def raise_refusal(resp: Response) -> None:

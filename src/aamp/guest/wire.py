@@ -154,15 +154,20 @@ def recv_frame(
         raise ProtocolError(f"connection closed inside a {type_name(ftype)} frame") from None
 
 
-def send_frame(sock: Any, ftype: int, payload: bytes | bytearray | memoryview = b"") -> None:
+def frame_parts(ftype: int, payload: bytes | bytearray | memoryview = b"") -> tuple[Any, ...]:
+    """One frame as the pieces to write, in order: header and payload joined when small (one
+    write), apart when large (no copy of a big payload). ValueError over MAX_PAYLOAD."""
     if len(payload) > MAX_PAYLOAD:
         raise ValueError(f"frame payload of {len(payload)} bytes is over {MAX_PAYLOAD}")
     header = HEADER.pack(len(payload), ftype)
     if len(payload) <= 65536:
-        sock.sendall(header + bytes(payload))
-    else:
-        sock.sendall(header)
-        sock.sendall(payload)
+        return (header + bytes(payload),)
+    return (header, payload)
+
+
+def send_frame(sock: Any, ftype: int, payload: bytes | bytearray | memoryview = b"") -> None:
+    for part in frame_parts(ftype, payload):
+        sock.sendall(part)
 
 
 def send_control(sock: Any, obj: dict[str, Any]) -> None:
@@ -200,14 +205,8 @@ async def read_frame(
 
 def write_frame(writer: _Writer, ftype: int, payload: bytes | bytearray | memoryview = b"") -> None:
     """Queue one frame on an asyncio StreamWriter (the caller drains)."""
-    if len(payload) > MAX_PAYLOAD:
-        raise ValueError(f"frame payload of {len(payload)} bytes is over {MAX_PAYLOAD}")
-    header = HEADER.pack(len(payload), ftype)
-    if len(payload) <= 65536:
-        writer.write(header + bytes(payload))
-    else:
-        writer.write(header)
-        writer.write(payload)
+    for part in frame_parts(ftype, payload):
+        writer.write(part)
 
 
 def write_control(writer: _Writer, obj: dict[str, Any]) -> None:

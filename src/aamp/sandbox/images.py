@@ -27,49 +27,49 @@ Usage::
 
 Images in use: a driver calls `hold_image(directory)` when it creates a sandbox and releases it
 when the sandbox is destroyed (see `hold_image` for why a lock and not a scan for mounts).
+
+This module is the store (finding, caching, swapping in); the rest has a module each: the
+recipes (`image_recipes`), building a tree (`image_tree`, commands in `image_commands`, the ext4
+file in `image_ext4`), derived layers (`image_derive`), the build and use locks
+(`image_locks`), directory names and removal (`image_dirs`) and pruning (`image_prune`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
-import fcntl
 import hashlib
 import json
 import os
-import re
 import secrets
-import shutil
-import subprocess
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import NamedTuple
 
 import aamp
 from aamp.config import Settings
 from aamp.sandbox import custom_images
-from aamp.sandbox.image_recipes import (
-    BUILDER_FORMAT,
-    HEARTBEAT_SECONDS,
-    ImageBuildError,
-    MissingTool,
-    Progress,
-    ResolvedRecipe,
-    TreeBuilder,
-    derive_tree,
-    preflight,
-    python_distributions,
-    recipe_names,
-    resolve,
-    tree_usage,
+from aamp.sandbox.image_commands import ImageBuildError, MissingTool, Progress
+from aamp.sandbox.image_derive import derive_tree, python_distributions
+from aamp.sandbox.image_dirs import HASH_RE, NAME_RE, remove_tree
+from aamp.sandbox.image_ext4 import tree_usage
+from aamp.sandbox.image_locks import (
+    USE_LOCK,
+    ImageUnavailable,
+    ImageUse,
+    build_lock,
+    exclusive_if_unused,
+    hold_image,
 )
+from aamp.sandbox.image_prune import Pruned, prune
+from aamp.sandbox.image_recipes import ResolvedRecipe, recipe_names, resolve
+from aamp.sandbox.image_tree import BUILDER_FORMAT, TreeBuilder, preflight
 from aamp.sandbox.wheelhouse import Wheelhouse
 
+# The image store's surface: what drivers, the CLI and the API take from the image code.
 __all__ = [
+    "USE_LOCK",
     "BuiltImage",
     "ImageBuildError",
     "ImageNotBuilt",
@@ -82,11 +82,7 @@ __all__ = [
     "hold_image",
 ]
 
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
-_HASH_RE = re.compile(r"^[0-9a-f]{64}$")
-USE_LOCK = "use.lock"  # in each image directory; see hold_image
 DERIVED_FORMAT = 1  # bump when `with_packages` changes what it puts into a derived image
-HOLD_TIMEOUT_SECONDS = 10.0  # prune and build hold a use lock exclusively only for a rename
 
 
 class UnknownImage(ValueError):
@@ -95,22 +91,6 @@ class UnknownImage(ValueError):
 
 class ImageNotBuilt(LookupError):
     """The image has a recipe but was never built here."""
-
-
-class ImageUnavailable(RuntimeError):
-    """A sandbox could not take hold of an image directory (pruned or replaced meanwhile)."""
-
-
-class Pruned(NamedTuple):
-    """One directory `ImageStore.prune` removed (or, in a dry run, would remove).
-
-    `content_hash` is the image's hash; for a leftover (an unfinished build, a copy replaced
-    by `build --force`, an interrupted prune) it is that directory's name, which starts with
-    a dot."""
-
-    name: str
-    content_hash: str
-    size_bytes: int
 
 
 @dataclass(frozen=True)
@@ -126,178 +106,6 @@ class BuiltImage:
 
 
 # --------------------------------------------------------------------------- small helpers
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path, progress: Progress, name: str) -> Iterator[None]:
-    """Hold an exclusive fcntl lock; say so while waiting for another build to finish."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            started = time.monotonic()
-            progress(f"[{name}] waiting for another build of '{name}' to finish ({lock_path})")
-            last_note = started
-            while True:
-                time.sleep(0.2)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except OSError as again:
-                    if again.errno not in (errno.EAGAIN, errno.EACCES):
-                        raise
-                now = time.monotonic()
-                if now - last_note >= HEARTBEAT_SECONDS:
-                    progress(f"[{name}] still waiting for the other build ({now - started:.0f}s)")
-                    last_note = now
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
-
-
-class ImageUse:
-    """A shared lock on one image directory, held while a sandbox runs from that image."""
-
-    def __init__(self, fd: int, directory: Path) -> None:
-        self._fd: int | None = fd
-        self.directory = directory
-
-    def release(self) -> None:
-        """Let go of the image (idempotent); `prune` may then remove it."""
-        if self._fd is not None:
-            os.close(self._fd)  # closing releases the lock
-            self._fd = None
-
-
-def hold_image(directory: Path) -> ImageUse:
-    """Mark the image in `directory` (an image's HASH directory) as in use until `release`.
-
-    Why a lock and not a scan for who uses the files: gVisor's gofer reaches the tree through
-    a bind mount in its own mount namespace and Firecracker under the jailer through a hard
-    link, so neither this host's mount table nor /proc/*/fd reliably names the image
-    directory; an fcntl lock is exact, needs no shared registry, and vanishes with the
-    process that held it. Each sandbox takes its own shared lock (its own open file, so two
-    sandboxes in one process are two holders); `prune` and `build --force` try the lock
-    exclusively without waiting and keep the image if that fails. The lock lives in the aamp
-    process that owns the sandbox (the descriptor is close-on-exec, never inherited by the
-    guest's processes): if that process crashes, its orphaned guests are killed by the
-    driver's `reap` at the next start, so the image they used is free then anyway.
-
-    After locking, the path must still name the locked file: prune renames an image away
-    (and build --force swaps it) while holding the lock exclusively, and a sandbox that
-    opened the old file must not believe it holds the directory now at that path.
-    """
-    path = directory / USE_LOCK
-    deadline = time.monotonic() + HOLD_TIMEOUT_SECONDS
-    while True:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except FileNotFoundError:
-            raise ImageUnavailable(
-                f"image directory {directory} no longer exists (pruned or rebuilt meanwhile)"
-            ) from None
-        except OSError as exc:
-            raise ImageUnavailable(f"cannot lock image {directory}: {exc.strerror}") from None
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise ImageUnavailable(
-                            f"image {directory} is being removed or replaced; try again"
-                        ) from None
-                    time.sleep(0.01)
-            held, now = os.fstat(fd), _stat_or_none(path)
-        except BaseException:
-            os.close(fd)
-            raise
-        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
-            return ImageUse(fd, directory)
-        os.close(fd)  # renamed away while we waited: look again at what the path names now
-
-
-def _stat_or_none(path: Path) -> os.stat_result | None:
-    try:
-        return os.stat(path)
-    except OSError:
-        return None
-
-
-@contextlib.contextmanager
-def _exclusive_if_unused(directory: Path, *, create: bool) -> Iterator[bool]:
-    """True (holding the image's use lock exclusively for the block) if no sandbox uses the
-    image in `directory`; False if one does. Never waits. Without `create` (a dry run) a
-    missing lock file means nobody ever held it, and nothing is written."""
-    flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_CREAT if create else 0)
-    try:
-        fd = os.open(directory / USE_LOCK, flags, 0o644)
-    except FileNotFoundError:
-        yield True
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            free = True
-        except BlockingIOError:
-            free = False
-        yield free
-    finally:
-        os.close(fd)
-
-
-def _mounts_below(path: Path) -> list[str]:
-    """Mount points at or under `path` in this mount namespace, deepest first."""
-    prefix = str(path)
-    found: list[str] = []
-    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as info:
-        for entry in info:
-            point = entry.split()[4].replace("\\040", " ")
-            if point == prefix or point.startswith(prefix + "/"):
-                found.append(point)
-    return sorted(found, key=len, reverse=True)
-
-
-def _remove_tree(path: Path) -> None:
-    """Delete a build directory, first unmounting anything left mounted inside it."""
-    for point in _mounts_below(path):
-        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
-    if _mounts_below(path):
-        raise ImageBuildError(f"cannot remove {path}: something is still mounted inside it")
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _disk_usage(root: Path) -> int:
-    """Bytes allocated under `root`, hard links once, never crossing into a mount (a dead
-    build can leave /proc mounted in its chroot) and ignoring entries that vanish."""
-    try:
-        top = os.lstat(root)
-    except OSError:
-        return 0
-    seen: set[int] = set()
-    device, total = top.st_dev, top.st_blocks * 512
-    pending = [str(root)]
-    while pending:
-        try:
-            entries = list(os.scandir(pending.pop()))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if st.st_dev != device or st.st_ino in seen:
-                continue
-            seen.add(st.st_ino)
-            total += st.st_blocks * 512
-            if entry.is_dir(follow_symlinks=False):
-                pending.append(entry.path)
-    return total
 
 
 def _quiet(line: str) -> None:
@@ -355,7 +163,7 @@ class ImageStore:
         """The images this installation knows how to build (built-in, then custom)."""
         recipes = self._settings.home / "image-recipes"
         custom = sorted(custom_images.PREFIX + p.stem for p in recipes.glob("*.yaml"))
-        return recipe_names() + [n for n in custom if _NAME_RE.match(n)]
+        return recipe_names() + [n for n in custom if NAME_RE.match(n)]
 
     def _resolve(self, name: str) -> ResolvedRecipe | None:
         """A built-in recipe, or a custom image's from its recipe file with its wheelhouse
@@ -386,7 +194,7 @@ class ImageStore:
             return []
         found = []
         for child in sorted(self._root.iterdir()):
-            if child.is_dir() and _NAME_RE.match(child.name):
+            if child.is_dir() and NAME_RE.match(child.name):
                 image = self._current(child.name)
                 if image is not None:
                     found.append(image)
@@ -441,10 +249,10 @@ class ImageStore:
                 return cached
         preflight(self._settings, recipe)
         name_dir.mkdir(parents=True, exist_ok=True)
-        with _locked(name_dir / ".lock", progress, name):
+        with build_lock(name_dir / ".lock", progress, name):
             for stale in name_dir.glob(".build-*"):  # left by a build that died
                 progress(f"[{name}] removing unfinished build {stale.name}")
-                _remove_tree(stale)
+                remove_tree(stale)
             for stale_link in name_dir.glob(".current-*"):
                 stale_link.unlink()
             if not force:
@@ -477,7 +285,7 @@ class ImageStore:
                 self._point_current(name, content_hash)
             finally:
                 if tmp.exists():
-                    _remove_tree(tmp)
+                    remove_tree(tmp)
         image = self._load(name, content_hash)
         assert image is not None
         progress(
@@ -511,7 +319,7 @@ class ImageStore:
         if cached is not None:
             return cached
         name_dir = self._root / image.name
-        with _locked(name_dir / ".lock", progress, image.name):
+        with build_lock(name_dir / ".lock", progress, image.name):
             cached = self._load(image.name, content_hash)  # built meanwhile by another sandbox
             if cached is not None:
                 return cached
@@ -537,7 +345,7 @@ class ImageStore:
                 tmp.rename(name_dir / content_hash)
             finally:
                 if tmp.exists():
-                    _remove_tree(tmp)
+                    remove_tree(tmp)
         built = self._load(image.name, content_hash)
         assert built is not None
         return built
@@ -556,91 +364,17 @@ class ImageStore:
     # ---- removing
 
     def prune(self, *, dry_run: bool, progress: Progress) -> list[Pruned]:
-        """Delete every built image that is not the current one of its name, except those a
-        live sandbox holds (see `hold_image`), plus what interrupted builds and prunes left.
-
-        Each name is pruned under the same lock its builds take, so a prune never sees a
-        build half-way (and `.build-*` directories found then are dead builds' leftovers).
-        An image is first renamed to `.prune-*` while its use lock is held exclusively, so a
-        sandbox starting at that instant fails cleanly instead of booting from a tree being
-        deleted; a prune killed mid-way leaves only `.prune-*` leftovers, which the next one
-        removes. A name without a valid `current` link keeps its images (nothing says which
-        one is wanted). With `dry_run` nothing is changed and the same list is returned.
-        """
-        pruned: list[Pruned] = []
-        if not self._root.is_dir():
-            return pruned
-        for name_dir in sorted(self._root.iterdir()):
-            if name_dir.is_symlink() or not name_dir.is_dir() or not _NAME_RE.match(name_dir.name):
-                continue
-            with _locked(name_dir / ".lock", progress, name_dir.name):
-                pruned += self._prune_name(name_dir, dry_run=dry_run, progress=progress)
-        return pruned
-
-    def _prune_name(self, name_dir: Path, *, dry_run: bool, progress: Progress) -> list[Pruned]:
-        name = name_dir.name
-        try:
-            current: str | None = os.readlink(name_dir / "current")
-        except OSError:
-            current = None
-        if current is not None and not _HASH_RE.match(current):
-            current = None
-        verb = "would remove" if dry_run else "removing"
-        pruned: list[Pruned] = []
-        for entry in sorted(name_dir.iterdir()):
-            label = entry.name
-            if entry.is_symlink():
-                if label.startswith(".current-") and not dry_run:  # a half-made current link
-                    entry.unlink(missing_ok=True)
-                continue
-            if not entry.is_dir():
-                continue
-            if _HASH_RE.match(label):
-                if label == current:
-                    continue
-                if current is None:
-                    progress(f"[{name}] no current image, so {label[:12]} is left alone")
-                    continue
-                what, check_use = "old image", True
-            elif label.startswith(".retired-"):
-                what, check_use = "replaced image", True
-            elif label.startswith(".build-"):
-                what, check_use = "unfinished build", False
-            elif label.startswith(".prune-"):
-                what, check_use = "interrupted prune", False
-            else:
-                continue
-            shown = label[:12] if _HASH_RE.match(label) else label
-            size = _disk_usage(entry)
-            with contextlib.ExitStack() as stack:
-                if check_use and not stack.enter_context(
-                    _exclusive_if_unused(entry, create=not dry_run)
-                ):
-                    progress(f"[{name}] keeping {what} {shown}: a running sandbox uses it")
-                    continue
-                progress(f"[{name}] {verb} {what} {shown} ({size / 2**20:.0f} MiB)")
-                if dry_run:
-                    pruned.append(Pruned(name, label, size))
-                    continue
-                doomed = entry
-                if not label.startswith(".prune-"):
-                    doomed = name_dir / f".prune-{label.lstrip('.')[:40]}-{secrets.token_hex(4)}"
-                    entry.rename(doomed)  # while holding the use lock: nobody can start on it
-            _remove_tree(doomed)
-            if doomed.exists():
-                progress(f"[{name}] could not remove all of {doomed}; the next prune retries")
-                continue
-            pruned.append(Pruned(name, label, size))
-        return pruned
+        """Delete what no one needs under the image directory (`image_prune.prune`)."""
+        return prune(self._root, dry_run=dry_run, progress=progress)
 
     def _swap_in(self, name: str, tmp: Path, final: Path, progress: Progress) -> None:
         """Replace the image directory `final` by the finished build `tmp` (see `build`)."""
         retired = final.with_name(f".retired-{final.name}-{secrets.token_hex(4)}")
-        with _exclusive_if_unused(final, create=True) as unused:
+        with exclusive_if_unused(final, create=True) as unused:
             final.rename(retired)
             tmp.rename(final)
         if unused:
-            _remove_tree(retired)
+            remove_tree(retired)
         else:
             progress(
                 f"[{name}] a running sandbox still uses the previous build of "
@@ -651,7 +385,7 @@ class ImageStore:
     # ---- internals
 
     def _check_name(self, name: str) -> None:
-        if not isinstance(name, str) or not _NAME_RE.match(name):
+        if not isinstance(name, str) or not NAME_RE.match(name):
             raise self._unknown(name)
 
     def _unknown(self, name: object) -> UnknownImage:
@@ -699,7 +433,7 @@ class ImageStore:
             target = os.readlink(self._root / name / "current")
         except OSError:
             return None
-        if not _HASH_RE.match(target):
+        if not HASH_RE.match(target):
             return None
         return self._load(name, target)
 

@@ -42,6 +42,16 @@ def _refused(page: Page, answer: Any, title: str = "") -> None:
         raise PageError(answer, title=title, me=page.me)
 
 
+def _form_errors(page: Page, answer: Any, field: str) -> dict[str, str]:
+    """What a refused form shows: a refusal is a page of its own (`_refused`); otherwise the
+    API's errors by field, or its whole message on `field` when it names none of the form's."""
+    _refused(page, answer)
+    errors = field_errors(answer.message)
+    if not errors or "" in errors:
+        errors = {field: answer.message}
+    return errors
+
+
 # -- users -------------------------------------------------------------------------------
 
 
@@ -57,10 +67,7 @@ async def create_user(request: Request) -> Response:
     answer = await page.call("POST", "/v1/users", json_body=body)
     if answer.ok:
         return back("/admin/users")
-    _refused(page, answer)
-    errors = field_errors(answer.message)
-    if not errors or "" in errors:
-        errors = {"username": answer.message}
+    errors = _form_errors(page, answer, "username")
     return await users(request, answer.status, page=page, values=values, errors=errors)
 
 
@@ -297,10 +304,7 @@ async def set_secret(request: Request) -> Response:
     )
     if answer.ok:
         return back("/admin/secrets")
-    _refused(page, answer)
-    errors = field_errors(answer.message)
-    if not errors or "" in errors:
-        errors = {"name": answer.message}
+    errors = _form_errors(page, answer, "name")
     return await secrets(request, answer.status, page=page, values={"name": name}, errors=errors)
 
 

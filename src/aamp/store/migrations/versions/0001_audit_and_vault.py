@@ -1,10 +1,6 @@
 """Audit log (records, head, checkpoints) and the secrets vault.
 
 Identity, tokens and grants come in a later revision (0002_...), revising this one.
-
-Revision ID: 0001
-Revises:
-Create Date: 2025-01-01
 """
 
 from __future__ import annotations
@@ -12,10 +8,18 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from aamp.store.migrations.shapes import (
+    at,
+    by,
+    check,
+    create_index,
+    drop_index,
+    primary_key,
+    stamped,
+)
+
 revision = "0001"
 down_revision = None
-branch_labels = None
-depends_on = None
 
 GENESIS_HASH = "0" * 64
 
@@ -24,8 +28,8 @@ def upgrade() -> None:
     op.create_table(
         "audit_records",
         sa.Column("seq", sa.BigInteger(), autoincrement=False, nullable=False),
-        sa.Column("time", sa.String(32), nullable=False),
-        sa.Column("actor", sa.String(256), nullable=False),
+        at("time"),
+        by("actor"),
         sa.Column("action", sa.String(128), nullable=False),
         sa.Column("resource", sa.String(512), nullable=False),
         sa.Column("decision", sa.String(32), nullable=False),
@@ -34,19 +38,18 @@ def upgrade() -> None:
         sa.Column("details", sa.Text(), nullable=False),
         sa.Column("prev_hash", sa.String(64), nullable=False),
         sa.Column("hash", sa.String(64), nullable=False),
-        sa.PrimaryKeyConstraint("seq", name=op.f("pk_audit_records")),
+        primary_key("audit_records", "seq"),
     )
-    op.create_index("ix_audit_records_time", "audit_records", ["time"])
-    op.create_index("ix_audit_records_actor", "audit_records", ["actor"])
-    op.create_index("ix_audit_records_resource", "audit_records", ["resource"])
+    for column in ("time", "actor", "resource"):
+        create_index("audit_records", column)
 
     head = op.create_table(
         "audit_head",
         sa.Column("id", sa.Integer(), autoincrement=False, nullable=False),
         sa.Column("seq", sa.BigInteger(), nullable=False),
         sa.Column("hash", sa.String(64), nullable=False),
-        sa.CheckConstraint("id = 1", name=op.f("ck_audit_head_single_row")),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_audit_head")),
+        check("audit_head", "single_row", "id = 1"),
+        primary_key("audit_head", "id"),
     )
     op.bulk_insert(head, [{"id": 1, "seq": 0, "hash": GENESIS_HASH}])
 
@@ -54,10 +57,10 @@ def upgrade() -> None:
         "audit_checkpoints",
         sa.Column("seq", sa.BigInteger(), autoincrement=False, nullable=False),
         sa.Column("hash", sa.String(64), nullable=False),
-        sa.Column("time", sa.String(32), nullable=False),
+        at("time"),
         sa.Column("key_id", sa.String(32), nullable=False),
         sa.Column("signature", sa.String(128), nullable=False),
-        sa.PrimaryKeyConstraint("seq", name=op.f("pk_audit_checkpoints")),
+        primary_key("audit_checkpoints", "seq"),
     )
 
     op.create_table(
@@ -69,11 +72,8 @@ def upgrade() -> None:
         sa.Column("key_nonce", sa.LargeBinary(), nullable=False),
         sa.Column("wrapped_key", sa.LargeBinary(), nullable=False),
         sa.Column("master_key_id", sa.String(32), nullable=False),
-        sa.Column("created_at", sa.String(32), nullable=False),
-        sa.Column("created_by", sa.String(256), nullable=False),
-        sa.Column("updated_at", sa.String(32), nullable=False),
-        sa.Column("updated_by", sa.String(256), nullable=False),
-        sa.PrimaryKeyConstraint("name", name=op.f("pk_secrets")),
+        *stamped(),
+        primary_key("secrets", "name"),
     )
 
 
@@ -81,7 +81,6 @@ def downgrade() -> None:
     op.drop_table("secrets")
     op.drop_table("audit_checkpoints")
     op.drop_table("audit_head")
-    op.drop_index("ix_audit_records_resource", table_name="audit_records")
-    op.drop_index("ix_audit_records_actor", table_name="audit_records")
-    op.drop_index("ix_audit_records_time", table_name="audit_records")
+    for column in ("resource", "actor", "time"):
+        drop_index("audit_records", column)
     op.drop_table("audit_records")

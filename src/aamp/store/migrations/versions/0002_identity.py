@@ -1,32 +1,23 @@
-"""Identity (users, API tokens, sessions, agent grants), agents, policies and services.
-
-Revision ID: 0002
-Revises: 0001
-Create Date: 2025-01-02
-"""
+"""Identity (users, API tokens, sessions, agent grants), agents, policies and services."""
 
 from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
 
+from aamp.store.migrations.shapes import (
+    at,
+    cascade_to,
+    check,
+    create_index,
+    created,
+    drop_index,
+    primary_key,
+    stamped,
+)
+
 revision = "0002"
 down_revision = "0001"
-branch_labels = None
-depends_on = None
-
-
-def _stamps(*, updated: bool = True) -> list[sa.Column]:
-    cols = [
-        sa.Column("created_at", sa.String(32), nullable=False),
-        sa.Column("created_by", sa.String(256), nullable=False),
-    ]
-    if updated:
-        cols += [
-            sa.Column("updated_at", sa.String(32), nullable=False),
-            sa.Column("updated_by", sa.String(256), nullable=False),
-        ]
-    return cols
 
 
 def upgrade() -> None:
@@ -37,11 +28,10 @@ def upgrade() -> None:
         sa.Column("role", sa.String(16), nullable=False),
         sa.Column("password_hash", sa.String(256), nullable=False),
         sa.Column("disabled", sa.Boolean(), nullable=False),
-        sa.Column("created_at", sa.String(32), nullable=False),
-        sa.Column("created_by", sa.String(256), nullable=False),
-        sa.Column("updated_at", sa.String(32), nullable=False),
-        sa.CheckConstraint("role IN ('admin', 'builder', 'operator')", name=op.f("ck_users_role")),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_users")),
+        *created(),
+        at("updated_at"),
+        check("users", "role", "role IN ('admin', 'builder', 'operator')"),
+        primary_key("users", "id"),
         sa.UniqueConstraint("username", name=op.f("uq_users_username")),
     )
     op.create_table(
@@ -50,37 +40,33 @@ def upgrade() -> None:
         sa.Column("user_id", sa.Integer(), nullable=False),
         sa.Column("name", sa.String(64), nullable=False),
         sa.Column("token_hash", sa.String(64), nullable=False),
-        sa.Column("created_at", sa.String(32), nullable=False),
-        sa.Column("expires_at", sa.String(32), nullable=True),
-        sa.Column("revoked_at", sa.String(32), nullable=True),
-        sa.Column("last_used_at", sa.String(32), nullable=True),
-        sa.ForeignKeyConstraint(
-            ["user_id"], ["users.id"], name=op.f("fk_api_tokens_user_id_users"), ondelete="CASCADE"
-        ),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_api_tokens")),
+        at("created_at"),
+        at("expires_at", nullable=True),
+        at("revoked_at", nullable=True),
+        at("last_used_at", nullable=True),
+        cascade_to("api_tokens", "user_id", "users"),
+        primary_key("api_tokens", "id"),
         sa.UniqueConstraint("token_hash", name=op.f("uq_api_tokens_token_hash")),
     )
-    op.create_index("ix_api_tokens_user_id", "api_tokens", ["user_id"])
+    create_index("api_tokens", "user_id")
     op.create_table(
         "sessions",
         sa.Column("id_hash", sa.String(64), nullable=False),
         sa.Column("user_id", sa.Integer(), nullable=False),
         sa.Column("csrf_hash", sa.String(64), nullable=False),
-        sa.Column("created_at", sa.String(32), nullable=False),
-        sa.Column("expires_at", sa.String(32), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["user_id"], ["users.id"], name=op.f("fk_sessions_user_id_users"), ondelete="CASCADE"
-        ),
-        sa.PrimaryKeyConstraint("id_hash", name=op.f("pk_sessions")),
+        at("created_at"),
+        at("expires_at"),
+        cascade_to("sessions", "user_id", "users"),
+        primary_key("sessions", "id_hash"),
     )
-    op.create_index("ix_sessions_user_id", "sessions", ["user_id"])
+    create_index("sessions", "user_id")
     op.create_table(
         "agents",
         sa.Column("id", sa.String(32), nullable=False),
         sa.Column("name", sa.String(64), nullable=False),
         sa.Column("owner", sa.String(64), nullable=False),
-        sa.Column("created_at", sa.String(32), nullable=False),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_agents")),
+        at("created_at"),
+        primary_key("agents", "id"),
         sa.UniqueConstraint("name", name=op.f("uq_agents_name")),
     )
     op.create_table(
@@ -90,53 +76,34 @@ def upgrade() -> None:
         sa.Column("user_id", sa.Integer(), nullable=True),
         sa.Column("role", sa.String(16), nullable=True),
         sa.Column("level", sa.String(8), nullable=False),
-        *_stamps(updated=False),
-        sa.CheckConstraint(
-            "(user_id IS NULL) <> (role IS NULL)", name=op.f("ck_agent_grants_one_subject")
-        ),
-        sa.CheckConstraint("level IN ('view', 'run', 'edit')", name=op.f("ck_agent_grants_level")),
-        sa.ForeignKeyConstraint(
-            ["agent_id"],
-            ["agents.id"],
-            name=op.f("fk_agent_grants_agent_id_agents"),
-            ondelete="CASCADE",
-        ),
-        sa.ForeignKeyConstraint(
-            ["user_id"],
-            ["users.id"],
-            name=op.f("fk_agent_grants_user_id_users"),
-            ondelete="CASCADE",
-        ),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_agent_grants")),
+        *created(),
+        check("agent_grants", "one_subject", "(user_id IS NULL) <> (role IS NULL)"),
+        check("agent_grants", "level", "level IN ('view', 'run', 'edit')"),
+        cascade_to("agent_grants", "agent_id", "agents"),
+        cascade_to("agent_grants", "user_id", "users"),
+        primary_key("agent_grants", "id"),
         sa.UniqueConstraint("agent_id", "user_id", name="uq_agent_grants_agent_user"),
         sa.UniqueConstraint("agent_id", "role", name="uq_agent_grants_agent_role"),
     )
-    op.create_index("ix_agent_grants_user_id", "agent_grants", ["user_id"])
-    op.create_index("ix_agent_grants_role", "agent_grants", ["role"])
+    create_index("agent_grants", "user_id")
+    create_index("agent_grants", "role")
     op.create_table(
         "agent_resources",
         sa.Column("agent_id", sa.String(32), nullable=False),
         sa.Column("kind", sa.String(16), nullable=False),
         sa.Column("name", sa.String(64), nullable=False),
-        *_stamps(updated=False),
-        sa.CheckConstraint(
-            "kind IN ('policy', 'service', 'image')", name=op.f("ck_agent_resources_kind")
-        ),
-        sa.ForeignKeyConstraint(
-            ["agent_id"],
-            ["agents.id"],
-            name=op.f("fk_agent_resources_agent_id_agents"),
-            ondelete="CASCADE",
-        ),
-        sa.PrimaryKeyConstraint("agent_id", "kind", "name", name=op.f("pk_agent_resources")),
+        *created(),
+        check("agent_resources", "kind", "kind IN ('policy', 'service', 'image')"),
+        cascade_to("agent_resources", "agent_id", "agents"),
+        primary_key("agent_resources", "agent_id", "kind", "name"),
     )
     op.create_table(
         "policies",
         sa.Column("name", sa.String(64), nullable=False),
         sa.Column("source", sa.Text(), nullable=False),
         sa.Column("format", sa.String(8), nullable=False),
-        *_stamps(),
-        sa.PrimaryKeyConstraint("name", name=op.f("pk_policies")),
+        *stamped(),
+        primary_key("policies", "name"),
     )
     op.create_table(
         "services",
@@ -145,11 +112,9 @@ def upgrade() -> None:
         sa.Column("auth_kind", sa.String(16), nullable=False),
         sa.Column("header_name", sa.String(128), nullable=True),
         sa.Column("secret_names", sa.Text(), nullable=False),
-        *_stamps(),
-        sa.CheckConstraint(
-            "auth_kind IN ('bearer', 'basic', 'header')", name=op.f("ck_services_auth_kind")
-        ),
-        sa.PrimaryKeyConstraint("name", name=op.f("pk_services")),
+        *stamped(),
+        check("services", "auth_kind", "auth_kind IN ('bearer', 'basic', 'header')"),
+        primary_key("services", "name"),
     )
 
 
@@ -157,12 +122,12 @@ def downgrade() -> None:
     op.drop_table("services")
     op.drop_table("policies")
     op.drop_table("agent_resources")
-    op.drop_index("ix_agent_grants_role", table_name="agent_grants")
-    op.drop_index("ix_agent_grants_user_id", table_name="agent_grants")
+    drop_index("agent_grants", "role")
+    drop_index("agent_grants", "user_id")
     op.drop_table("agent_grants")
     op.drop_table("agents")
-    op.drop_index("ix_sessions_user_id", table_name="sessions")
+    drop_index("sessions", "user_id")
     op.drop_table("sessions")
-    op.drop_index("ix_api_tokens_user_id", table_name="api_tokens")
+    drop_index("api_tokens", "user_id")
     op.drop_table("api_tokens")
     op.drop_table("users")

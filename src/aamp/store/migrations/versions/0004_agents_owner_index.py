@@ -1,23 +1,16 @@
-"""An index on agents.owner: every request's grants statement looks up the agents its user owns.
-
-Revision ID: 0004
-Revises: 0003
-Create Date: 2026-11-29
-"""
+"""An index on agents.owner: every request's grants statement looks up the agents its user owns."""
 
 from __future__ import annotations
 
-from alembic import op
+from aamp.store.migrations.shapes import create_index, drop_index
 
 revision = "0004"
 down_revision = "0003"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:
-    op.create_index("ix_agents_owner", "agents", ["owner"])
+    create_index("agents", "owner")
 
 
 def downgrade() -> None:
-    op.drop_index("ix_agents_owner", table_name="agents")
+    drop_index("agents", "owner")

@@ -8,10 +8,6 @@ to each agent that used it — and **not confirmed**. Runs that use an unconfirm
 refused, naming it and the command, until an admin has checked its URL and secret and run
 `aamp model-endpoint confirm NAME` (audited). The URL is kept exactly as the agent had it;
 confirming checks that it is one `aamp model-endpoint put` would accept.
-
-Revision ID: 0005
-Revises: 0004
-Create Date: 2026-12-01
 """
 
 from __future__ import annotations
@@ -24,10 +20,10 @@ from urllib.parse import urlsplit
 import sqlalchemy as sa
 from alembic import op
 
+from aamp.store.migrations.shapes import at, by, primary_key, replace_check, stamped
+
 revision = "0005"
 down_revision = "0004"
-branch_labels = None
-depends_on = None
 
 BY = "migration 0005"
 OLD_KINDS = "kind IN ('policy', 'service', 'image')"
@@ -46,14 +42,6 @@ def _base_name(base_url: str) -> str:
     return text.strip("-")[:56].strip("-") or "endpoint"
 
 
-def _set_kinds(check: str) -> None:
-    # SQLite cannot alter a CHECK constraint: batch mode copies the table there; PostgreSQL
-    # gets ALTER TABLE.
-    with op.batch_alter_table("agent_resources") as batch:
-        batch.drop_constraint(op.f("ck_agent_resources_kind"), type_="check")
-        batch.create_check_constraint(op.f("ck_agent_resources_kind"), sa.text(check))
-
-
 def upgrade() -> None:
     op.create_table(
         "model_endpoints",
@@ -62,15 +50,12 @@ def upgrade() -> None:
         sa.Column("api_key_secret", sa.String(64), nullable=True),
         sa.Column("models", sa.Text(), nullable=False),
         sa.Column("confirmed", sa.Boolean(), nullable=False),
-        sa.Column("created_at", sa.String(32), nullable=False),
-        sa.Column("created_by", sa.String(256), nullable=False),
-        sa.Column("updated_at", sa.String(32), nullable=False),
-        sa.Column("updated_by", sa.String(256), nullable=False),
-        sa.Column("confirmed_at", sa.String(32), nullable=True),
-        sa.Column("confirmed_by", sa.String(256), nullable=True),
-        sa.PrimaryKeyConstraint("name", name=op.f("pk_model_endpoints")),
+        *stamped(),
+        at("confirmed_at", nullable=True),
+        by("confirmed_by", nullable=True),
+        primary_key("model_endpoints", "name"),
     )
-    _set_kinds(NEW_KINDS)
+    replace_check("agent_resources", "kind", NEW_KINDS)
     _endpoints_from_inline_models()
 
 
@@ -160,5 +145,5 @@ def downgrade() -> None:
             {"d": json.dumps(definition, sort_keys=True), "a": agent_id, "v": version},
         )
     conn.execute(sa.text("DELETE FROM agent_resources WHERE kind = 'model-endpoint'"))
-    _set_kinds(OLD_KINDS)
+    replace_check("agent_resources", "kind", OLD_KINDS)
     op.drop_table("model_endpoints")

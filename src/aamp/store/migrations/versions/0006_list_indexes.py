@@ -8,10 +8,6 @@ first page (hundreds of milliseconds at 100,000 runs or 1,000,000 records); with
 key appended to each index a page is an index range read in order, stopping after `limit`
 rows. The single-column indexes these replace are their prefixes, so every lookup they
 served is served still.
-
-Revision ID: 0006
-Revises: 0005
-Create Date: 2026-12-01
 """
 
 from __future__ import annotations
@@ -20,8 +16,6 @@ from alembic import op
 
 revision = "0006"
 down_revision = "0005"
-branch_labels = None
-depends_on = None
 
 RUN_ORDER = ["created_at", "id"]
 RUN_INDEXES = {

@@ -1,19 +1,14 @@
-"""Sandbox hosts: registration, epochs, capacity, images and heartbeats (`aamp.fleet`).
-
-Revision ID: 0008
-Revises: 0007
-Create Date: 2026-12-01
-"""
+"""Sandbox hosts: registration, epochs, capacity, images and heartbeats (`aamp.fleet`)."""
 
 from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
 
+from aamp.store.migrations.shapes import at, check, created, primary_key
+
 revision = "0008"
 down_revision = "0007"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:
@@ -37,13 +32,10 @@ def upgrade() -> None:
                 "used_sandboxes",
             )
         ),
-        sa.Column("heartbeat_at", sa.String(32), nullable=True),
-        sa.Column("created_at", sa.String(32), nullable=False),
-        sa.Column("created_by", sa.String(256), nullable=False),
-        sa.CheckConstraint(
-            "state IN ('new', 'active', 'draining', 'lost')", name=op.f("ck_hosts_state")
-        ),
-        sa.PrimaryKeyConstraint("id", name=op.f("pk_hosts")),
+        at("heartbeat_at", nullable=True),
+        *created(),
+        check("hosts", "state", "state IN ('new', 'active', 'draining', 'lost')"),
+        primary_key("hosts", "id"),
     )
 
 

@@ -5,10 +5,6 @@ and every write of the run's driver names the epoch it holds, so a replica that 
 lease (it stalled, another took the run over) has its writes refused. `run_inputs` keeps a
 run's input files until the run ends, so a replica that takes the run over can put them into
 its fresh sandbox. Existing runs get epoch 0 and no stored inputs.
-
-Revision ID: 0011
-Revises: 0010
-Create Date: 2026-12-01
 """
 
 from __future__ import annotations
@@ -18,8 +14,6 @@ from alembic import op
 
 revision = "0011"
 down_revision = "0010"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:
