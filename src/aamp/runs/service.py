@@ -540,6 +540,9 @@ class RunService:
             asking = d.limits.approval_timeout_seconds
             self.manager.set_egress_approver(sandbox_id, self._egress_approver(run_id, asking))
             borrow = lambda: self.manager.use(sandbox_id)  # type: ignore[arg-type]  # noqa: E731
+            rag = RagTool(borrow, d.limits.tool_timeout_seconds, tuple(req.knowledge_bases))
+            if req.knowledge_bases:  # its model loads while the first model call is made
+                await rag.start()
             executor = ApprovalGate(
                 SandboxTools(
                     borrow,
@@ -556,7 +559,7 @@ class RunService:
                         d.limits.tool_timeout_seconds,
                         self.manager.egress_view(sandbox_id) if "documents" in d.tools else None,
                     ),
-                    rag=RagTool(borrow, d.limits.tool_timeout_seconds, tuple(req.knowledge_bases)),
+                    rag=rag,
                 ),
                 live,
                 asking,

@@ -50,8 +50,11 @@ async def call(channel: GuestChannel, request: dict[str, Any], timeout: float) -
 
 class SearchWorker:
     """Searches answered by one resident worker in a sandbox (`aamp.guest.rag` `serve`): it
-    is started on the first search, keeps its model and open indexes between searches, and
-    takes a JSON request per line on its stdin and gives a JSON answer per line on stdout.
+    is started by `start` (a run's sandbox starting) or else on the first search, loads the
+    model and reads the vectors of the `warm` indexes (paths in /workspace) as it starts,
+    keeps them between searches, and takes a JSON request per line on its stdin and gives a
+    JSON answer per line on stdout. `start` returns once the process is started: the model
+    loads in the guest meanwhile, and the first search waits only for what is left of it.
 
     One search at a time. A search that times out, a worker that died, or an answer that is
     not one JSON object of at most MAX_ANSWER bytes ends the worker (`WorkerFailed`); the next
@@ -60,12 +63,14 @@ class SearchWorker:
 
     Usage::
 
-        worker = SearchWorker()
+        worker = SearchWorker(warm=(".knowledge-bases/kb.sqlite",))
+        await worker.start(channel, 60)  # optional: the model loads while the run goes on
         answer = await worker.search(channel, {"index": ..., "query": ..., "k": 5}, 60)
         await worker.close()        # or let the sandbox's teardown end it
     """
 
-    def __init__(self) -> None:
+    def __init__(self, warm: tuple[str, ...] = ()) -> None:
+        self.warm = warm
         self._session: ExecSession | None = None
         self._stdout = bytearray()
         self._stderr = bytearray()
@@ -78,11 +83,8 @@ class SearchWorker:
         async with self._lock:
             try:
                 async with asyncio.timeout(timeout):
-                    if self._session is None:
-                        self._session = await channel.exec(
-                            worker_argv("rag", "serve"), cwd="/workspace", stdin_open=True
-                        )
-                    await self._session.send_stdin(line)
+                    session = await self._started(channel)
+                    await session.send_stdin(line)
                     text = await self._answer_line()
             except ChannelError as exc:  # GuestTimeout too: the guest went silent
                 await self.close()
@@ -101,6 +103,23 @@ class SearchWorker:
                 await self.close()
                 raise WorkerFailed("the search worker answered something that is not an object")
             return answer
+
+    async def start(self, channel: GuestChannel, timeout: float) -> None:
+        """Start the worker now if it is not running (`WorkerFailed` if it cannot be)."""
+        async with self._lock:
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._started(channel)
+            except (ChannelError, TimeoutError) as exc:
+                await self.close()
+                raise WorkerFailed(f"the search worker did not start: {exc}") from None
+
+    async def _started(self, channel: GuestChannel) -> ExecSession:
+        if self._session is None:
+            self._session = await channel.exec(
+                worker_argv("rag", "serve", *self.warm), cwd="/workspace", stdin_open=True
+            )
+        return self._session
 
     async def _answer_line(self) -> bytes:
         assert self._session is not None
