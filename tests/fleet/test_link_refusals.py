@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import ssl
 import uuid
 from pathlib import Path
@@ -83,6 +84,26 @@ def test_the_link_refuses_what_cannot_prove_itself(
         assert len(refused) == 2 and all(r["decision"] == "deny" for r in refused)
         assert all("did not prove it is h2" in r["reason"] for r in refused)
         assert host_state(a, "h2")["state"] == "new" and host_state(a, "h2")["epoch"] == 0
+
+        # -- a wrong token never makes the replica dial the link it names ----------------
+        with socket.socket() as trap:
+            trap.bind(("127.0.0.1", 0))
+            trap.listen()
+            trap.settimeout(1.0)
+            wrong = httpx.post(
+                f"{str(a.base_url).rstrip('/')}/v1/hosts/h2/register",
+                json={
+                    "drivers": ["gvisor"],
+                    "cpus": 1,
+                    "memory_mb": 512,
+                    "sandboxes": 1,
+                    "link": f"127.0.0.1:{trap.getsockname()[1]}",
+                },
+                headers={TOKEN: "aamph_wrong"},
+            )
+            assert wrong.status_code == 401 and "token is not valid" in wrong.text
+            with pytest.raises(TimeoutError):
+                trap.accept()
 
         # -- another host's id with its token, but not its link --------------------------
         stolen = (h1.cert_dir / "host.token").read_text()

@@ -137,6 +137,11 @@ def test_two_replicas_three_hosts(tmp_path: Path, base_image, postgres_server) -
         for s in others_there:
             gone = b.get(f"/v1/sandboxes/{s}")
             assert gone.status_code == 410 and f"host {victim_id} was lost" in gone.text
+        # No placement lands on the lost host.
+        meanwhile = [b.post("/v1/sandboxes", json={"image": "base"}).json() for _ in range(3)]
+        assert victim_id not in {s["host"] for s in meanwhile}, meanwhile
+        for s in meanwhile:
+            assert b.delete(f"/v1/sandboxes/{s['id']}").status_code == 204
         # gVisor's processes outlive a kill -9 of their host; they are reaped at its restart.
         victim.start()
         wait_for(lambda: host_state(a, victim_id)["epoch"] == epoch + 1, 120)

@@ -164,6 +164,8 @@ def router() -> APIRouter:
 
         if body.link is not None:
             try:
+                # The token first: an unknown caller never makes a replica dial anywhere.
+                await cp_of(request).store.run(_registry(request).authenticate, host_id, token)
                 await cp_of(request).links.verify(host_id, body.link)
             except AampError as exc:
                 address = request.client.host if request.client else "unknown"

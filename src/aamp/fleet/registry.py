@@ -223,6 +223,11 @@ class HostRegistry:
             s.flush()
             return _info(row)
 
+    def authenticate(self, host_id: str, token: str) -> None:
+        """`HostRefused` unless `token` is the host's (before anything is done for it)."""
+        with self.store.session() as s:
+            self._authenticated(s, host_id, token)
+
     def heartbeat(
         self, host_id: str, token: str, epoch: int, images: tuple[str, ...] | None = None
     ) -> HostInfo:
