@@ -180,9 +180,10 @@ def build_control_plane(
     assert cp.runs is not None and isinstance(manager.placer, FleetPlacer)
     # A run another replica stopped driving is resolved again as the API resolves a new one.
     cp.runs.rebuild = lambda run: rebuilt_request(cp, run)
-    # Runs whose sandboxes were lost with their host fail with that reason at once.
+    # Runs whose sandboxes were lost with their host fail with that reason within a heartbeat,
+    # whichever replica marked the host.
     cp.runs.sandbox_losses = manager.placer.lost
-    fleet.on_lost.append(cp.runs.fail_lost_sandboxes)
+    fleet.after_sweep.append(cp.runs.fail_lost_sandboxes)
     return cp, password
 
 
