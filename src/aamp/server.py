@@ -33,6 +33,8 @@ from aamp.fleet import (
     Placement,
     check_host_id,
 )
+from aamp.fleet.link_ca import LinkCA
+from aamp.fleet.links import HostLinks
 from aamp.fleet.registry import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_LOST_SECONDS
 from aamp.identity import Directory, LoginThrottle
 from aamp.identity.bootstrap import ensure_cli_token, ensure_first_admin
@@ -115,7 +117,7 @@ def _seconds(settings: Settings, name: str, default: float) -> float:
 
 def build_fleet(
     settings: Settings, store: Store, audit: AuditLog, manager: SandboxManager
-) -> tuple[HostRegistry, FleetUpkeep]:
+) -> tuple[HostRegistry, FleetUpkeep, HostLinks]:
     """The host registry and this replica's fleet task, which heartbeats this process's own
     sandbox host (`AAMP_FLEET_HOST_ID`, default `local`) every AAMP_FLEET_HEARTBEAT_SECONDS
     and marks lost the hosts silent for AAMP_FLEET_LOST_SECONDS."""
@@ -129,9 +131,11 @@ def build_fleet(
     host_id = check_host_id(settings.env.get("AAMP_FLEET_HOST_ID", "").strip() or "local")
     registry = HostRegistry(store, lost_after=lost)
     local = LocalHost(registry, manager, host_id)
-    # Every sandbox this process makes is placed on its own host, its capacity reserved.
-    manager.placer = FleetPlacer(Placement(registry), host_id)
-    return registry, FleetUpkeep(registry, audit, local, heartbeat)
+    # Every sandbox this process makes is placed, its capacity reserved: on its own host, or
+    # on a host with a link (`aamp host serve`), reached with this replica's certificate.
+    links = HostLinks(LinkCA.of(settings))
+    manager.placer = FleetPlacer(Placement(registry), host_id, links)
+    return registry, FleetUpkeep(registry, audit, local, heartbeat), links
 
 
 def build_control_plane(
@@ -149,7 +153,7 @@ def build_control_plane(
     password = ensure_first_admin(directory, settings.env)
     ensure_cli_token(directory, settings.cli_token_path)
     manager, images = build_manager(settings, audit, drivers, vault)
-    hosts, fleet = build_fleet(settings, store, audit, manager)
+    hosts, fleet, links = build_fleet(settings, store, audit, manager)
     cp = ControlPlane(
         settings=settings,
         store=store,
@@ -163,6 +167,7 @@ def build_control_plane(
         throttle=LoginThrottle(store),
         hosts=hosts,
         fleet=fleet,
+        links=links,
         runs=RunService(
             settings,
             store,
@@ -175,9 +180,10 @@ def build_control_plane(
     assert cp.runs is not None and isinstance(manager.placer, FleetPlacer)
     # A run another replica stopped driving is resolved again as the API resolves a new one.
     cp.runs.rebuild = lambda run: rebuilt_request(cp, run)
-    # Runs whose sandboxes were lost with their host fail with that reason at once.
+    # Runs whose sandboxes were lost with their host fail with that reason within a heartbeat,
+    # whichever replica marked the host.
     cp.runs.sandbox_losses = manager.placer.lost
-    fleet.on_lost.append(cp.runs.fail_lost_sandboxes)
+    fleet.after_sweep.append(cp.runs.fail_lost_sandboxes)
     return cp, password
 
 

@@ -11,7 +11,8 @@ from aamp.agents.registry import AgentRegistry
 from aamp.audit import AuditLog
 from aamp.catalog import Catalog
 from aamp.config import Settings
-from aamp.fleet import FleetUpkeep, HostRegistry
+from aamp.fleet import FleetPlacer, FleetUpkeep, HostRegistry
+from aamp.fleet.links import HostLinks
 from aamp.identity import Directory, LoginThrottle
 from aamp.runs.service import RunService
 from aamp.sandbox import ImageBuilds
@@ -47,6 +48,8 @@ class ControlPlane:
     # The fleet's hosts (shared by every replica) and this replica's fleet task.
     hosts: HostRegistry
     fleet: FleetUpkeep
+    # This replica's links to sandbox hosts on other machines (`aamp host serve`).
+    links: HostLinks
     # Who created each live sandbox, for which agent and policy: the facts authorisation
     # needs about a sandbox. Entries go when the manager no longer knows the sandbox.
     sandbox_owners: dict[str, SandboxOwner] = field(default_factory=dict)
@@ -56,8 +59,24 @@ class ControlPlane:
     # The image builds this process ran (the last of each image), for their followers.
     builds: ImageBuilds = field(default_factory=ImageBuilds)
 
-    def owner_of(self, sandbox_id: str) -> SandboxOwner | None:
-        return self.sandbox_owners.get(sandbox_id)
+    async def record_owner(self, sandbox_id: str, owner: SandboxOwner) -> None:
+        """Who made a sandbox and for what: in memory here, and on its row for every
+        other replica (a sandbox on another host is reached from any of them)."""
+        self.sandbox_owners[sandbox_id] = owner
+        placer = self.manager.placer
+        if isinstance(placer, FleetPlacer):
+            await self.store.run(
+                placer.record_owner, sandbox_id, owner.username, owner.agent, owner.policy
+            )
+
+    async def find_owner(self, sandbox_id: str) -> SandboxOwner | None:
+        """The owner this replica knows, else the one recorded by the replica that made it."""
+        known = self.sandbox_owners.get(sandbox_id)
+        placer = self.manager.placer
+        if known is not None or not isinstance(placer, FleetPlacer) or len(sandbox_id) > 64:
+            return known
+        recorded = await self.store.run(placer.owner_of, sandbox_id)
+        return SandboxOwner(*recorded) if recorded is not None else None
 
     def forget_gone_sandboxes(self) -> None:
         """Drop ownership entries of sandboxes the manager no longer has (ttl, idle, crash)."""

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from aamp.api.body import Body
 from aamp.api.guard import cp_of, record_change, request_id, rule
 from aamp.errors import AampError
-from aamp.fleet import HostFacts, HostInfo, HostRegistry, check_host_id
+from aamp.fleet import FleetPlacer, HostFacts, HostInfo, HostRegistry, check_host_id
 
 HOST_ID = r"^[a-z0-9][a-z0-9.-]{0,62}$"
 TOKEN_HEADER = "X-Aamp-Host-Token"
@@ -31,8 +31,14 @@ class AddIn(Body):
 
 
 class AddedOut(BaseModel):
+    """A new host's credentials, shown only now: its token, and its link certificate and key
+    from the installation's link CA (with the CA's certificate, which it trusts replicas by)."""
+
     host: HostInfo
     token: str
+    link_cert: str
+    link_key: str
+    link_ca: str
 
 
 class RegisterIn(Body):
@@ -41,11 +47,15 @@ class RegisterIn(Body):
     memory_mb: int
     sandboxes: int
     images: list[str] = Field(default_factory=list, max_length=256)
+    # Where the host's link listens (HOST:PORT); it must prove its id there first.
+    link: str | None = Field(default=None, max_length=300)
 
 
 class HeartbeatIn(Body):
     epoch: int
     images: list[str] | None = Field(default=None, max_length=256)
+    # The sandboxes the host runs (a host with a link reports them).
+    sandboxes: list[str] | None = Field(default=None, max_length=4096)
 
 
 class HostLease(BaseModel):
@@ -56,6 +66,13 @@ class HostLease(BaseModel):
     state: str
     heartbeat_seconds: float
     lost_after_seconds: float
+
+
+class ReportedLease(HostLease):
+    """The answer to a heartbeat that reported the host's sandboxes."""
+
+    # Of the sandboxes reported, those with no record here: the host's to destroy.
+    unknown: list[str]
 
 
 def _registry(request: Request) -> HostRegistry:
@@ -116,7 +133,11 @@ def router() -> APIRouter:
         by = request.state.actor.audit_name
         info, token = await cp_of(request).store.run(lambda: _registry(request).add(host_id, by=by))
         await record_change(request, "host.added", f"host:{host_id}", {})
-        return AddedOut(host=info, token=token)
+        cert, key = await cp_of(request).store.run(cp_of(request).links.ca.issue_host, host_id)
+        ca = cp_of(request).links.ca.cert_path.read_text()
+        return AddedOut(
+            host=info, token=token, link_cert=cert.decode(), link_key=key.decode(), link_ca=ca
+        )
 
     @r.post("/hosts/{host_id}/drain")
     @rule("host.drain")
@@ -141,6 +162,18 @@ def router() -> APIRouter:
     ) -> HostLease:
         """A host begins a new life (the next epoch) with what it offers."""
 
+        if body.link is not None:
+            try:
+                # The token first: an unknown caller never makes a replica dial anywhere.
+                await cp_of(request).store.run(_registry(request).authenticate, host_id, token)
+                await cp_of(request).links.verify(host_id, body.link)
+            except AampError as exc:
+                address = request.client.host if request.client else "unknown"
+                await _host_record(
+                    request, host_id, "host.refused", "deny", str(exc), "register", address
+                )
+                raise
+
         def call() -> HostInfo:
             facts = HostFacts(
                 drivers=tuple(body.drivers),
@@ -149,7 +182,7 @@ def router() -> APIRouter:
                 sandboxes=body.sandboxes,
                 images=tuple(body.images),
             )
-            return _registry(request).register(host_id, token, facts)
+            return _registry(request).register(host_id, token, facts, body.link)
 
         return await _as_host(request, host_id, "register", call)
 
@@ -157,14 +190,31 @@ def router() -> APIRouter:
     @rule("host.heartbeat")
     async def heartbeat(
         host_id: HostId, body: HeartbeatIn, request: Request, token: HostToken
-    ) -> HostLease:
+    ) -> ReportedLease | HostLease:
         """A host is alive under the epoch it registered with."""
         images = None if body.images is None else tuple(body.images)
-        return await _as_host(
+        lease = await _as_host(
             request,
             host_id,
             "heartbeat",
             lambda: _registry(request).heartbeat(host_id, token, body.epoch, images),
         )
+        if body.sandboxes is None:  # a host that reports nothing (a replica's own)
+            return lease
+        reported = tuple(body.sandboxes)
+        placer = cp_of(request).manager.placer
+        assert isinstance(placer, FleetPlacer)
+        unknown, foreign = await cp_of(request).store.run(
+            placer.settle_report, host_id, body.epoch, reported
+        )
+        if foreign:
+            address = request.client.host if request.client else "unknown"
+            why = (
+                f"host {host_id} reported sandboxes it does not run here: "
+                f"{', '.join(foreign[:20])}; nothing changed"
+            )
+            await _host_record(request, host_id, "host.report_refused", "deny", why, "heartbeat",
+                               address)  # fmt: skip
+        return ReportedLease(**lease.model_dump(), unknown=unknown)
 
     return r

@@ -73,7 +73,7 @@ SandboxId = Annotated[str, Path(min_length=1, max_length=64)]
 
 async def sandbox_resource(request: Request, cp: ControlPlane, _: Actor) -> Resource:
     sandbox_id = str(request.path_params.get("sandbox_id", ""))[:64]
-    owner = cp.owner_of(sandbox_id)
+    owner = await cp.find_owner(sandbox_id)
     return Resource(
         "sandbox",
         sandbox_id,
@@ -82,8 +82,8 @@ async def sandbox_resource(request: Request, cp: ControlPlane, _: Actor) -> Reso
     )
 
 
-def _resource_of(cp: ControlPlane, sandbox_id: str) -> Resource:
-    owner = cp.sandbox_owners.get(sandbox_id)
+async def _resource_of(cp: ControlPlane, sandbox_id: str) -> Resource:
+    owner = await cp.find_owner(sandbox_id)
     return Resource(
         "sandbox",
         sandbox_id,
@@ -233,7 +233,9 @@ def router() -> APIRouter:
         cp, actor = cp_of(request), actor_of(request)
         create = await _create_request(cp, body, request.state.sandbox_plan)
         sandbox = await cp.manager.create(create, actor=actor.audit_name)
-        cp.sandbox_owners[sandbox.id] = SandboxOwner(actor.username or "", body.agent, body.policy)
+        await cp.record_owner(
+            sandbox.id, SandboxOwner(actor.username or "", body.agent, body.policy)
+        )
         return {
             **sandbox.describe(),
             "owner": actor.username,
@@ -248,8 +250,8 @@ def router() -> APIRouter:
         cp = cp_of(request)
         cp.forget_gone_sandboxes()
         out = []
-        for s in cp.manager.list():
-            resource = _resource_of(cp, s.id)
+        for s in await cp.manager.list_everywhere():
+            resource = await _resource_of(cp, s.id)
             if await check(request, "sandbox.view", resource):
                 out.append({**s.describe(), "owner": resource.owner, "agent": resource.agent})
         return out
@@ -258,9 +260,9 @@ def router() -> APIRouter:
     @rule("sandbox.view", sandbox_resource)
     async def get_sandbox(sandbox_id: SandboxId, request: Request) -> dict[str, object]:
         cp = cp_of(request)
-        resource = _resource_of(cp, sandbox_id)
+        resource = await _resource_of(cp, sandbox_id)
         return {
-            **cp.manager.get(sandbox_id).describe(),
+            **(await cp.manager.find(sandbox_id)).describe(),
             "owner": resource.owner,
             "agent": resource.agent,
         }
@@ -278,7 +280,7 @@ def router() -> APIRouter:
         sandbox_id: SandboxId, body: ExecIn, request: Request
     ) -> StreamingResponse:
         manager = cp_of(request).manager
-        manager.get(sandbox_id)  # 404 before the stream starts
+        await manager.find(sandbox_id)  # 404 before the stream starts
         stdin = _decode_stdin(body.stdin_b64)
         await audit_sandbox(
             request,
@@ -376,7 +378,7 @@ def router() -> APIRouter:
         """Download a file; its record (size, SHA-256) is durable before the last chunk leaves."""
         manager = cp_of(request).manager
         guest_path = workspace_path(path)
-        manager.get(sandbox_id)
+        await manager.find(sandbox_id)
         use = manager.use(sandbox_id)
         channel = await use.__aenter__()
         try:

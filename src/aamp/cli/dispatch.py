@@ -41,10 +41,13 @@ AGENT_API_TIMEOUT = 600.0
 
 
 class Api:
-    """Talks to the control plane: `NAME(client, args)`, with a client signed in for it."""
+    """Talks to the control plane: `NAME(client, args)`, with a client signed in for it.
+    Its `local` actions act on this machine instead: `NAME_local(args, settings)`."""
 
-    def __init__(self, help: str, module: str, timeout: float = API_TIMEOUT):
-        self.help, self.module, self.timeout = help, module, timeout
+    def __init__(
+        self, help: str, module: str, timeout: float = API_TIMEOUT, local: tuple[str, ...] = ()
+    ):
+        self.help, self.module, self.timeout, self.local = help, module, timeout, local
 
 
 class Local:
@@ -77,7 +80,7 @@ COMMANDS: dict[str, Command] = {
         " | bundle verify PATH [--trust PUB]"
     ),
     "sandbox": Api("sandboxes", "sandbox"),
-    "host": Api("sandbox hosts of the fleet (admins)", "hosts"),
+    "host": Api("sandbox hosts (admins); `host serve` runs one here", "hosts", local=("serve",)),
     "user": Api("users", "identity"),
     "token": Api("API tokens", "identity"),
     "grant": Api("per-agent grants", "identity"),
@@ -175,6 +178,9 @@ def _run(name: str, args: argparse.Namespace, settings: Settings) -> int:
     if isinstance(command, Local):
         return run(args, settings)
     assert isinstance(command, Api)  # OwnWords commands returned before any parsing
+    if getattr(args, "action", None) in command.local:
+        module = importlib.import_module(f"aamp.cli.{command.module}")
+        return getattr(module, f"{name.replace('-', '_')}_local")(args, settings)
     from aamp.client import Client, ClientError
 
     try:

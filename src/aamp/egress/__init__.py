@@ -15,7 +15,7 @@ __all__, __getattr__ = surface(
     __name__,
     {
         "approvals": ("Answer", "Approver"),
-        "ca": ("InstallationCA", "ca_cert_path", "ca_dir"),
+        "ca": ("LEAF_BACKDATE", "InstallationCA", "ca_cert_path", "ca_dir", "load_pem_chain"),
         "installation": ("InstallationListeners", "Listener", "announce", "listeners_dir"),
         "ledger": ("AuditEgressSink", "EgressEvent", "EgressSink", "JsonLinesSink"),
         "proxy": ("EgressProxy", "EgressStats"),

@@ -93,7 +93,7 @@ def _now() -> dt.datetime:
     return dt.datetime.now(dt.UTC).replace(microsecond=0)
 
 
-def _load_pem_chain(ctx: ssl.SSLContext, pem: bytes, scratch_dir: Path) -> None:
+def load_pem_chain(ctx: ssl.SSLContext, pem: bytes, scratch_dir: Path) -> None:
     """`load_cert_chain` from bytes: OpenSSL's Python binding only reads files."""
     memfd_create = getattr(os, "memfd_create", None)
     if memfd_create is not None:
@@ -140,6 +140,9 @@ class InstallationCA:
     ctx = ca.server_context("crm.internal.example")   # for asyncio start_tls(server_side)
     """
 
+    # Written into the certificate at creation; a subclass with another purpose names it.
+    COMMON_NAME = "aamp installation CA"
+
     def __init__(self, directory: Path, key: ec.EllipticCurvePrivateKey, cert: x509.Certificate):
         self.directory = directory
         self._key = key
@@ -178,13 +181,13 @@ class InstallationCA:
                 cls._create(key_path, cert_path)
             return cls._load(directory, key_path, cert_path)
 
-    @staticmethod
-    def _create(key_path: Path, cert_path: Path) -> None:
+    @classmethod
+    def _create(cls, key_path: Path, cert_path: Path) -> None:
         key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name(
             [
                 x509.NameAttribute(NameOID.ORGANIZATION_NAME, "aamp installation"),
-                x509.NameAttribute(NameOID.COMMON_NAME, "aamp installation CA"),
+                x509.NameAttribute(NameOID.COMMON_NAME, cls.COMMON_NAME),
             ]
         )
         now = _now()
@@ -299,7 +302,7 @@ class InstallationCA:
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.set_alpn_protocols(["http/1.1"])
         pem = cert.public_bytes(serialization.Encoding.PEM) + self._leaf_key_pem
-        _load_pem_chain(ctx, pem, self.directory)
+        load_pem_chain(ctx, pem, self.directory)
         ctx.sni_callback = _record_sni
         with self._lock:
             self._leaves[host] = _Leaf(ctx, cert.not_valid_after_utc)

@@ -7,7 +7,10 @@ through the store (docs/deployment.md).
 - `FleetPlacer` (`sandboxes.py`) — the sandbox manager's placer: every sandbox placed,
   recorded on its host (`sandboxes` rows), its capacity given back when it goes;
 - `FleetUpkeep`, `LocalHost` (`upkeep.py`) — each replica's heartbeat of its own host and
-  its sweep for lost ones.
+  its sweep for lost ones;
+- `serve_host` (`host_serve.py`) — `aamp host serve`: a sandbox host on another machine;
+- `LinkCA` (`link_ca.py`), `HostLinks` (`links.py`) — the mutual-TLS link between replicas
+  and hosts: its CA and certificates, and each replica's clients to the hosts.
 
 Names load on first use (`aamp.surface`).
 """
@@ -30,5 +33,8 @@ __all__, __getattr__ = surface(
         "placement": ("Need", "NoCapacity", "Placed", "Placement"),
         "sandboxes": ("FleetPlacer",),
         "upkeep": ("FleetUpkeep", "LocalHost", "machine_facts"),
+        "links": ("HostLinks",),
+        "link_ca": ("LinkCA",),
+        "host_serve": ("serve_host",),
     },
 )

@@ -92,6 +92,7 @@ class HostInfo:
     heartbeat_at: str | None
     created_at: str
     created_by: str
+    link_address: str | None = None
 
 
 def _info(row: HostRow) -> HostInfo:
@@ -199,10 +200,15 @@ class HostRegistry:
 
     # -- a host's --------------------------------------------------------------------------
 
-    def register(self, host_id: str, token: str, facts: HostFacts) -> HostInfo:
-        """Begin a new life of the host: the next epoch, its facts, a fresh heartbeat."""
+    def register(
+        self, host_id: str, token: str, facts: HostFacts, link: str | None = None
+    ) -> HostInfo:
+        """Begin a new life of the host: the next epoch, its facts, a fresh heartbeat, and
+        where its link listens (`link`, HOST:PORT, already checked by the caller; None for a
+        replica's own host)."""
         with self.store.write_session() as s:
             row = self._authenticated(s, host_id, token)
+            row.link_address = link
             row.epoch += 1
             row.state = "draining" if row.state == "draining" else "active"
             row.drivers = json.dumps(list(facts.drivers))
@@ -216,6 +222,11 @@ class HostRegistry:
             row.heartbeat_at = self._now()
             s.flush()
             return _info(row)
+
+    def authenticate(self, host_id: str, token: str) -> None:
+        """`HostRefused` unless `token` is the host's (before anything is done for it)."""
+        with self.store.session() as s:
+            self._authenticated(s, host_id, token)
 
     def heartbeat(
         self, host_id: str, token: str, epoch: int, images: tuple[str, ...] | None = None
@@ -240,6 +251,14 @@ class HostRegistry:
             row.heartbeat_at = self._now()
             s.flush()
             return _info(row)
+
+    def linked(self) -> dict[str, str]:
+        """Every host with a link, by id: its address (its state aside)."""
+        with self.store.session() as s:
+            rows = s.execute(
+                select(HostRow.id, HostRow.link_address).where(HostRow.link_address.is_not(None))
+            ).all()
+        return {r.id: r.link_address for r in rows}
 
     # -- any replica's ---------------------------------------------------------------------
 

@@ -3,30 +3,42 @@ placed through `Placement` (its host's capacity reserved in the placement's tran
 recorded as a `sandboxes` row naming its host and the host's epoch; destroying it gives the
 capacity back and forgets the row.
 
-A replica reaches only the sandbox host in its own process (`aamp host serve`, a host on
-another machine taking placements over a link, is not built: docs/deployment.md), so the
-candidates are that one host (`among`): a create is refused, naming the rule, when it is
-draining, lost or full — never sent to a host nobody here can drive. With `aamp up` on one
-machine that host is `local`, with room for what the machine holds.
+The candidates are the hosts this replica can drive: the one in its own process, and the
+hosts on other machines that registered a link (`aamp host serve`; `link_client.py`). A
+create a remote host cannot serve yet — one with egress rules, services, packages or host
+files, which the link does not carry (docs/deployment.md) — is placed on the replica's own
+host only. A sandbox placed on a remote host is booted there over the link and recorded
+here; any replica then reaches it through the link (`find`), never the guest directly.
 
 When a host is marked lost (`HostRegistry.mark_lost`) its rows become `lost` with the reason;
-`lost` tells the run service which of its runs' sandboxes are gone and why.
+`lost` tells the run service which of its runs' sandboxes are gone and why. A remote host's
+heartbeat reports what it runs (`settle_report`): a row it no longer reports (its ttl or
+idle ended it there) is forgotten and its capacity given back.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import select
 
+from aamp.fleet.link_client import LinkAnswer, LinkClient, LinkError
+from aamp.fleet.links import HostLinks
 from aamp.fleet.placement import Need, NoCapacity, Placed, Placement, give_back
 from aamp.policy import Resources
-from aamp.store import Store
+from aamp.sandbox.manager import CreateRequest, SandboxStopped, UnknownSandbox
+from aamp.store import Store, time_at
 from aamp.store.tables import HostRow, SandboxRow
 from aamp.store.timestamps import now
 
+log = logging.getLogger("aamp.fleet")
 MIB = 2**20
+# A sandbox a host does not report yet may be one it has just made: forgotten only after this.
+REPORT_GRACE_SECONDS = 30
 
 
 @dataclass(frozen=True)
@@ -35,19 +47,85 @@ class Reservation:
     need: Need
 
 
+@dataclass
+class RemoteSandbox:
+    """A sandbox on another host, as a replica sees it: what its host says, and its link."""
+
+    info: dict[str, Any]
+    link: LinkClient
+
+    @property
+    def id(self) -> str:
+        return str(self.info["id"])
+
+    @property
+    def image(self) -> str:
+        return str(self.info["image"])
+
+    @property
+    def driver(self) -> str:
+        return str(self.info["driver"])
+
+    @property
+    def warm(self) -> bool:
+        return bool(self.info.get("warm"))
+
+    @property
+    def host(self) -> str:
+        return self.link.host_id
+
+    def describe(self) -> dict[str, object]:
+        return {**self.info, "host": self.link.host_id}
+
+
 class FleetPlacer:
-    def __init__(self, placement: Placement, host_id: str) -> None:
+    def __init__(self, placement: Placement, host_id: str, links: HostLinks) -> None:
         self.placement = placement
-        self.host_id = host_id  # the one host this process can drive
+        self.host_id = host_id  # the host in this process
+        self.links = links
 
     @property
     def store(self) -> Store:
         return self.placement.registry.store
 
-    async def reserve(self, driver: str, image: str, resources: Resources) -> Reservation:
+    async def reserve(
+        self, driver: str, image: str, resources: Resources, *, anywhere: bool = False
+    ) -> Reservation:
         need = Need(driver, image, resources.cpus, math.ceil(resources.memory_bytes / MIB))
-        placed = await self.store.run(self.placement.place, need, (self.host_id,))
-        return Reservation(placed, need)
+
+        def place() -> Placed:
+            remote = tuple(self.placement.registry.linked()) if anywhere else ()
+            return self.placement.place(need, (self.host_id, *remote))
+
+        return Reservation(await self.store.run(place), need)
+
+    def _link_of(self, host_id: str) -> LinkClient | None:
+        if host_id == self.host_id:
+            return None
+        with self.store.session() as s:
+            row = s.get(HostRow, host_id)
+            address = row.link_address if row is not None else None
+        return self.links.client(host_id, address) if address else None
+
+    async def boot_elsewhere(
+        self, reservation: object, request: CreateRequest, actor: str
+    ) -> RemoteSandbox | None:
+        """Boot the sandbox on its remote host (None: it was placed on this process's
+        own); recorded once it is up, destroyed there if it cannot be recorded."""
+        assert isinstance(reservation, Reservation)
+        link = await self.store.run(self._link_of, reservation.placed.host_id)
+        if link is None:
+            return None
+        info = await link.create(request, reservation.placed.epoch, actor)
+        sandbox = RemoteSandbox(info, link)
+        try:
+            await self.placed(reservation, sandbox.id)
+        except BaseException:
+            # Unreachable now: the host's next report destroys it (it has no record here).
+            with contextlib.suppress(Exception):
+                await link.destroy(sandbox.id, "it could not be recorded", actor)
+            raise
+        return sandbox
 
     async def placed(self, reservation: object, sandbox_id: str) -> str:
         assert isinstance(reservation, Reservation)
@@ -90,6 +168,138 @@ class FleetPlacer:
                 s.delete(row)
 
         await self.store.run(forget)
+
+    def record_owner(self, sandbox_id: str, owner: str, agent: str | None, policy: str | None):  # type: ignore[no-untyped-def]
+        """(Blocking.) Who made the sandbox and for what, for every replica's checks."""
+        with self.store.write_session() as s:
+            row = s.get(SandboxRow, sandbox_id, with_for_update=True)
+            if row is not None:
+                row.owner, row.agent, row.policy = owner, agent, policy
+
+    def owner_of(self, sandbox_id: str) -> tuple[str, str | None, str | None] | None:
+        """(Blocking.) The recorded (owner, agent, policy) of a sandbox, if any."""
+        with self.store.session() as s:
+            row = s.get(SandboxRow, sandbox_id)
+            if row is None or row.owner is None:
+                return None
+            return row.owner, row.agent, row.policy
+
+    async def find(self, sandbox_id: str) -> RemoteSandbox:
+        """A sandbox on a remote host, as its host describes it now; `UnknownSandbox` if
+        there is no such sandbox anywhere, `SandboxStopped` if it was lost with its host."""
+
+        def row_of() -> tuple[str, str | None, str | None] | None:
+            with self.store.session() as s:
+                row = s.get(SandboxRow, sandbox_id)
+                if row is None or row.host_id == self.host_id:
+                    return None
+                host = s.get(HostRow, row.host_id)
+                return (
+                    row.host_id,
+                    host.link_address if host else None,
+                    (row.lost_reason or "its host was lost" if row.state == "lost" else None),
+                )
+
+        found = await self.store.run(row_of) if len(sandbox_id) <= 64 else None
+        if found is None or found[1] is None:
+            raise UnknownSandbox(f"no sandbox {sandbox_id!r}")
+        host_id, address, lost = found
+        if lost is not None:
+            raise SandboxStopped(f"sandbox {sandbox_id} was lost: {lost}")
+        link = self.links.client(host_id, address)  # type: ignore[arg-type]
+        try:
+            return RemoteSandbox(await link.describe(sandbox_id), link)
+        except LinkAnswer as exc:
+            if exc.status == 404:
+                raise UnknownSandbox(f"no sandbox {sandbox_id!r}") from None
+            raise
+
+    async def destroy_elsewhere(self, sandbox_id: str, reason: str, actor: str) -> str | None:
+        """Destroy a sandbox on its remote host and give its capacity back; its host's id, or
+        None if it is not on a remote host. One lost with its host is only forgotten; one
+        whose host does not answer is forgotten too — the host, finding no record of it in
+        its next heartbeat's answer, destroys it."""
+
+        def row_of() -> tuple[str, str | None, bool] | None:
+            with self.store.session() as s:
+                row = s.get(SandboxRow, sandbox_id)
+                if row is None or row.host_id == self.host_id:
+                    return None
+                host = s.get(HostRow, row.host_id)
+                return row.host_id, host.link_address if host else None, row.state == "lost"
+
+        found = await self.store.run(row_of) if len(sandbox_id) <= 64 else None
+        if found is None:
+            return None
+        host_id, address, lost = found
+        try:
+            if address is not None and not lost:
+                await self.links.client(host_id, address).destroy(sandbox_id, reason, actor)
+        except LinkAnswer as exc:
+            if exc.status != 404:
+                raise
+        except LinkError as exc:
+            log.warning("sandbox %s: its host did not answer (%s); it destroys it", sandbox_id, exc)
+        finally:
+            await self.release(sandbox_id)
+        return host_id
+
+    async def elsewhere(self) -> list[RemoteSandbox]:
+        """Every live sandbox recorded on a remote host, as their hosts describe them."""
+
+        def hosts() -> dict[str, tuple[str, set[str]]]:
+            with self.store.session() as s:
+                rows = s.execute(
+                    select(SandboxRow.id, SandboxRow.host_id, HostRow.link_address)
+                    .join(HostRow, HostRow.id == SandboxRow.host_id)
+                    .where(SandboxRow.state == "live", HostRow.link_address.is_not(None))
+                ).all()
+            out: dict[str, tuple[str, set[str]]] = {}
+            for r in rows:
+                out.setdefault(r.host_id, (r.link_address, set()))[1].add(r.id)
+            return out
+
+        found: list[RemoteSandbox] = []
+        for host_id, (address, ids) in (await self.store.run(hosts)).items():
+            link = self.links.client(host_id, address)
+            try:
+                listed = await link.list()
+            except Exception:  # an unreachable host lists nothing; its heartbeat decides
+                continue
+            found += [RemoteSandbox(i, link) for i in listed if i.get("id") in ids]
+        return found
+
+    def settle_report(
+        self, host_id: str, epoch: int, reported: tuple[str, ...]
+    ) -> tuple[list[str], list[str]]:
+        """(Blocking.) A host's heartbeat said it runs `reported`: forget (and give back the
+        capacity of) its rows in this epoch it no longer runs; returns the reported sandboxes
+        with no record at all (`unknown`: the host's to destroy) and those recorded on
+        another host or life (`foreign`: a claim refused, nothing changes)."""
+        cutoff = time_at(self.placement.registry.clock() - REPORT_GRACE_SECONDS)
+        with self.store.write_session() as s:
+            mine = s.scalars(
+                select(SandboxRow).where(
+                    SandboxRow.host_id == host_id,
+                    SandboxRow.host_epoch == epoch,
+                    SandboxRow.state == "live",
+                )
+            ).all()
+            for row in mine:
+                if row.id not in reported and row.created_at < cutoff:
+                    give_back(s, row.host_id, row.host_epoch, row.millicpus, row.memory_mb)
+                    s.delete(row)
+            known = {
+                r.id: (r.host_id, r.host_epoch)
+                for r in s.execute(
+                    select(SandboxRow.id, SandboxRow.host_id, SandboxRow.host_epoch).where(
+                        SandboxRow.id.in_(reported)
+                    )
+                ).all()
+            }
+        unknown = [i for i in reported if i not in known]
+        foreign = sorted(i for i, where in known.items() if where != (host_id, epoch))
+        return unknown, foreign
 
     def lost(self, sandbox_ids: set[str]) -> dict[str, str]:
         """(Blocking.) Of `sandbox_ids`, those lost with their host, and why."""

@@ -6,8 +6,11 @@ registers it (host id `local` by default, `AAMP_FLEET_HOST_ID`) with the same
 `HostRegistry.register` a remote host's request reaches, under a token made at start-up and
 kept only in memory. Its heartbeat is taken in the same tick, just before the lost-host
 sweep, so a busy event loop delays both alike and never makes a replica mark its own host
-lost. Each host marked lost is audited (`host.lost`, actor `system`), and then every
-`on_lost` callback runs (the run service fails the runs whose sandboxes were lost with it).
+lost. Each host marked lost is audited (`host.lost`, actor `system`). Then, at every tick,
+every `after_sweep` callback runs (the run service fails the runs it drives whose sandboxes
+were lost, a cheap look-up of its own runs' sandboxes): every tick, not only when this
+replica marked a host, so a replica learns of a host another replica marked lost within one
+heartbeat instead of at its next lease renewal.
 
 A local host that was marked lost meanwhile (this process stalled longer than the lost
 timeout) has its heartbeat refused with `StaleEpoch`: it destroys every sandbox it still
@@ -95,7 +98,7 @@ class FleetUpkeep:
         self.audit = audit
         self.local = local
         self.interval = interval
-        self.on_lost: list[Callable[[], Awaitable[None]]] = []
+        self.after_sweep: list[Callable[[], Awaitable[object]]] = []
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -140,12 +143,11 @@ class FleetUpkeep:
                 details={"epoch": host.epoch},
             )
             log.warning("host %s marked lost (last heartbeat %s)", host.id, host.heartbeat_at)
-        if lost:
-            for callback in self.on_lost:
-                try:
-                    await callback()
-                except Exception:  # one listener's failure must not stop the fleet's clock
-                    log.exception("a listener of lost hosts failed")
+        for callback in self.after_sweep:
+            try:
+                await callback()
+            except Exception:  # one listener's failure must not stop the fleet's clock
+                log.exception("a listener of lost hosts failed")
         return lost
 
     async def _begin_again(self, local: LocalHost, why: str) -> None:

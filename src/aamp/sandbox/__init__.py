@@ -40,7 +40,7 @@ __all__, __getattr__ = surface(
         ),
         "channel.downloads": ("GetStream",),
         "channel.exec_session": ("ExecResult", "ExecSession", "Output"),
-        "channel.guest_channel": ("GuestChannel",),
+        "channel.guest_channel": ("GuestChannel", "RunsToEnd"),
         "channel.workspace": ("PathEscapeError", "workspace_path"),
         "driver": (
             "SANDBOX_ID_RE",

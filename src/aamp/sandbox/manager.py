@@ -54,7 +54,7 @@ from aamp.sandbox.driver import (
     SandboxSpec,
 )
 from aamp.sandbox.images import BuiltImage, ImageBuildError, ImageStore
-from aamp.sandbox.placer import Placer
+from aamp.sandbox.placer import Placer, SandboxElsewhere
 from aamp.sandbox.runtime_dir import RuntimeDir, RuntimeDirBusy
 from aamp.sandbox.warm_pool import BootKey, PoolTargets, boot_key
 
@@ -120,6 +120,16 @@ class CreateRequest:
     # Host files shown read-only in the guest (`ReadOnlyFile`); only drivers that can
     # (`can_mount_files`), and never from the warm pool: they are bound in at boot.
     read_only_files: tuple[ReadOnlyFile, ...] = ()
+
+    def portable(self) -> bool:
+        """Whether a host on another machine can serve it: the link carries no egress rules,
+        services, packages or host files yet (docs/deployment.md)."""
+        return (
+            self.egress == block_everything()
+            and not list(self.services)
+            and not self.packages
+            and not self.read_only_files
+        )
 
     def __post_init__(self) -> None:
         for name in ("ttl", "idle"):
@@ -239,6 +249,8 @@ class SandboxManager:
         self._runtime: RuntimeDir | None = None
         # Where new sandboxes may go (`placer.py`); set by `aamp.server` for the fleet.
         self.placer: Placer | None = None
+        # Sandboxes this process made on other hosts (they have no egress proxy here).
+        self._elsewhere: set[str] = set()
 
     # -- lifecycle of the manager itself ---------------------------------------------------
 
@@ -309,12 +321,28 @@ class SandboxManager:
             raise UnknownSandbox(f"no sandbox {sandbox_id!r} on this host")
         return sandbox
 
+    async def find(self, sandbox_id: str) -> Sandbox | SandboxElsewhere:
+        """A live sandbox here, or on another host (through the placer); else `UnknownSandbox`."""
+        sandbox = self._sandboxes.get(sandbox_id) if SANDBOX_ID_RE.match(sandbox_id) else None
+        if sandbox is not None:
+            return sandbox
+        if self.placer is None or not SANDBOX_ID_RE.match(sandbox_id):
+            raise UnknownSandbox(f"no sandbox {sandbox_id!r} on this host")
+        return await self.placer.find(sandbox_id)
+
+    async def list_everywhere(self) -> list[Sandbox | SandboxElsewhere]:
+        """Every live sandbox: this host's and (through the placer) other hosts'."""
+        elsewhere = await self.placer.elsewhere() if self.placer is not None else []
+        return [*self.list(), *elsewhere]
+
     def can_mount_files(self, driver: str | None = None) -> bool:
         """Whether sandboxes of `driver` (default: this host's) can have `read_only_files`."""
         found = self.drivers.get(driver or self.default_driver)
         return found is not None and found.mounts_files
 
-    async def create(self, request: CreateRequest, *, actor: str = "system") -> Sandbox:
+    async def create(
+        self, request: CreateRequest, *, actor: str = "system"
+    ) -> Sandbox | SandboxElsewhere:
         driver_name = request.driver or self.default_driver
         if driver_name not in self.drivers:
             raise InvalidRequest(
@@ -334,8 +362,22 @@ class SandboxManager:
             raise SandboxUnavailable(f"the image with packages could not be built: {exc}") from None
         placer = self.placer
         reservation = (
-            await placer.reserve(driver_name, request.image, request.resources) if placer else None
+            await placer.reserve(
+                driver_name, request.image, request.resources, anywhere=request.portable()
+            )
+            if placer
+            else None
         )
+        if placer is not None:
+            try:
+                remote = await placer.boot_elsewhere(reservation, request, actor)
+            except BaseException:
+                await placer.cancel(reservation)
+                raise
+            if remote is not None:
+                self._elsewhere.add(remote.id)
+                await self._record_created(remote, actor)
+                return remote
         sandbox = None
         try:
             if not request.packages and not request.read_only_files:  # the pool: plain images
@@ -361,6 +403,22 @@ class SandboxManager:
         sandbox.created_at, sandbox.started_monotonic = time.time(), time.monotonic()
         sandbox.last_used = time.monotonic()
         self._sandboxes[sandbox.id] = sandbox
+        await self._record_created(sandbox, actor)
+        return sandbox
+
+    async def _record_destroyed(
+        self, sandbox_id: str, reason: str, actor: str, details: dict[str, object] | None = None
+    ) -> None:
+        await self.recorder.record(
+            actor=actor,
+            action="sandbox.destroy",
+            resource=f"sandbox:{sandbox_id}",
+            decision="info",
+            reason=reason,
+            **({"details": details} if details is not None else {}),  # type: ignore[typeddict-item]
+        )
+
+    async def _record_created(self, sandbox: Sandbox | SandboxElsewhere, actor: str) -> None:
         await self.recorder.record(
             actor=actor,
             action="sandbox.create",
@@ -368,11 +426,16 @@ class SandboxManager:
             decision="info",
             details=sandbox.describe(),
         )
-        return sandbox
 
     @contextlib.asynccontextmanager
     async def use(self, sandbox_id: str) -> AsyncIterator[GuestChannel]:
-        """Borrow a sandbox's channel; while borrowed the sandbox is not idle."""
+        """Borrow a sandbox's channel; while borrowed the sandbox is not idle. A sandbox on
+        another host is reached through its link (its host keeps its clock)."""
+        if sandbox_id not in self._sandboxes and self.placer is not None:
+            remote = await self.find(sandbox_id)
+            if not isinstance(remote, Sandbox):
+                yield remote.link.channel(sandbox_id)
+                return
         sandbox = self.get(sandbox_id)
         await self._check_alive(sandbox)
         sandbox.active_uses += 1
@@ -385,6 +448,12 @@ class SandboxManager:
     async def destroy(
         self, sandbox_id: str, *, reason: str = "requested", actor: str = "system"
     ) -> None:
+        if sandbox_id not in self._sandboxes and self.placer is not None:
+            host = await self.placer.destroy_elsewhere(sandbox_id, reason, actor)
+            if host is not None:
+                self._elsewhere.discard(sandbox_id)
+                await self._record_destroyed(sandbox_id, reason, actor, {"host": host})
+                return
         sandbox = self.get(sandbox_id)
         del self._sandboxes[sandbox_id]
         # Listed until its teardown is done and recorded (the driver's removal runs off the
@@ -392,13 +461,7 @@ class SandboxManager:
         self._stopping[sandbox_id] = sandbox
         try:
             await self._teardown(sandbox, reason=reason)
-            await self.recorder.record(
-                actor=actor,
-                action="sandbox.destroy",
-                resource=f"sandbox:{sandbox_id}",
-                decision="info",
-                reason=reason,
-            )
+            await self._record_destroyed(sandbox_id, reason, actor)
         finally:
             del self._stopping[sandbox_id]
             if self.placer is not None and sandbox.host is not None:
@@ -541,13 +604,18 @@ class SandboxManager:
             proxy.update_services(services)
 
     def egress_view(self, sandbox_id: str) -> EgressView:
-        """The sandbox's egress events from now on, as its proxy decided them."""
-        self.get(sandbox_id)
+        """The sandbox's egress events from now on, as its proxy decided them (none for a
+        sandbox on another host, which may reach nothing: `CreateRequest.portable`)."""
+        if sandbox_id not in self._elsewhere:
+            self.get(sandbox_id)
         return self.recent_egress.view(sandbox_id)
 
     def set_egress_approver(self, sandbox_id: str, approver: Approver | None) -> None:
         """Who answers this sandbox's `egress.default: ask` destinations (a run puts them to
-        a person); with none they are refused."""
+        a person); with none they are refused. A sandbox on another host may reach nothing
+        (`CreateRequest.portable`), so it has nothing to ask."""
+        if sandbox_id in self._elsewhere:
+            return
         self.get(sandbox_id).egress.approvals.approver = approver
 
     def pool_status(self) -> dict[str, int]:

@@ -7,18 +7,59 @@ The order is the contract: `reserve` before anything boots (a refusal — no hos
 this host is draining or lost — is raised to the caller and nothing boots), then `placed`
 with the sandbox's id once it is up (the placer records the sandbox on its host), or
 `cancel` if it never came up; `release` when it is destroyed, whatever ended it.
+
+A placer may place on hosts on other machines (`anywhere`, for a create such a host can
+serve): then `boot_elsewhere` boots it there and returns the sandbox as seen from here
+(`find` reaches it again, `elsewhere` lists them); it returns None for this process's host.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aamp.policy import Resources
 
+if TYPE_CHECKING:
+    from aamp.sandbox.manager import CreateRequest
+
+
+class SandboxElsewhere(Protocol):
+    """A sandbox on another host: described by its host, reached through its link."""
+
+    id: str
+    image: str
+    driver: str
+    warm: bool
+    host: str
+    link: Any
+
+    def describe(self) -> dict[str, object]: ...
+
 
 class Placer(Protocol):
-    async def reserve(self, driver: str, image: str, resources: Resources) -> object:
+    async def reserve(
+        self, driver: str, image: str, resources: Resources, *, anywhere: bool = False
+    ) -> object:
         """Reserve room for one sandbox; returns the reservation, or raises why not."""
+        ...
+
+    async def boot_elsewhere(
+        self, reservation: object, request: CreateRequest, actor: str
+    ) -> SandboxElsewhere | None:
+        """Boot it on the remote host it was placed on; None if placed on this process's."""
+        ...
+
+    async def find(self, sandbox_id: str) -> SandboxElsewhere:
+        """A sandbox on another host, or `UnknownSandbox`."""
+        ...
+
+    async def destroy_elsewhere(self, sandbox_id: str, reason: str, actor: str) -> str | None:
+        """Destroy it on its remote host and forget it; the host's id, or None if it is not
+        on another host."""
+        ...
+
+    async def elsewhere(self) -> list[SandboxElsewhere]:
+        """Every live sandbox on other hosts."""
         ...
 
     async def placed(self, reservation: object, sandbox_id: str) -> str:

@@ -14,12 +14,12 @@ import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from aamp.guest import wire
 from aamp.sandbox.channel.downloads import GetStream
 from aamp.sandbox.channel.errors import FileTooLargeError, GuestProtocolError, GuestTimeout
-from aamp.sandbox.channel.exec_session import ExecResult, ExecSession
+from aamp.sandbox.channel.exec_session import ExecResult, ExecSession, Output
 from aamp.sandbox.channel.messages import (
     check_exec_args,
     control,
@@ -33,7 +33,53 @@ from aamp.sandbox.channel.workspace import relative, workspace_path
 DEFAULT_MAX_OUTPUT = 16 * 1024 * 1024
 
 
-class GuestChannel(ConnectionPool):
+class Session(Protocol):
+    """A running command: `ExecSession`, or one on another host (`aamp.fleet.link_client`)."""
+
+    result: ExecResult | None
+
+    async def __aenter__(self) -> Any: ...
+    async def __aexit__(self, *exc: object) -> Any: ...
+    def __aiter__(self) -> AsyncIterator[Output]: ...
+
+
+async def run_to_end(session: Session, max_output: int) -> tuple[ExecResult, bytes, bytes]:
+    """Read `session` to its end, keeping at most `max_output` bytes of each stream."""
+    buffers = {"stdout": bytearray(), "stderr": bytearray()}
+    truncated = False
+    async with session:
+        async for out in session:
+            buf = buffers[out.stream]
+            room = max_output - len(buf)
+            if len(out.data) > room:
+                truncated = True
+            buf += out.data[: max(room, 0)]
+    result = session.result
+    assert result is not None
+    if truncated:
+        result = dataclasses.replace(result, truncated=True)
+    return result, bytes(buffers["stdout"]), bytes(buffers["stderr"])
+
+
+class RunsToEnd:
+    """`run`, for a channel whose `exec` starts a `Session`."""
+
+    async def run(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+        max_output: int = DEFAULT_MAX_OUTPUT,
+    ) -> tuple[ExecResult, bytes, bytes]:
+        """Run a command to its end; keeps at most `max_output` bytes of each stream."""
+        session = await self.exec(argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout)
+        return await run_to_end(session, max_output)
+
+
+class GuestChannel(ConnectionPool, RunsToEnd):
     """The host end of one sandbox's guest-agent channel (see `aamp.sandbox.channel`)."""
 
     async def health(self) -> dict[str, Any]:
@@ -88,33 +134,6 @@ class GuestChannel(ConnectionPool):
             else:
                 session._start_stdin(stdin)
         return session
-
-    async def run(
-        self,
-        argv: list[str],
-        *,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        stdin: bytes | None = None,
-        timeout: float | None = None,
-        max_output: int = DEFAULT_MAX_OUTPUT,
-    ) -> tuple[ExecResult, bytes, bytes]:
-        """Run a command to its end; keeps at most `max_output` bytes of each stream."""
-        buffers = {"stdout": bytearray(), "stderr": bytearray()}
-        truncated = False
-        session = await self.exec(argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout)
-        async with session:
-            async for out in session:
-                buf = buffers[out.stream]
-                room = max_output - len(buf)
-                if len(out.data) > room:
-                    truncated = True
-                buf += out.data[: max(room, 0)]
-        result = session.result
-        assert result is not None
-        if truncated:
-            result = dataclasses.replace(result, truncated=True)
-        return result, bytes(buffers["stdout"]), bytes(buffers["stderr"])
 
     async def put_file(self, guest_path: str, host_file: Path) -> int:
         """Copy a host file into the guest, read in blocks off the event loop; its size (as

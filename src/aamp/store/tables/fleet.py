@@ -34,6 +34,8 @@ class HostRow(Base):
     heartbeat_at: Mapped[str | None] = mapped_column(String(32), nullable=True)
     created_at: Mapped[str] = mapped_column(String(32))
     created_by: Mapped[str] = mapped_column(String(256))
+    # Where its link listens (HOST:PORT); None for a replica's own host, driven in-process.
+    link_address: Mapped[str | None] = mapped_column(String(300), nullable=True)
 
     __table_args__ = (
         CheckConstraint("state IN (" + ", ".join(f"'{s}'" for s in HOST_STATES) + ")", "state"),
@@ -58,6 +60,10 @@ class SandboxRow(Base):
     memory_mb: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[str] = mapped_column(String(32))
     lost_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Who made it, for which agent and policy: what any replica's authorisation needs.
+    owner: Mapped[str | None] = mapped_column(String(256), nullable=True)
+    agent: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    policy: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
     __table_args__ = (
         CheckConstraint("state IN (" + ", ".join(f"'{s}'" for s in SANDBOX_STATES) + ")", "state"),

@@ -2,10 +2,6 @@
 cancel a run that another control-plane replica drives. The run's driver sees it when woken
 (`NOTIFY aamp_run_cancel` on PostgreSQL) or at its next lease beat, and cancels the run; a
 replica taking the run over ends it cancelled instead of going on. Existing runs get none.
-
-Revision ID: 0014
-Revises: 0012 (0013 is another branch's; the merge puts this after it)
-Create Date: 2026-12-01
 """
 
 from __future__ import annotations
@@ -14,9 +10,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0014"
-down_revision = "0012"
-branch_labels = None
-depends_on = None
+down_revision = "0013"
 
 
 def upgrade() -> None:

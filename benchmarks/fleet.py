@@ -1,0 +1,183 @@
+"""The fleet's figures (issue 17), measured, never asserted:
+
+    python benchmarks/fleet.py [--creates N]
+
+- sandbox creates per second through one replica with 3 remote hosts vs 1 (`aamp host
+  serve` processes on this machine, real gVisor; the replica's own host drained so every
+  create goes over the link). On one machine the hosts share its cores: the ratio says what
+  placement and the link cost or spread, not what three machines would give;
+- placement overhead per create, p50 and p95: one `Placement.place` transaction (choose,
+  lock, reserve) plus its `release`, on a real PostgreSQL with three host rows — what a
+  create pays for being placed, apart from booting;
+- time from a host's `kill -9` to its run being failed, against the configured heartbeat
+  and lost timeout (target: lost timeout + 2 s).
+
+Writes benchmarks/results/fleet.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent / "tests"), str(HERE.parent / "tests" / "fleet"),
+                str(HERE.parent / "tests" / "agents")]  # fmt: skip
+
+from fleet_processes import Fleet, host_state, wait_for  # noqa: E402
+from pgtemp import TemporaryPostgres  # noqa: E402
+from scripted_model import ScriptedModelServerForTests  # noqa: E402
+
+from aamp.fleet import HostFacts, HostRegistry, Need, Placement  # noqa: E402
+from aamp.store import Store  # noqa: E402
+
+HEARTBEAT, LOST = 1.0, 4.0
+
+
+def placement_overhead(url: str, samples: int) -> dict[str, float]:
+    store = Store.from_url(url)
+    registry = HostRegistry(store, lost_after=3600)
+    facts = HostFacts(("gvisor",), 64, 65536, 256, ("base@" + "0" * 64,))
+    for i in range(3):
+        host_id = f"bench-{i}"
+        _, token = registry.add(host_id, by="bench")
+        registry.register(host_id, token, facts)
+    placement = Placement(registry)
+    need = Need("gvisor", "base", 1.0, 512)
+    times = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        placed = placement.place(need, tuple(f"bench-{i}" for i in range(3)))
+        times.append(time.perf_counter() - started)
+        placement.release(placed, need)
+    store.close()
+    times.sort()
+    return {
+        "p50_ms": round(statistics.median(times) * 1000, 2),
+        "p95_ms": round(times[int(len(times) * 0.95)] * 1000, 2),
+        "samples": samples,
+    }
+
+
+def creates_per_second(admin, count: int, concurrency: int) -> float:  # type: ignore[no-untyped-def]
+    made: list[str] = []
+    refused: list[str] = []
+    lock = threading.Lock()
+    # Small enough that every create fits on one host of this machine (8 sandbox cpus).
+    body = {"image": "base", "resources": {"cpus": 0.25, "memory_bytes": 256 * 2**20}}
+
+    def worker(n: int) -> None:
+        for _ in range(n):
+            r = admin.post("/v1/sandboxes", json=body)
+            with lock:
+                (made.append(r.json()["id"]) if r.status_code == 201 else refused.append(r.text))
+
+    per = [count // concurrency + (i < count % concurrency) for i in range(concurrency)]
+    threads = [threading.Thread(target=worker, args=(n,)) for n in per]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    for sandbox_id in made:
+        admin.delete(f"/v1/sandboxes/{sandbox_id}")
+    if refused:
+        raise SystemExit(f"{len(refused)} creates were refused: {refused[0]}")
+    return count / elapsed
+
+
+def kill_to_failed(fleet: Fleet, admin, hosts) -> float:  # type: ignore[no-untyped-def]
+    turns = [
+        {"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 120"}}]},
+        {"sleep": 60, "content": "never"},
+    ]
+    with ScriptedModelServerForTests(turns) as model:
+        agent = admin.post("/v1/agents", json={"name": "bench"}).json()["id"]
+        admin.put("/v1/policies/p", json={"name": "p"})
+        admin.put(
+            "/v1/model-endpoints/llm-bench",
+            json={"base_url": model.base_url, "models": ["scripted"]},
+        )
+        for kind, item in (("policy", "p"), ("image", "base"), ("model-endpoint", "llm-bench")):
+            admin.post(f"/v1/agents/{agent}/resources", json={"kind": kind, "name": item})
+        admin.put(
+            f"/v1/agents/{agent}/draft",
+            json={
+                "model": {"endpoint": "llm-bench", "name": "scripted", "timeout": "60s"},
+                "system_prompt": "bench",
+                "tools": ["shell"],
+                "policy": "p",
+            },
+        )
+        admin.post(f"/v1/agents/{agent}/publish")
+        run_id = admin.post(f"/v1/agents/{agent}/runs", json={"task": "t"}).json()["id"]
+        wait_for(lambda: len(model.requests) >= 1, 120)
+        time.sleep(2)
+        sandbox_id = admin.get(f"/v1/runs/{run_id}").json()["sandbox_id"]
+        victim = hosts[admin.get(f"/v1/sandboxes/{sandbox_id}").json()["host"]]
+        victim.proc.kill()
+        killed = time.monotonic()
+        wait_for(lambda: admin.get(f"/v1/runs/{run_id}").json()["status"] == "failed", 60, 0.05)
+        return time.monotonic() - killed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--creates", type=int, default=9)
+    parser.add_argument("--concurrency", type=int, default=3)
+    args = parser.parse_args()
+    result: dict[str, object] = {}
+    with TemporaryPostgres() as pg, tempfile.TemporaryDirectory(prefix="aamp-fleet-") as tmp:
+        url = pg.create_database("placement")
+        result["placement"] = placement_overhead(url.render_as_string(hide_password=False), 300)
+        print("placement", result["placement"], flush=True)
+
+        db = pg.create_database(f"f_{uuid.uuid4().hex[:8]}").render_as_string(hide_password=False)
+        fleet = Fleet(Path(tmp), db, str(HEARTBEAT), str(LOST))
+        try:
+            admin = fleet.replica("rep-a")
+            admin.post("/v1/hosts/rep-a/drain")
+            hosts = {h: fleet.add_host(admin, h) for h in ("h1", "h2", "h3")}
+            hosts["h1"].start()
+            wait_for(lambda: host_state(admin, "h1")["state"] == "active", 120)
+            one = creates_per_second(admin, args.creates, args.concurrency)
+            for h in ("h2", "h3"):
+                hosts[h].start()
+            for h in ("h2", "h3"):
+                wait_for(lambda h=h: host_state(admin, h)["state"] == "active", 120)
+            three = creates_per_second(admin, args.creates, args.concurrency)
+            result["creates_per_second"] = {
+                "one_host": round(one, 2),
+                "three_hosts": round(three, 2),
+                "ratio": round(three / one, 2),
+                "creates": args.creates,
+                "concurrency": args.concurrency,
+            }
+            print("creates", result["creates_per_second"], flush=True)
+            seconds = kill_to_failed(fleet, admin, hosts)
+            result["kill_to_failed"] = {
+                "seconds": round(seconds, 2),
+                "heartbeat_seconds": HEARTBEAT,
+                "lost_seconds": LOST,
+                "target_seconds": LOST + 2,
+            }
+            print("kill -9 to failed", result["kill_to_failed"], flush=True)
+        finally:
+            left = fleet.close()
+        result["sandboxes_left"] = len(left)
+    out = HERE / "results" / "fleet.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

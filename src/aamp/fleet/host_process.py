@@ -1,0 +1,180 @@
+"""`aamp host serve`: a sandbox host on its own machine — the sandbox manager, its drivers and
+egress proxies, the host's end of the link (`link_server.py`), and its life with the control
+plane: register (a new epoch, what it offers, where its link listens), heartbeat every few
+seconds with the sandboxes it runs, and begin again when told its epoch is stale.
+
+It keeps no database and no credential of anyone else: its token (`X-Aamp-Host-Token`, from
+`aamp host add`) speaks for it to a replica; its link certificate proves to a replica which
+host it is. At start-up the manager reaps whatever an earlier process left (a `kill -9`'d
+host starts with nothing), and only then does it register; a heartbeat refused as stale
+(409: marked lost while it stalled) destroys everything it still runs before it registers
+again. The control plane answers each heartbeat with the reported sandboxes it has no record
+of in this epoch (a create whose record failed): the host destroys those once they are older
+than a few heartbeats (a sandbox created a moment ago may not be recorded yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import uvicorn
+
+from aamp.errors import AampError
+from aamp.fleet.link_server import link_app
+from aamp.fleet.upkeep import images_present, machine_facts
+from aamp.sandbox.manager import SandboxManager
+
+log = logging.getLogger("aamp.fleet.host")
+TOKEN_HEADER = "X-Aamp-Host-Token"
+CERT_FILES = ("host.crt", "host.key", "ca.crt")
+
+
+class HostStartError(RuntimeError):
+    """The host cannot start as configured; the message says what to fix."""
+
+
+@dataclass
+class HostConfig:
+    host_id: str
+    control_plane: str  # a replica's base URL (or the load balancer in front of them)
+    token: str
+    cert_dir: Path  # host.crt, host.key, ca.crt (from `aamp host add --out`)
+    listen_host: str
+    listen_port: int
+    advertise: str  # HOST:PORT where replicas reach the link
+
+    def cert_paths(self) -> tuple[Path, Path, Path]:
+        paths = tuple(self.cert_dir / name for name in CERT_FILES)
+        for path in paths:
+            if not path.is_file():
+                raise HostStartError(f"{path} is missing; `aamp host add ID --out DIR` writes it")
+        return paths  # type: ignore[return-value]
+
+
+class SandboxHost:
+    def __init__(self, config: HostConfig, manager: SandboxManager) -> None:
+        self.config = config
+        self.manager = manager
+        self.epoch = 0
+        self.interval = 3.0
+        self._api = httpx.AsyncClient(
+            base_url=config.control_plane,
+            headers={TOKEN_HEADER: config.token},
+            timeout=15,
+            trust_env=False,
+        )
+
+    async def _call(self, what: str, body: dict[str, object]) -> httpx.Response:
+        return await self._api.post(f"/v1/hosts/{self.config.host_id}/{what}", json=body)
+
+    async def register(self) -> None:
+        facts = machine_facts(self.manager)
+        response = await self._call(
+            "register",
+            {
+                "drivers": list(facts.drivers),
+                "cpus": facts.cpus,
+                "memory_mb": facts.memory_mb,
+                "sandboxes": facts.sandboxes,
+                "images": list(facts.images),
+                "link": self.config.advertise,
+            },
+        )
+        if response.status_code != 200:
+            raise HostStartError(
+                f"the control plane refused host {self.config.host_id}'s registration "
+                f"({response.status_code}): {response.text[:500]}"
+            )
+        lease = response.json()
+        self.epoch, self.interval = lease["epoch"], float(lease["heartbeat_seconds"])
+        log.info("host %s registered, epoch %s", self.config.host_id, self.epoch)
+
+    async def heartbeat(self) -> None:
+        running = {s.id: s.created_at for s in self.manager.list()}
+        response = await self._call(
+            "heartbeat",
+            {
+                "epoch": self.epoch,
+                "images": list(images_present(self.manager.images)),
+                "sandboxes": sorted(running),
+            },
+        )
+        if response.status_code == 409:
+            await self.begin_again(response.text[:500])
+            return
+        if response.status_code != 200:
+            log.error("heartbeat refused (%s): %s", response.status_code, response.text[:500])
+            return
+        old_enough = time.time() - 3 * self.interval
+        for sandbox_id in response.json().get("unknown", []):
+            if running.get(sandbox_id, time.time()) < old_enough:
+                with contextlib.suppress(AampError):
+                    await self.manager.destroy(
+                        sandbox_id, reason="the control plane has no record of it"
+                    )
+
+    async def begin_again(self, why: str) -> None:
+        log.error("host %s must begin again: %s", self.config.host_id, why)
+        for sandbox in self.manager.list():
+            with contextlib.suppress(AampError):
+                await self.manager.destroy(
+                    sandbox.id,
+                    reason=f"its host {self.config.host_id} was marked lost; "
+                    "destroyed before new work",
+                )
+        await self.register()
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.heartbeat()
+            except Exception:  # the clock keeps going whatever one heartbeat met
+                log.exception("heartbeat failed")
+
+    async def serve(self) -> None:
+        cert, key, ca = self.config.cert_paths()
+        await self.manager.start()  # reaps what an earlier process left
+        app = link_app(self.manager, lambda: self.epoch, self.config.host_id)
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=self.config.listen_host,
+                port=self.config.listen_port,
+                ssl_certfile=str(cert),
+                ssl_keyfile=str(key),
+                ssl_ca_certs=str(ca),
+                ssl_cert_reqs=ssl.CERT_REQUIRED,  # only a replica's certificate gets through
+                log_level="warning",
+                access_log=False,
+                lifespan="off",
+            )
+        )
+        serving = asyncio.create_task(server.serve(), name="link")
+        beating: asyncio.Task[None] | None = None
+        try:
+            while not server.started:
+                if serving.done():
+                    serving.result()
+                    raise HostStartError("the link server stopped before it started")
+                await asyncio.sleep(0.05)
+            await self.register()
+            beating = asyncio.create_task(self._beat(), name="heartbeat")
+            await serving
+        finally:
+            if beating is not None:
+                beating.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beating
+            server.should_exit = True
+            with contextlib.suppress(BaseException):
+                await serving
+            await self.manager.shutdown()
+            await self._api.aclose()

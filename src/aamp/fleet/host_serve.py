@@ -1,0 +1,70 @@
+"""`serve_host`: `aamp host serve`'s start-up — this machine's settings and drivers, the
+host's credentials from `--cert-dir`, then `SandboxHost.serve` until stopped.
+
+The host keeps no audit log of its own: its sandboxes' lifecycle goes to its process log,
+and the control plane audits every request it sends over the link.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from pathlib import Path
+
+from aamp.config import Settings
+from aamp.egress.installation import InstallationListeners
+from aamp.fleet.host_process import HostConfig, HostStartError, SandboxHost
+from aamp.fleet.links import check_address
+from aamp.fleet.registry import check_host_id
+from aamp.sandbox.drivers import available_drivers, choose_default_driver
+from aamp.sandbox.images import ImageStore
+from aamp.sandbox.manager import SandboxManager
+
+
+def host_config(args: argparse.Namespace, settings: Settings) -> HostConfig:
+    host_id = check_host_id(args.id or settings.env.get("AAMP_FLEET_HOST_ID", "").strip())
+    listen = check_address(args.listen)
+    advertise = check_address(args.advertise or listen)
+    cert_dir = Path(args.cert_dir)
+    token_file = cert_dir / "host.token"
+    if not token_file.is_file():
+        raise HostStartError(f"{token_file} is missing; `aamp host add ID --out DIR` writes it")
+    host, port = listen.rsplit(":", 1)
+    return HostConfig(
+        host_id=host_id,
+        control_plane=args.control_plane.rstrip("/"),
+        token=token_file.read_text().strip(),
+        cert_dir=cert_dir,
+        listen_host=host.strip("[]"),
+        listen_port=int(port),
+        advertise=advertise,
+    )
+
+
+def host_manager(settings: Settings) -> SandboxManager:
+    drivers = available_drivers(settings)
+    if not drivers:
+        raise HostStartError("no isolation driver works on this host; run `aamp doctor`")
+    return SandboxManager(
+        settings,
+        ImageStore(settings),
+        drivers,
+        choose_default_driver(settings, drivers),
+        listeners=InstallationListeners.of(settings),
+    )
+
+
+def serve_host(args: argparse.Namespace, settings: object) -> int:
+    assert isinstance(settings, Settings)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per heartbeat
+    config = host_config(args, settings)
+    host = SandboxHost(config, host_manager(settings))
+    print(f"aamp sandbox host {config.host_id}: link on {config.advertise}", flush=True)
+    try:
+        asyncio.run(host.serve())
+    except HostStartError as exc:
+        print(f"aamp: {exc}", flush=True)
+        return 1
+    return 0

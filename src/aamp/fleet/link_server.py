@@ -1,0 +1,235 @@
+"""The host's end of the link: what a control-plane replica may ask of the sandboxes this host
+runs — create, describe, list, destroy, exec, files in and out, the browser.
+
+Served over TLS with the host's link certificate, and only to clients holding a replica's
+certificate from the installation's link CA (`link_ca.py`; the handshake refuses anyone
+else, so no route here checks a credential). A replica never reaches a guest directly: every
+byte goes through this app to the host's own `SandboxManager`.
+
+A create names the host epoch its placement reserved capacity under; a create for another
+life of this host (the host registered again since, its reservations gone) is refused with
+409 `stale_epoch` and boots nothing.
+
+Errors leave as JSON `{code, message, kind}` with their status; `kind` says which exception
+the replica raises again (`link_client.py`).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from aamp.errors import AampError
+from aamp.policy import Resources
+from aamp.sandbox.channel.errors import ChannelError, GuestError, GuestTimeout
+from aamp.sandbox.manager import CreateRequest, SandboxManager
+
+MAX_BODY = 24 * 1024 * 1024
+
+
+def error_answer(exc: Exception) -> JSONResponse:
+    if isinstance(exc, AampError):
+        body = {"code": exc.code, "message": str(exc), "kind": "aamp"}
+        return JSONResponse(body, status_code=exc.status)
+    if isinstance(exc, GuestTimeout):
+        return JSONResponse({"code": "guest_timeout", "message": str(exc), "kind": "timeout"}, 504)
+    code = exc.code if isinstance(exc, GuestError) else "guest_error"
+    return JSONResponse({"code": code, "message": str(exc), "kind": "guest"}, 502)
+
+
+def link_app(manager: SandboxManager, epoch: Callable[[], int], host_id: str) -> Starlette:
+    """The link's routes over `manager`; `epoch()` is the host's current life."""
+
+    async def hello(request: Request) -> Response:
+        return JSONResponse({"id": host_id, "epoch": epoch()})
+
+    async def create(request: Request) -> Response:
+        body = await _json(request)
+        if body.get("epoch") != epoch():
+            return JSONResponse(
+                {
+                    "code": "stale_epoch",
+                    "message": f"host {host_id} is in epoch {epoch()}, the placement was for "
+                    f"epoch {body.get('epoch')!r}; place the sandbox again",
+                    "kind": "aamp",
+                },
+                status_code=409,
+            )
+        resources = Resources(**body.get("resources", {}))
+        sandbox = await manager.create(
+            CreateRequest(
+                image=body["image"],
+                driver=body.get("driver"),
+                ttl=body["ttl"],
+                idle=body["idle"],
+                resources=resources,
+            ),
+            actor=str(body.get("actor", "system")),
+        )
+        return JSONResponse(sandbox.describe(), status_code=201)
+
+    async def listing(request: Request) -> Response:
+        return JSONResponse([s.describe() for s in manager.list()])
+
+    async def describe(request: Request) -> Response:
+        return JSONResponse(manager.get(request.path_params["sandbox_id"]).describe())
+
+    async def destroy(request: Request) -> Response:
+        reason = request.query_params.get("reason", "requested")[:200]
+        actor = request.query_params.get("actor", "system")[:300]
+        await manager.destroy(request.path_params["sandbox_id"], reason=reason, actor=actor)
+        return Response(status_code=204)
+
+    async def exec_(request: Request) -> Response:
+        sandbox_id = request.path_params["sandbox_id"]
+        body = await _json(request)
+        manager.get(sandbox_id)
+        stdin = _stdin(body.get("stdin_b64"))
+        use = manager.use(sandbox_id)
+        channel = await use.__aenter__()
+        try:
+            session = await channel.exec(
+                list(body["argv"]),
+                env=dict(body.get("env") or {}),
+                cwd=body.get("cwd"),
+                stdin=stdin,
+                timeout=body.get("timeout"),
+            )
+        except BaseException:
+            await use.__aexit__(None, None, None)
+            raise
+
+        async def lines() -> AsyncIterator[bytes]:
+            try:
+                async with session:
+                    try:
+                        async for out in session:
+                            data = base64.b64encode(out.data).decode()
+                            yield _line({"stream": out.stream, "data": data})
+                    except GuestTimeout as exc:
+                        yield _line({"error": "guest_timeout", "message": str(exc)})
+                        return
+                    r = session.result
+                    assert r is not None
+                    yield _line(
+                        {
+                            "exit_code": r.exit_code,
+                            "signal": r.signal,
+                            "timed_out": r.timed_out,
+                            "duration": r.duration,
+                            "truncated": r.truncated,
+                        }
+                    )
+            finally:
+                await use.__aexit__(None, None, None)
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    async def put_file(request: Request) -> Response:
+        sandbox_id, path = request.path_params["sandbox_id"], request.query_params["path"]
+        raw = request.headers.get("content-length", "")
+        if not raw.isdigit():
+            raise _Refused(411, "length_required", "a file sent over the link needs its length")
+        async with manager.use(sandbox_id) as channel:
+            await channel.put(path, request.stream(), int(raw))
+        return Response(status_code=204)
+
+    async def get_file(request: Request) -> Response:
+        sandbox_id, path = request.path_params["sandbox_id"], request.query_params["path"]
+        use = manager.use(sandbox_id)
+        channel = await use.__aenter__()
+        try:
+            stream = await channel.get(path)
+        except BaseException:
+            await use.__aexit__(None, None, None)
+            raise
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in stream:
+                    yield chunk
+            finally:
+                await stream.aclose()
+                await use.__aexit__(None, None, None)
+
+        return StreamingResponse(
+            chunks(),
+            media_type="application/octet-stream",
+            headers={"content-length": str(stream.size)},
+        )
+
+    async def browser(request: Request) -> Response:
+        body = await _json(request)
+        async with manager.use(request.path_params["sandbox_id"]) as channel:
+            answer = await channel.browser(
+                body["request"], timeout=float(body["timeout"]), max_answer=int(body["max_answer"])
+            )
+        return Response(answer, media_type="application/json")
+
+    def guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+        async def run(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except _Refused as exc:
+                return JSONResponse(
+                    {"code": exc.code, "message": exc.message, "kind": "aamp"}, exc.status
+                )
+            except (AampError, ChannelError) as exc:
+                return error_answer(exc)
+            except (KeyError, TypeError, ValueError) as exc:
+                message = f"a malformed link request: {exc!r}"
+                return JSONResponse({"code": "invalid_request", "message": message}, 400)
+
+        return run
+
+    sb = "/link/sandboxes/{sandbox_id:str}"
+    return Starlette(
+        routes=[
+            Route("/link/hello", guarded(hello)),
+            Route("/link/sandboxes", guarded(create), methods=["POST"]),
+            Route("/link/sandboxes", guarded(listing), methods=["GET"]),
+            Route(sb, guarded(describe), methods=["GET"]),
+            Route(sb, guarded(destroy), methods=["DELETE"]),
+            Route(sb + "/exec", guarded(exec_), methods=["POST"]),
+            Route(sb + "/files", guarded(put_file), methods=["PUT"]),
+            Route(sb + "/files", guarded(get_file), methods=["GET"]),
+            Route(sb + "/browser", guarded(browser), methods=["POST"]),
+        ]
+    )
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+async def _json(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if len(raw) > MAX_BODY:
+        raise _Refused(413, "too_large", f"a link request is limited to {MAX_BODY} bytes")
+    body = json.loads(raw)
+    if not isinstance(body, dict):
+        raise _Refused(400, "invalid_request", "a link request is a JSON object")
+    return body
+
+
+def _stdin(value: object) -> bytes | None:
+    if value is None:
+        return None
+    try:
+        return base64.b64decode(str(value), validate=True)
+    except (binascii.Error, ValueError):
+        raise _Refused(400, "invalid_request", "stdin_b64 is not valid base64") from None
+
+
+def _line(obj: dict[str, object]) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
