@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import subprocess
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,3 +37,16 @@ def make_wheel(
             entry.external_attr = 0o600 << 16  # what `writestr(name, ...)` gives an entry
             z.writestr(entry, text)
     return wheel
+
+
+def linked_image_dir(tmp_path: Path, base_image) -> Path:
+    """An image directory of this test's own holding the shared base image as hard links, so
+    the derived layers this test builds are its own (and go with it)."""
+    images = tmp_path / "images"
+    (images / "base").mkdir(parents=True)
+    subprocess.run(
+        ["cp", "-al", str(base_image.root.parent), str(images / "base" / base_image.content_hash)],
+        check=True,
+    )
+    (images / "base" / "current").symlink_to(base_image.content_hash)
+    return images

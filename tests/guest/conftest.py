@@ -13,6 +13,7 @@ import pytest
 from guest_helpers import AgentStarter, make_channel
 
 from aamp.sandbox import GuestChannel
+from aamp.sandbox.first_stage_build import SOURCE, compile_first_stage
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "aamp"
 
@@ -51,16 +52,34 @@ def workspace(tmp_path: Path) -> Path:
     return ws
 
 
-@pytest.fixture
-def start_agent(agent_install: Path, sock_path: Path, workspace: Path) -> Iterator[AgentStarter]:
-    """Start the real agent (via its shebang: /usr/bin/python3 -IS) dialling `sock_path`."""
+@pytest.fixture(scope="session")
+def first_stage(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first stage, compiled from the package's source as the image builder does."""
+    binary = tmp_path_factory.mktemp("first-stage") / "agent-init"
+    compile_first_stage((SRC / "guest" / SOURCE).read_bytes(), binary)
+    return binary
+
+
+@pytest.fixture(params=["python", "first-stage"])
+def start_agent(
+    request: pytest.FixtureRequest,
+    agent_install: Path,
+    first_stage: Path,
+    sock_path: Path,
+    workspace: Path,
+) -> Iterator[AgentStarter]:
+    """Start the real agent (via its shebang: /usr/bin/python3 -IS) dialling `sock_path`:
+    alone (as Firecracker starts it), or behind the first stage (as gVisor does), which serves
+    the first exec itself and hands everything else to the agent."""
     procs: list[subprocess.Popen[bytes]] = []
+    front = (str(first_stage),) if request.param == "first-stage" else ()
 
     def start(
         *extra: str, prefix: tuple[str, ...] = (), retry: float = 3.0
     ) -> subprocess.Popen[bytes]:
         argv = [
             *prefix,
+            *front,
             str(agent_install),
             "--connect",
             f"unix:{sock_path}",

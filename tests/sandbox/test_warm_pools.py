@@ -9,6 +9,8 @@ import asyncio
 import time
 
 import pytest
+from installation_settings import make_settings
+from wheel_files import linked_image_dir, make_wheel
 
 from aamp.egress.ca import InstallationCA
 from aamp.egress.rules import EgressRules
@@ -18,6 +20,7 @@ from aamp.sandbox.gvisor import GVisorDriver
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.manager import CreateRequest, SandboxManager
 from aamp.sandbox.warm_pool import PoolTargets, boot_key
+from aamp.sandbox.wheelhouse import Wheelhouse
 
 pytestmark = pytest.mark.usefixtures("base_image")
 
@@ -49,6 +52,16 @@ def policy(host: str, service: Service) -> CreateRequest:
         resources=RESOURCES,
         egress=EgressRules.from_lists("block", allow=[host]),
         services=ServiceSet([service]),
+    )
+
+
+def packages_policy(host: str, *packages: str) -> CreateRequest:
+    """A policy with its own rules and `packages`, booted alike otherwise."""
+    return CreateRequest(
+        image="base",
+        resources=RESOURCES,
+        packages=packages,
+        egress=EgressRules.from_lists("block", allow=[host]),
     )
 
 
@@ -112,6 +125,72 @@ async def test_two_policies_two_users_one_pool(settings, tmp_path):
         assert m._pools[boot_key("gvisor", "base", RESOURCES)][0].id not in {a.id, b.id}
     finally:
         await m.shutdown()
+
+
+async def test_a_packages_layer_has_its_own_pool(tmp_path, base_image):
+    """A policy's packages are part of what a sandbox is booted with: the pool learned for
+    them hands out a sandbox that has them (in either order) to the next policy listing them,
+    with that policy's rules and nothing of the first user's; a policy without them never
+    gets one of those sandboxes."""
+    settings = make_settings(
+        tmp_path / "home", AAMP_IMAGE_DIR=str(linked_image_dir(tmp_path, base_image))
+    )
+    wheels = [
+        make_wheel(tmp_path, "aamppoolone", "1.0", "X = 'one'\n"),
+        make_wheel(tmp_path, "aamppooltwo", "2.0", "X = 'two'\n"),
+    ]
+    Wheelhouse(settings).add_files(wheels, by="test")
+    events = EventsForTests()
+    m = gvisor_manager(settings, recorder=events, learn_pools=1)
+    key = boot_key("gvisor", "base", RESOURCES, ("aamppooltwo==2.0", "aamppoolone==1.0"))
+    probe = [
+        "python3",
+        "-c",
+        "import aamppoolone, aamppooltwo; print(aamppoolone.X, aamppooltwo.X)",
+    ]
+    await m.start()
+    try:
+        first = packages_policy("a.test", "aamppoolone==1.0", "aamppooltwo==2.0")
+        a = await m.create(first, actor="user:alice")
+        assert not a.warm
+        async with m.use(a.id) as channel:
+            await channel.run(["sh", "-c", "echo alice > /tmp/left-by-alice"])
+        await wait_for_pool(m, key.label("gvisor"), 1)
+        await m.destroy(a.id)
+
+        second = packages_policy("b.test", "aamppooltwo==2.0", "aamppoolone==1.0")
+        b = await m.create(second, actor="user:bob")
+        assert b.warm and b.id != a.id and b.image_hash == a.image_hash
+        assert b.packages == second.packages and b.egress.rules == second.egress
+        async with m.use(b.id) as channel:
+            result, out, _ = await channel.run(probe)
+            assert (result.exit_code, out) == (0, b"one two\n")
+            result, _, _ = await channel.run(["test", "!", "-e", "/tmp/left-by-alice"])
+            assert result.exit_code == 0
+        await m.destroy(b.id)
+
+        plain = await m.create(CreateRequest(image="base", resources=RESOURCES))
+        assert not plain.warm and plain.image_hash == base_image.content_hash
+        async with m.use(plain.id) as channel:
+            result, _, _ = await channel.run(probe)
+            assert result.exit_code != 0  # no packages layer in it
+        await m.destroy(plain.id)
+        created = [e["details"] for e in events.events if e["action"] == "sandbox.create"]
+        assert [(d["warm"], d["packages"]) for d in created] == [
+            (False, list(first.packages)),
+            (True, list(second.packages)),
+            (False, []),
+        ]
+    finally:
+        await m.shutdown()
+
+
+def test_the_packages_order_does_not_change_the_pool():
+    one = boot_key("gvisor", "base", RESOURCES, ("b==1", "a==1"))
+    assert one == boot_key("gvisor", "base", RESOURCES, ("a==1", "b==1"))
+    assert one != boot_key("gvisor", "base", RESOURCES)
+    assert "packages=a==1,b==1" in one.label("gvisor")
+    assert boot_key("gvisor", "base", Resources()).label("gvisor") == "base"
 
 
 async def test_a_default_request_does_not_take_a_learned_pools_sandbox(settings, tmp_path):

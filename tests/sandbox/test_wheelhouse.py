@@ -12,7 +12,6 @@ import json
 import re
 import secrets
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "api")]
 
 from api_plane import plane_settings, running_plane  # noqa: E402
-from wheel_files import make_wheel  # noqa: E402  (tests/wheel_files.py)
+from wheel_files import linked_image_dir, make_wheel  # noqa: E402  (tests/wheel_files.py)
 
 from aamp.sandbox.wheelhouse import Wheelhouse, WheelhouseError  # noqa: E402
 
@@ -136,25 +135,12 @@ def _output(ndjson: str) -> str:
     return "".join(base64.b64decode(x["data"]).decode() for x in lines if "stream" in x)
 
 
-def _linked_image_dir(tmp_path: Path, base_image) -> Path:
-    """An image directory of this test's own holding the shared base image as hard links, so
-    the derived layers this test builds are its own (and go with it)."""
-    images = tmp_path / "images"
-    (images / "base").mkdir(parents=True)
-    subprocess.run(
-        ["cp", "-al", str(base_image.root.parent), str(images / "base" / base_image.content_hash)],
-        check=True,
-    )
-    (images / "base" / "current").symlink_to(base_image.content_hash)
-    return images
-
-
 async def test_packages_are_in_the_sandbox_from_one_derived_layer(
     tmp_path: Path, base_image, tabulate_wheel: Path
 ) -> None:
     tag = secrets.token_hex(4)  # a version no earlier run built a layer for
     hello = make_wheel(tmp_path, "aamphello", f"1.0+t{tag}", "def hi():\n    return 'hi'\n")
-    images = _linked_image_dir(tmp_path, base_image)
+    images = linked_image_dir(tmp_path, base_image)
     settings = plane_settings(
         tmp_path,
         AAMP_RUNTIME_DIR=f"/run/aamp-t{secrets.token_hex(4)}",

@@ -87,6 +87,8 @@ if TYPE_CHECKING:
     from typing import Any
 
 AGENT_VERSION = "0.1.0"
+# The frame type the first stage hands a spare connection over with (no request on it yet).
+HANDOFF_IDLE = 0
 # How long an error reply waits for the host to stop sending (see `_drain`).
 DRAIN_TIMEOUT = 10.0
 
@@ -98,8 +100,10 @@ class Agent:
         workspace: str,
         retry_seconds: float,
         base_env: dict[str, str] | None = None,
+        handoff_fd: int | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self.handoff_fd = handoff_fd
         self.workspace = os.path.realpath(workspace)
         self.retry_seconds = retry_seconds
         self.base_env = dict(BASE_ENV if base_env is None else base_env)
@@ -144,6 +148,8 @@ class Agent:
             os.makedirs(self.workspace, exist_ok=True)
         except OSError as exc:
             log(f"cannot create the workspace {self.workspace}: {exc}")
+        if self.handoff_fd is not None:
+            threading.Thread(target=self._take_handoff, name="handoff", daemon=True).start()
         spare = self.dial()
         if spare is None:
             return 1
@@ -166,6 +172,42 @@ class Agent:
             if spare is None:
                 worker.join()
                 return 1
+
+    def _take_handoff(self) -> None:
+        """What the first stage hands over: connections it dialled, each with the frame it
+        read from it (a request it did not serve itself) or none (a spare, idle: served
+        when a request comes on it), until it closes its end."""
+        assert self.handoff_fd is not None
+        with socket.socket(fileno=self.handoff_fd) as chan:
+            while True:
+                try:
+                    first, fds, _, _ = socket.recv_fds(chan, wire.HEADER_SIZE, 1)
+                    if not first:
+                        return  # the first stage is done handing over
+                    header = bytes(first) + wire.recv_exact(chan, wire.HEADER_SIZE - len(first))
+                    length, ftype = wire.HEADER.unpack(header)
+                    payload = wire.recv_exact(chan, length) if length else bytearray()
+                except (OSError, EOFError, wire.ProtocolError) as exc:
+                    log(f"cannot take the first stage's connection: {exc}")
+                    return
+                for extra in fds[1:]:
+                    os.close(extra)
+                if not fds:
+                    continue
+                conn = socket.socket(fileno=fds[0])
+                conn.setblocking(True)
+                target = self._serve_idle if ftype == HANDOFF_IDLE else self.serve
+                args = (conn,) if ftype == HANDOFF_IDLE else (conn, ftype, payload)
+                threading.Thread(target=target, args=args, daemon=True).start()
+
+    def _serve_idle(self, conn: socket.socket) -> None:
+        """A spare the first stage dialled: the request that comes on it, if one does."""
+        try:
+            ftype, payload = wire.recv_frame(conn)
+        except (OSError, EOFError, wire.ProtocolError):
+            conn.close()  # the host closed it (or sent garbage): nothing to answer
+            return
+        self.serve(conn, ftype, payload)
 
     # requests
 
@@ -286,12 +328,14 @@ def main(argv: list[str] | None = None) -> int:
         base_env = dict(BASE_ENV)
         if egress is not None:
             try:
-                Forwarder(egress).start()
+                Forwarder(egress, listener_fd=args["forwarder_fd"]).start()
             except OSError as exc:
                 log(f"cannot listen on {FORWARDER_ADDRESS[0]}:{FORWARDER_ADDRESS[1]}: {exc}")
                 return 1
             base_env.update(PROXY_ENV)
-        return Agent(endpoint, args["workspace"], args["retry_seconds"], base_env).run()
+        return Agent(
+            endpoint, args["workspace"], args["retry_seconds"], base_env, args["handoff_fd"]
+        ).run()
 
     if os.getpid() == 1:
         return run_as_pid1(agent_main)

@@ -10,7 +10,8 @@ if TYPE_CHECKING:
 DEFAULT_WORKSPACE = "/workspace"
 USAGE = (
     "usage: aamp-agent --connect unix:/path|vsock:CID:PORT [--egress ENDPOINT] "
-    "[--workspace DIR] [--retry-seconds N] [--init] [--hostname NAME]"
+    "[--workspace DIR] [--retry-seconds N] [--init] [--hostname NAME] "
+    "[--handoff-fd FD] [--forwarder-fd FD]"
 )
 
 
@@ -27,8 +28,20 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
         "retry_seconds": 10.0,
         "init": False,
         "hostname": "sandbox",
+        # Set by the first stage (`first_stage.c`): where it hands over the requests it does
+        # not serve itself, and the egress forwarder's socket it already bound.
+        "handoff_fd": None,
+        "forwarder_fd": None,
     }
-    takes_value = {"--connect", "--egress", "--workspace", "--retry-seconds", "--hostname"}
+    takes_value = {
+        "--connect",
+        "--egress",
+        "--workspace",
+        "--retry-seconds",
+        "--hostname",
+        "--handoff-fd",
+        "--forwarder-fd",
+    }
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -49,6 +62,10 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
                     value = float(value)
                 except ValueError:
                     raise UsageError(f"--retry-seconds must be a number, got {value!r}") from None
+            elif key in ("handoff_fd", "forwarder_fd"):
+                if not value.isdigit():
+                    raise UsageError(f"{name} must be a file descriptor number, got {value!r}")
+                value = int(value)
             opts[key] = value
         else:
             raise UsageError(f"unknown argument {arg!r}")

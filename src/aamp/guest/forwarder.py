@@ -31,9 +31,19 @@ class Forwarder:
     connection to the host's egress proxy and a thread copying bytes both ways (half-closes
     passed on). Nothing is parsed here: the host's proxy is where every decision is made."""
 
-    def __init__(self, upstream: Endpoint, address: tuple[str, int] = FORWARDER_ADDRESS):
+    def __init__(
+        self,
+        upstream: Endpoint,
+        address: tuple[str, int] = FORWARDER_ADDRESS,
+        listener_fd: int | None = None,
+    ):
+        """`listener_fd`: a socket already listening on `address` (the first stage binds it
+        before the agent starts, so a first command's connections wait there)."""
         self.upstream = upstream
-        self.listener = socket.create_server(address, backlog=128)
+        if listener_fd is not None:
+            self.listener = socket.socket(fileno=listener_fd)
+        else:
+            self.listener = socket.create_server(address, backlog=128)
         self.address = self.listener.getsockname()
 
     def start(self) -> None:

@@ -49,6 +49,9 @@ if TYPE_CHECKING:
 RUNSC = "runsc"
 CHANNEL_DIR_IN_GUEST = "/run/aamp"
 AGENT_IN_GUEST = "/opt/aamp/agent"
+# The first process: the agent's first stage (`aamp/guest/first_stage.c`, compiled into every
+# image), which serves the first command while the Python agent starts behind it.
+FIRST_STAGE_IN_GUEST = "/opt/aamp/agent-init"
 RECORD = "record.json"
 CPU_PERIOD_US = 100_000
 # The host's pids cgroup counts host tasks. Under the ptrace platform every guest thread is a
@@ -234,6 +237,7 @@ class GVisorDriver(Driver):
                 "terminal": False,
                 "user": {"uid": 0, "gid": 0},
                 "args": [
+                    FIRST_STAGE_IN_GUEST,
                     AGENT_IN_GUEST,
                     "--connect",
                     f"unix:{CHANNEL_DIR_IN_GUEST}/agent.sock",

@@ -16,6 +16,9 @@ from pathlib import Path
 
 from aamp.config import Settings
 from aamp.sandbox.debian_mirror import MirrorNotFound, bundle_repository, mirror_url
+from aamp.sandbox.first_stage_build import INSTALLED_AS as FIRST_STAGE_INSTALLED_AS
+from aamp.sandbox.first_stage_build import SOURCE as FIRST_STAGE_SOURCE
+from aamp.sandbox.first_stage_build import FirstStageBuildError, compile_first_stage
 from aamp.sandbox.image_commands import (
     PIP,
     ImageBuildError,
@@ -277,6 +280,10 @@ class TreeBuilder:
         agent = root / "opt/aamp/agent"
         agent.write_bytes(self.guest["launcher.py"])
         agent.chmod(0o755)
+        try:
+            compile_first_stage(self.guest[FIRST_STAGE_SOURCE], root / FIRST_STAGE_INSTALLED_AS)
+        except (KeyError, FirstStageBuildError) as exc:
+            raise ImageBuildError(f"the guest agent's first stage: {exc}") from None
         workspace = root / "workspace"
         workspace.mkdir(exist_ok=True)
         workspace.chmod(0o777)

@@ -117,11 +117,13 @@ def _package_dir() -> Path:
 
 
 def _guest_files(guest_dir: Path) -> dict[str, bytes]:
-    """The guest agent's files by their path under /opt/aamp/lib/aamp/guest."""
+    """The guest agent's files (its modules and the first stage's C source) by their path
+    under /opt/aamp/lib/aamp/guest."""
     if not guest_dir.is_dir():
         raise ImageBuildError(f"guest agent directory {guest_dir} does not exist")
     files: dict[str, bytes] = {}
-    for path in sorted(guest_dir.rglob("*.py")):
+    # The C source too: the first stage is compiled from it into the image (`first_stage_build`).
+    for path in sorted([*guest_dir.rglob("*.py"), *guest_dir.rglob("*.c")]):
         rel = path.relative_to(guest_dir)
         if "__pycache__" in rel.parts:
             continue

@@ -380,14 +380,14 @@ class SandboxManager:
                 return remote
         sandbox = None
         try:
-            if not request.packages and not request.read_only_files:  # the pool: plain images
-                key = boot_key(driver_name, request.image, request.resources)
+            if not request.read_only_files:  # the pool (files are bound in at boot)
+                key = boot_key(driver_name, request.image, request.resources, request.packages)
                 sandbox = await self._take_from_pool(key, image.content_hash)
             if sandbox is None:
                 sandbox = await self._boot(
                     driver_name, image, request.resources, request.read_only_files
                 )
-                sandbox.packages = request.packages
+            sandbox.packages = request.packages
             if placer is not None:
                 sandbox.host = await placer.placed(reservation, sandbox.id)
         except BaseException:
@@ -584,10 +584,15 @@ class SandboxManager:
         pool = self._pools.setdefault(key, [])
         while len(pool) < self.pool_targets.target(key):
             try:
-                sandbox = await self._boot(key.driver, self.images.get(key.image), key.resources)
-            except (SandboxError, ValueError, LookupError) as exc:  # LookupError: not built
+                image = self.images.get(key.image)
+                if key.packages:
+                    image = await asyncio.to_thread(self.images.with_packages, image, key.packages)
+                sandbox = await self._boot(key.driver, image, key.resources)
+            except (SandboxError, ImageBuildError, ValueError, LookupError) as exc:
+                # LookupError: not built; ValueError: the wheelhouse lacks a package
                 log.warning("warm pool for %s could not start a sandbox: %s", key.image, exc)
                 return
+            sandbox.packages = key.packages
             if self._pools.get(key) is not pool:  # drained while this one booted
                 await self._teardown(sandbox, reason="pool no longer wanted")
                 return

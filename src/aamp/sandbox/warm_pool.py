@@ -1,7 +1,8 @@
 """Which warm pools the sandbox manager keeps: pools keyed by what a sandbox is booted with.
 
-A sandbox is booted with a driver, an image and resources (`boot_key`, the one place that
-says what a sandbox is booted with: a packages layer joins the key there). Everything else a
+A sandbox is booted with a driver, an image, resources and a packages layer (a policy's
+`packages:`, the wheelhouse layer derived from the image; `boot_key`, the one place that says
+what a sandbox is booted with). Everything else a
 request brings — egress rules, services, lifetime, the egress approver — is applied when the
 manager hands the sandbox out, so one pool serves every policy that boots the same way.
 
@@ -32,21 +33,26 @@ class BootKey:
     driver: str
     image: str
     resources: Resources
+    packages: tuple[str, ...] = ()  # `name==version`, sorted: the derived layer's contents
 
     def label(self, default_driver: str) -> str:
         """A short name for status pages: the image alone for a configured-style pool."""
-        if self.driver == default_driver and self.resources == Resources():
+        if self.driver == default_driver and self.resources == Resources() and not self.packages:
             return self.image
         r = self.resources
+        packages = f" packages={','.join(self.packages)}" if self.packages else ""
         return (
             f"{self.image} ({self.driver}; cpus={r.cpus} memory_bytes={r.memory_bytes} "
-            f"pids={r.pids} disk_bytes={r.disk_bytes})"
+            f"pids={r.pids} disk_bytes={r.disk_bytes}{packages})"
         )
 
 
-def boot_key(driver: str, image: str, resources: Resources) -> BootKey:
-    """The pool a sandbox of `driver`, `image` and `resources` comes from."""
-    return BootKey(driver, image, resources)
+def boot_key(
+    driver: str, image: str, resources: Resources, packages: tuple[str, ...] = ()
+) -> BootKey:
+    """The pool a sandbox of `driver`, `image`, `resources` and `packages` comes from (the
+    packages' order does not change the layer, so it does not change the pool)."""
+    return BootKey(driver, image, resources, tuple(sorted(set(packages))))
 
 
 class PoolTargets:
