@@ -26,7 +26,7 @@ from aamp.egress.services import ServiceSet
 from aamp.errors import NotFound
 from aamp.identity.model import Actor, Resource
 from aamp.policy import MiB, Policy, PolicyError, Resources, problems
-from aamp.sandbox import GuestTimeout, describe_image, workspace_path
+from aamp.sandbox import GuestTimeout, describe_image, open_download, workspace_path
 from aamp.sandbox.manager import (
     DEFAULT_IDLE_SECONDS,
     DEFAULT_TTL_SECONDS,
@@ -379,13 +379,7 @@ def router() -> APIRouter:
         manager = cp_of(request).manager
         guest_path = workspace_path(path)
         await manager.find(sandbox_id)
-        use = manager.use(sandbox_id)
-        channel = await use.__aenter__()
-        try:
-            stream = await channel.get(guest_path)
-        except BaseException:
-            await use.__aexit__(None, None, None)
-            raise
+        stream = await open_download(manager, sandbox_id, guest_path)
 
         digest = hashlib.sha256()
         received = 0
@@ -402,7 +396,6 @@ def router() -> APIRouter:
             finished = True
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
-                await use.__aexit__(None, None, None)
                 await audit_sandbox(
                     request,
                     "sandbox.file_out",

@@ -30,6 +30,7 @@ from starlette.routing import Route
 from aamp.errors import AampError
 from aamp.policy import Resources
 from aamp.sandbox.channel.errors import ChannelError, GuestError, GuestTimeout
+from aamp.sandbox.held_download import open_download
 from aamp.sandbox.manager import CreateRequest, SandboxManager
 
 MAX_BODY = 24 * 1024 * 1024
@@ -144,13 +145,7 @@ def link_app(manager: SandboxManager, epoch: Callable[[], int], host_id: str) ->
 
     async def get_file(request: Request) -> Response:
         sandbox_id, path = request.path_params["sandbox_id"], request.query_params["path"]
-        use = manager.use(sandbox_id)
-        channel = await use.__aenter__()
-        try:
-            stream = await channel.get(path)
-        except BaseException:
-            await use.__aexit__(None, None, None)
-            raise
+        stream = await open_download(manager, sandbox_id, path)
 
         async def chunks() -> AsyncIterator[bytes]:
             try:
@@ -158,7 +153,6 @@ def link_app(manager: SandboxManager, epoch: Callable[[], int], host_id: str) ->
                     yield chunk
             finally:
                 await stream.aclose()
-                await use.__aexit__(None, None, None)
 
         return StreamingResponse(
             chunks(),

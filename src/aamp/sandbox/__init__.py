@@ -68,6 +68,7 @@ __all__, __getattr__ = surface(
         "kernel_packages": ("BUSYBOX_PACKAGE", "KERNEL_META_PACKAGE"),
         "images": ("BuiltImage", "ImageNotBuilt", "ImageStore", "UnknownImage"),
         "image_builds": ("ImageBuild", "ImageBuilds", "describe_image"),
+        "held_download": ("HeldDownload", "open_download"),
         "manager": (
             "DEFAULT_IDLE_SECONDS",
             "DEFAULT_TTL_SECONDS",
