@@ -3,9 +3,14 @@ host's own registration and heartbeat.
 
 A host speaks with its own token (`X-Aamp-Host-Token`, made by `POST /v1/hosts` and shown
 once), never a user's: its two routes are public to the guard, like signing in, and the
-route checks the token in `HostRegistry`, the one place that does. A refused host (wrong
-token, no such host, a stale epoch) is recorded as a refusal (`host.refused`) naming the
-host it claimed.
+route checks the token in `HostRegistry`, the one place that does. The token is not enough:
+a registration over HTTP must name the host's link and carry the proof the host serves there
+(`HostLinks.verify`; a replica's own host registers in its process, never here), and its
+answer is the life's heartbeat secret, which every heartbeat must carry. A refused host
+(wrong token, no link, a link that does not prove it, a stale epoch or wrong secret) is
+recorded as a refusal (`host.refused`) naming the host it claimed; its answer says only the
+rule, the details (a dial's error) are in the record. The sandboxes a heartbeat's report
+makes the control plane forget are recorded too (`sandbox.forgotten`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from pydantic import BaseModel, Field
 from aamp.api.body import Body
 from aamp.api.guard import cp_of, record_change, request_id, rule
 from aamp.errors import AampError
-from aamp.fleet import FleetPlacer, HostFacts, HostInfo, HostRegistry, check_host_id
+from aamp.fleet import FleetPlacer, HostFacts, HostInfo, HostRefused, HostRegistry, check_host_id
+from aamp.fleet.links import LinkNotProven
 
 HOST_ID = r"^[a-z0-9][a-z0-9.-]{0,62}$"
 TOKEN_HEADER = "X-Aamp-Host-Token"
@@ -47,12 +53,16 @@ class RegisterIn(Body):
     memory_mb: int
     sandboxes: int
     images: list[str] = Field(default_factory=list, max_length=256)
-    # Where the host's link listens (HOST:PORT); it must prove its id there first.
+    # Where the host's link listens (HOST:PORT), and the nonce it serves there while this
+    # registration is in flight: it must prove its id and this proof there first.
     link: str | None = Field(default=None, max_length=300)
+    proof: str | None = Field(default=None, max_length=128)
 
 
 class HeartbeatIn(Body):
     epoch: int
+    # The heartbeat secret its registration returned for this epoch.
+    secret: str | None = Field(default=None, max_length=128)
     images: list[str] | None = Field(default=None, max_length=256)
     # The sandboxes the host runs (a host with a link reports them).
     sandboxes: list[str] | None = Field(default=None, max_length=4096)
@@ -68,6 +78,13 @@ class HostLease(BaseModel):
     lost_after_seconds: float
 
 
+class RegisteredLease(HostLease):
+    """The answer to a registration: the lease and this life's heartbeat secret (shown only
+    now; every heartbeat of this epoch carries it)."""
+
+    heartbeat_secret: str
+
+
 class ReportedLease(HostLease):
     """The answer to a heartbeat that reported the host's sandboxes."""
 
@@ -81,18 +98,17 @@ def _registry(request: Request) -> HostRegistry:
 
 async def _as_host(request: Request, host_id: str, call_name: str, call: object) -> HostLease:
     """Run a host's call (`call`: blocking, returns HostInfo). A refusal is recorded as
-    `host.refused` (the guard's own record of the call is its public "allow"); a
-    registration as `host.registered`, with its epoch."""
-    cp = cp_of(request)
-    address = request.client.host if request.client else "unknown"
+    `host.refused` (the guard's own record of the call is its public "allow")."""
     try:
-        info: HostInfo = await cp.store.run(call)  # type: ignore[arg-type]
+        info: HostInfo = await cp_of(request).store.run(call)  # type: ignore[arg-type]
     except AampError as exc:
-        await _host_record(request, host_id, "host.refused", "deny", str(exc), call_name, address)
+        await _refused(request, host_id, exc, call_name)
         raise
-    if call_name == "register":
-        why = f"registered with its token; epoch {info.epoch}"
-        await _host_record(request, host_id, "host.registered", "allow", why, call_name, address)
+    return _lease(request, info)
+
+
+def _lease(request: Request, info: HostInfo) -> HostLease:
+    cp = cp_of(request)
     return HostLease(
         id=info.id,
         epoch=info.epoch,
@@ -102,13 +118,29 @@ async def _as_host(request: Request, host_id: str, call_name: str, call: object)
     )
 
 
+async def _refused(request: Request, host_id: str, exc: AampError, call: str) -> None:
+    """`host.refused`: the rule the caller was told, and why (a link's dial error), which the
+    caller is not told."""
+    reason = str(exc)
+    if isinstance(exc, LinkNotProven):
+        reason += f": {exc.detail}"
+    await _host_record(request, host_id, "host.refused", "deny", reason, call)
+
+
 async def _host_record(
-    request: Request, host_id: str, action: str, decision: str, reason: str, call: str, address: str
+    request: Request,
+    host_id: str,
+    action: str,
+    decision: str,
+    reason: str,
+    call: str,
+    resource: str | None = None,
 ) -> None:
+    address = request.client.host if request.client else "unknown"
     await cp_of(request).audit.record(
         actor=f"host:{host_id}",
         action=action,
-        resource=f"host:{host_id}",
+        resource=resource or f"host:{host_id}",
         decision=decision,
         reason=reason,
         request_id=request_id(request),
@@ -159,22 +191,18 @@ def router() -> APIRouter:
     @rule("host.register")
     async def register_host(
         host_id: HostId, body: RegisterIn, request: Request, token: HostToken
-    ) -> HostLease:
-        """A host begins a new life (the next epoch) with what it offers."""
-
-        if body.link is not None:
-            try:
-                # The token first: an unknown caller never makes a replica dial anywhere.
-                await cp_of(request).store.run(_registry(request).authenticate, host_id, token)
-                await cp_of(request).links.verify(host_id, body.link)
-            except AampError as exc:
-                address = request.client.host if request.client else "unknown"
-                await _host_record(
-                    request, host_id, "host.refused", "deny", str(exc), "register", address
+    ) -> RegisteredLease:
+        """A host begins a new life (the next epoch) with what it offers, once its link
+        proved it is the host and that this registration is its own."""
+        cp = cp_of(request)
+        try:
+            # The token first: an unknown caller never makes a replica dial anywhere.
+            await cp.store.run(_registry(request).authenticate, host_id, token)
+            if body.link is None:
+                raise HostRefused(
+                    f"host {host_id!r} refused: a registration must name the host's link"
+                    " (`link`, HOST:PORT) and carry the proof it serves there"
                 )
-                raise
-
-        def call() -> HostInfo:
             facts = HostFacts(
                 drivers=tuple(body.drivers),
                 cpus=body.cpus,
@@ -182,9 +210,16 @@ def router() -> APIRouter:
                 sandboxes=body.sandboxes,
                 images=tuple(body.images),
             )
-            return _registry(request).register(host_id, token, facts, body.link)
-
-        return await _as_host(request, host_id, "register", call)
+            await cp.links.verify(host_id, body.link, body.proof)
+            info, secret = await cp.store.run(
+                _registry(request).register, host_id, token, facts, body.link
+            )
+        except AampError as exc:
+            await _refused(request, host_id, exc, "register")
+            raise
+        why = f"registered with its token and its link's proof; epoch {info.epoch}"
+        await _host_record(request, host_id, "host.registered", "allow", why, "register")
+        return RegisteredLease(**_lease(request, info).model_dump(), heartbeat_secret=secret)
 
     @r.post("/hosts/{host_id}/heartbeat")
     @rule("host.heartbeat")
@@ -197,24 +232,29 @@ def router() -> APIRouter:
             request,
             host_id,
             "heartbeat",
-            lambda: _registry(request).heartbeat(host_id, token, body.epoch, images),
+            lambda: _registry(request).heartbeat(host_id, token, body.epoch, body.secret, images),
         )
         if body.sandboxes is None:  # a host that reports nothing (a replica's own)
             return lease
         reported = tuple(body.sandboxes)
         placer = cp_of(request).manager.placer
         assert isinstance(placer, FleetPlacer)
-        unknown, foreign = await cp_of(request).store.run(
+        unknown, foreign, forgotten = await cp_of(request).store.run(
             placer.settle_report, host_id, body.epoch, reported
         )
+        for sandbox_id in forgotten:
+            why = (
+                f"host {host_id} no longer reports sandbox {sandbox_id} (epoch {body.epoch}):"
+                " its record is forgotten and its capacity given back"
+            )
+            await _host_record(request, host_id, "sandbox.forgotten", "allow", why, "heartbeat",
+                               f"sandbox:{sandbox_id}")  # fmt: skip
         if foreign:
-            address = request.client.host if request.client else "unknown"
             why = (
                 f"host {host_id} reported sandboxes it does not run here: "
                 f"{', '.join(foreign[:20])}; nothing changed"
             )
-            await _host_record(request, host_id, "host.report_refused", "deny", why, "heartbeat",
-                               address)  # fmt: skip
+            await _host_record(request, host_id, "host.report_refused", "deny", why, "heartbeat")
         return ReportedLease(**lease.model_dump(), unknown=unknown)
 
     return r

@@ -5,12 +5,19 @@ seconds with the sandboxes it runs, and begin again when told its epoch is stale
 
 It keeps no database and no credential of anyone else: its token (`X-Aamp-Host-Token`, from
 `aamp host add`) speaks for it to a replica; its link certificate proves to a replica which
-host it is. At start-up the manager reaps whatever an earlier process left (a `kill -9`'d
-host starts with nothing), and only then does it register; a heartbeat refused as stale
-(409: marked lost while it stalled) destroys everything it still runs before it registers
-again. The control plane answers each heartbeat with the reported sandboxes it has no record
-of in this epoch (a create whose record failed): the host destroys those once they are older
-than a few heartbeats (a sandbox created a moment ago may not be recorded yet).
+host it is. Each registration attempt carries a fresh random proof that the host serves on its
+link while the attempt is in flight (`link_server.py`'s hello, to replicas only), so the
+replica checking the link knows the registration is this host's own; the answer gives the
+life's heartbeat secret, which every heartbeat carries (kept in memory only). The link key
+must be readable by this user only, or the host does not start.
+
+At start-up the manager reaps whatever an earlier process left (a `kill -9`'d host starts
+with nothing), and only then does it register; a heartbeat refused as stale (409: marked
+lost while it stalled, or not of its current registration) destroys everything it still runs
+before it registers again. The control plane answers each heartbeat with the reported
+sandboxes it has no record of in this epoch (a create whose record failed): the host destroys
+those once they are older than a few heartbeats (a sandbox created a moment ago may not be
+recorded yet).
 """
 
 from __future__ import annotations
@@ -18,16 +25,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
+import os
+import secrets
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import uvicorn
 
 from aamp.errors import AampError
-from aamp.fleet.link_server import link_app
+from aamp.fleet.link_server import link_app, link_server
 from aamp.fleet.upkeep import images_present, machine_facts
 from aamp.sandbox.manager import SandboxManager
 
@@ -55,7 +63,23 @@ class HostConfig:
         for path in paths:
             if not path.is_file():
                 raise HostStartError(f"{path} is missing; `aamp host add ID --out DIR` writes it")
+        _check_private(paths[1])
         return paths  # type: ignore[return-value]
+
+
+def _check_private(key: Path) -> None:
+    """The link key is the host's identity: refused unless only this user can read it (as
+    `InstallationCA` refuses a CA key others can read)."""
+    info = key.stat()
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        raise HostStartError(
+            f"{key} has mode {stat.S_IMODE(info.st_mode):o}; the link key must be 0600"
+        )
+    if info.st_uid != os.geteuid():
+        raise HostStartError(
+            f"{key} belongs to uid {info.st_uid}, not to the user this host runs as"
+            f" ({os.geteuid()}); chown it"
+        )
 
 
 class SandboxHost:
@@ -64,6 +88,8 @@ class SandboxHost:
         self.manager = manager
         self.epoch = 0
         self.interval = 3.0
+        self.heartbeat_secret = ""
+        self.proof: str | None = None  # served on the link only while a registration is sent
         self._api = httpx.AsyncClient(
             base_url=config.control_plane,
             headers={TOKEN_HEADER: config.token},
@@ -76,17 +102,22 @@ class SandboxHost:
 
     async def register(self) -> None:
         facts = machine_facts(self.manager)
-        response = await self._call(
-            "register",
-            {
-                "drivers": list(facts.drivers),
-                "cpus": facts.cpus,
-                "memory_mb": facts.memory_mb,
-                "sandboxes": facts.sandboxes,
-                "images": list(facts.images),
-                "link": self.config.advertise,
-            },
-        )
+        self.proof = secrets.token_urlsafe(32)
+        try:
+            response = await self._call(
+                "register",
+                {
+                    "drivers": list(facts.drivers),
+                    "cpus": facts.cpus,
+                    "memory_mb": facts.memory_mb,
+                    "sandboxes": facts.sandboxes,
+                    "images": list(facts.images),
+                    "link": self.config.advertise,
+                    "proof": self.proof,
+                },
+            )
+        finally:
+            self.proof = None  # a proof seen once (on the wire) proves nothing later
         if response.status_code != 200:
             raise HostStartError(
                 f"the control plane refused host {self.config.host_id}'s registration "
@@ -94,6 +125,7 @@ class SandboxHost:
             )
         lease = response.json()
         self.epoch, self.interval = lease["epoch"], float(lease["heartbeat_seconds"])
+        self.heartbeat_secret = lease["heartbeat_secret"]
         log.info("host %s registered, epoch %s", self.config.host_id, self.epoch)
 
     async def heartbeat(self) -> None:
@@ -102,6 +134,7 @@ class SandboxHost:
             "heartbeat",
             {
                 "epoch": self.epoch,
+                "secret": self.heartbeat_secret,
                 "images": list(images_present(self.manager.images)),
                 "sandboxes": sorted(running),
             },
@@ -142,21 +175,8 @@ class SandboxHost:
     async def serve(self) -> None:
         cert, key, ca = self.config.cert_paths()
         await self.manager.start()  # reaps what an earlier process left
-        app = link_app(self.manager, lambda: self.epoch, self.config.host_id)
-        server = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                host=self.config.listen_host,
-                port=self.config.listen_port,
-                ssl_certfile=str(cert),
-                ssl_keyfile=str(key),
-                ssl_ca_certs=str(ca),
-                ssl_cert_reqs=ssl.CERT_REQUIRED,  # only a replica's certificate gets through
-                log_level="warning",
-                access_log=False,
-                lifespan="off",
-            )
-        )
+        app = link_app(self.manager, lambda: self.epoch, self.config.host_id, lambda: self.proof)
+        server = link_server(app, cert, key, ca, self.config.listen_host, self.config.listen_port)
         serving = asyncio.create_task(server.serve(), name="link")
         beating: asyncio.Task[None] | None = None
         try:

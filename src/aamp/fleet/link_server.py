@@ -19,9 +19,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import ssl
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
+import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -46,11 +49,19 @@ def error_answer(exc: Exception) -> JSONResponse:
     return JSONResponse({"code": code, "message": str(exc), "kind": "guest"}, 502)
 
 
-def link_app(manager: SandboxManager, epoch: Callable[[], int], host_id: str) -> Starlette:
-    """The link's routes over `manager`; `epoch()` is the host's current life."""
+def link_app(
+    manager: SandboxManager,
+    epoch: Callable[[], int],
+    host_id: str,
+    proof: Callable[[], str | None],
+) -> Starlette:
+    """The link's routes over `manager`; `epoch()` is the host's current life, `proof()` the
+    nonce of its registration in flight (None between registrations)."""
 
     async def hello(request: Request) -> Response:
-        return JSONResponse({"id": host_id, "epoch": epoch()})
+        # Only replicas get here (the handshake): one checking a registration compares
+        # `proof` with what the registration carried (`HostLinks.verify`).
+        return JSONResponse({"id": host_id, "epoch": epoch(), "proof": proof()})
 
     async def create(request: Request) -> Response:
         body = await _json(request)
@@ -197,6 +208,27 @@ def link_app(manager: SandboxManager, epoch: Callable[[], int], host_id: str) ->
             Route(sb + "/files", guarded(get_file), methods=["GET"]),
             Route(sb + "/browser", guarded(browser), methods=["POST"]),
         ]
+    )
+
+
+def link_server(
+    app: Starlette, cert: Path, key: Path, ca: Path, host: str, port: int
+) -> uvicorn.Server:
+    """The server of a host's link: TLS with the host's certificate, and only a client
+    certificate from the link CA (`ca`) gets through the handshake."""
+    return uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            ssl_certfile=str(cert),
+            ssl_keyfile=str(key),
+            ssl_ca_certs=str(ca),
+            ssl_cert_reqs=ssl.CERT_REQUIRED,  # only a replica's certificate gets through
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+        )
     )
 
 

@@ -2,13 +2,18 @@
 address, all with this replica's client certificate (`LinkCA.replica_context`).
 
 `verify` is what a registration asks before it is accepted: the host at the address it
-announces must answer over the link with the certificate issued for its id — a stolen or
-replayed token without the host's key, a host holding someone else's certificate, or one
-from another CA is refused there.
+announces must answer over the link with the certificate issued for its id, and serve there
+the proof (a fresh random nonce) that the registration carries. The certificate refuses a
+stolen or replayed token without the host's key, a host holding someone else's certificate,
+or one from another CA; the proof refuses a stolen token that names the real host's link (the
+real host serves only the nonce of its own registration in flight, and only to replicas).
+A refusal says only that the link did not prove the host; why (the dial's error, the answer)
+is `LinkNotProven.detail`, for the audit record alone — a registration is no port scanner.
 """
 
 from __future__ import annotations
 
+import hmac
 import re
 
 from aamp.errors import InvalidInput
@@ -16,6 +21,7 @@ from aamp.fleet.link_ca import LinkCA
 from aamp.fleet.link_client import LinkClient
 from aamp.fleet.registry import HostRefused
 
+PROOF_RE = re.compile(r"^[A-Za-z0-9_-]{32,128}$")
 ADDRESS_RE = re.compile(r"^[A-Za-z0-9.-]{1,253}:[0-9]{1,5}$|^\[[0-9a-fA-F:.]{2,45}\]:[0-9]{1,5}$")
 
 
@@ -25,6 +31,17 @@ def check_address(address: object) -> str:
     if not 0 < int(address.rsplit(":", 1)[1]) < 65536:
         raise InvalidInput(f"link: port of {address!r} is out of range")
     return address
+
+
+class LinkNotProven(HostRefused):
+    """A registration's link did not prove the host; `detail` (why) is for the audit only."""
+
+    def __init__(self, host_id: str, detail: str) -> None:
+        super().__init__(
+            f"host {host_id!r} refused: its link did not prove it is {host_id} (the"
+            " certificate from this installation's link CA and this registration's proof)"
+        )
+        self.detail = detail[:500]
 
 
 class HostLinks:
@@ -39,22 +56,26 @@ class HostLinks:
             self._clients[key] = LinkClient(host_id, address, self.tls)
         return self._clients[key]
 
-    async def verify(self, host_id: str, address: str) -> None:
-        """The host at `address` proves it is `host_id` (its link certificate), or
-        `HostRefused` naming why."""
+    async def verify(self, host_id: str, address: str, proof: object) -> None:
+        """The host at `address` proves it is `host_id` (its link certificate) and that this
+        registration is its own (it serves `proof`), or `LinkNotProven`."""
         check_address(address)
+        if not isinstance(proof, str) or not PROOF_RE.match(proof):
+            raise LinkNotProven(host_id, "the registration carries no valid proof")
         probe = LinkClient(host_id, address, self.tls, timeout=10)
         try:
             hello = await probe.hello()
         except Exception as exc:
-            raise HostRefused(
-                f"host {host_id!r} refused: its link at {address} did not prove it is "
-                f"{host_id} with a certificate from this installation's link CA ({exc})"
-            ) from None
+            raise LinkNotProven(host_id, f"dialling {address}: {exc}") from None
         finally:
             await probe.close()
         if hello.get("id") != host_id:
-            raise HostRefused(f"host {host_id!r} refused: its link answers as {hello.get('id')!r}")
+            raise LinkNotProven(host_id, f"its link at {address} answers as {hello.get('id')!r}")
+        served = hello.get("proof")
+        if not isinstance(served, str) or not hmac.compare_digest(served.encode(), proof.encode()):
+            raise LinkNotProven(
+                host_id, f"the host at {address} serves another proof: not its registration"
+            )
 
     async def close(self) -> None:
         for client in self._clients.values():

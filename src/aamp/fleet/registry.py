@@ -2,10 +2,14 @@
 
 An admin adds a host (`add`: the host's token, shown once, stored as its SHA-256). The host
 then registers with that token (`register`: a new epoch, its drivers, capacity and images;
-`active`, or still `draining` if an admin drained it) and heartbeats (`heartbeat`, naming the
-epoch it registered under). A wrong token, or a host nobody added, is refused with
-`HostRefused`: nothing changes. A heartbeat under an old epoch, or after the host was marked
-lost, is refused with `StaleEpoch`: the host must register again (and destroy what it still
+`active`, or still `draining` if an admin drained it), and is given that life's heartbeat
+secret (random, shown only then, stored as its SHA-256). It heartbeats (`heartbeat`) naming
+the epoch and carrying the secret: the token alone never speaks for a life, so a stolen token
+can neither keep a dead host looking alive nor settle what it runs. A wrong token, or a host
+nobody added, or a heartbeat without a secret, is refused with `HostRefused`: nothing changes.
+A heartbeat that is not of the current life (an old epoch, or a secret that does not match),
+or one after the host was marked lost, is refused with `StaleEpoch` — without naming the
+current epoch — and changes nothing: the host must register again (and destroy what it still
 runs) before it takes work. `mark_lost` marks every host whose last heartbeat is older than
 `lost_after` seconds, and their sandboxes (`sandboxes` rows) lost with them in the same
 transaction; any replica may run it, the transaction decides each host once.
@@ -34,6 +38,7 @@ from aamp.store.tables import HostRow, SandboxRow
 
 HOST_ID_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,62}$")
 TOKEN_PREFIX = "aamph_"
+HEARTBEAT_SECRET_PREFIX = "aamphb_"
 MAX_IMAGES = 256
 DEFAULT_LOST_SECONDS = 15
 DEFAULT_HEARTBEAT_SECONDS = 3
@@ -202,14 +207,17 @@ class HostRegistry:
 
     def register(
         self, host_id: str, token: str, facts: HostFacts, link: str | None = None
-    ) -> HostInfo:
+    ) -> tuple[HostInfo, str]:
         """Begin a new life of the host: the next epoch, its facts, a fresh heartbeat, and
-        where its link listens (`link`, HOST:PORT, already checked by the caller; None for a
-        replica's own host)."""
+        where its link listens (`link`, HOST:PORT, already proven by the caller; None for a
+        replica's own host). Returns the host and this life's heartbeat secret (shown only
+        now)."""
+        secret = HEARTBEAT_SECRET_PREFIX + secrets.token_urlsafe(32)
         with self.store.write_session() as s:
             row = self._authenticated(s, host_id, token)
             row.link_address = link
             row.epoch += 1
+            row.heartbeat_hash = _digest(secret)
             row.state = "draining" if row.state == "draining" else "active"
             row.drivers = json.dumps(list(facts.drivers))
             row.images = json.dumps(sorted(facts.images))
@@ -221,7 +229,7 @@ class HostRegistry:
             s.execute(delete(SandboxRow).where(SandboxRow.host_id == host_id))
             row.heartbeat_at = self._now()
             s.flush()
-            return _info(row)
+            return _info(row), secret
 
     def authenticate(self, host_id: str, token: str) -> None:
         """`HostRefused` unless `token` is the host's (before anything is done for it)."""
@@ -229,20 +237,40 @@ class HostRegistry:
             self._authenticated(s, host_id, token)
 
     def heartbeat(
-        self, host_id: str, token: str, epoch: int, images: tuple[str, ...] | None = None
+        self,
+        host_id: str,
+        token: str,
+        epoch: int,
+        secret: str | None,
+        images: tuple[str, ...] | None = None,
     ) -> HostInfo:
-        """The host is alive under `epoch`; `images` (if given) replaces what it has."""
+        """The host is alive under `epoch`, whose heartbeat secret is `secret`; `images` (if
+        given) replaces what it has. Refused, with nothing changed, unless both are the
+        current life's."""
         with self.store.write_session() as s:
             row = self._authenticated(s, host_id, token)
+            if not isinstance(secret, str) or not secret:
+                raise HostRefused(
+                    f"host {host_id!r} refused: a heartbeat must carry the heartbeat secret its"
+                    " registration returned"
+                )
+            current = (
+                epoch == row.epoch
+                and row.heartbeat_hash is not None
+                and hmac.compare_digest(_digest(secret), row.heartbeat_hash)
+            )
+            if not current:
+                # One answer for an old epoch and a wrong secret, naming neither the current
+                # epoch nor which did not match: the caller learns nothing it did not send.
+                raise StaleEpoch(
+                    f"host {host_id!r} heartbeats for epoch {epoch}, which is not its current"
+                    " registration (its epoch or heartbeat secret does not match); register"
+                    " again"
+                )
             if row.state == "lost":
                 raise StaleEpoch(
                     f"host {host_id!r} was marked lost (no heartbeat for {self.lost_after:g} s);"
                     " destroy its sandboxes and register again"
-                )
-            if epoch != row.epoch:
-                raise StaleEpoch(
-                    f"host {host_id!r} heartbeats for epoch {epoch}, but its current epoch is"
-                    f" {row.epoch}; register again"
                 )
             if images is not None:
                 if len(images) > MAX_IMAGES:

@@ -13,7 +13,9 @@ here; any replica then reaches it through the link (`find`), never the guest dir
 When a host is marked lost (`HostRegistry.mark_lost`) its rows become `lost` with the reason;
 `lost` tells the run service which of its runs' sandboxes are gone and why. A remote host's
 heartbeat reports what it runs (`settle_report`): a row it no longer reports (its ttl or
-idle ended it there) is forgotten and its capacity given back.
+idle ended it there) is forgotten and its capacity given back, and the API audits each one
+forgotten (`sandbox.forgotten`). Only a heartbeat proven to be the host's current life (its
+token, epoch and heartbeat secret: `HostRegistry.heartbeat`) reaches it.
 """
 
 from __future__ import annotations
@@ -271,12 +273,14 @@ class FleetPlacer:
 
     def settle_report(
         self, host_id: str, epoch: int, reported: tuple[str, ...]
-    ) -> tuple[list[str], list[str]]:
-        """(Blocking.) A host's heartbeat said it runs `reported`: forget (and give back the
-        capacity of) its rows in this epoch it no longer runs; returns the reported sandboxes
-        with no record at all (`unknown`: the host's to destroy) and those recorded on
-        another host or life (`foreign`: a claim refused, nothing changes)."""
+    ) -> tuple[list[str], list[str], list[str]]:
+        """(Blocking.) A host's heartbeat (already checked as its current life's) said it runs
+        `reported`: forget (and give back the capacity of) its rows in this epoch it no longer
+        runs. Returns the reported sandboxes with no record at all (`unknown`: the host's to
+        destroy), those recorded on another host or life (`foreign`: a claim refused, nothing
+        changes), and the rows forgotten (`forgotten`, for the caller to audit)."""
         cutoff = time_at(self.placement.registry.clock() - REPORT_GRACE_SECONDS)
+        forgotten: list[str] = []
         with self.store.write_session() as s:
             mine = s.scalars(
                 select(SandboxRow).where(
@@ -289,6 +293,7 @@ class FleetPlacer:
                 if row.id not in reported and row.created_at < cutoff:
                     give_back(s, row.host_id, row.host_epoch, row.millicpus, row.memory_mb)
                     s.delete(row)
+                    forgotten.append(row.id)
             known = {
                 r.id: (r.host_id, r.host_epoch)
                 for r in s.execute(
@@ -299,7 +304,7 @@ class FleetPlacer:
             }
         unknown = [i for i in reported if i not in known]
         foreign = sorted(i for i, where in known.items() if where != (host_id, epoch))
-        return unknown, foreign
+        return unknown, foreign, sorted(forgotten)
 
     def lost(self, sandbox_ids: set[str]) -> dict[str, str]:
         """(Blocking.) Of `sandbox_ids`, those lost with their host, and why."""

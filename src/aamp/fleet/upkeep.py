@@ -61,13 +61,15 @@ def machine_facts(manager: SandboxManager) -> HostFacts:
 
 @dataclass
 class LocalHost:
-    """The sandbox host in this process: its id, its in-memory token and current epoch."""
+    """The sandbox host in this process: its id, its in-memory token, current epoch and that
+    epoch's heartbeat secret."""
 
     registry: HostRegistry
     manager: SandboxManager
     host_id: str
     token: str = ""
     epoch: int = 0
+    heartbeat_secret: str = ""
 
     def register(self) -> HostInfo:
         """(Blocking.) Make sure the host row exists with a fresh token, then register."""
@@ -76,13 +78,19 @@ class LocalHost:
             self.token = self.registry.new_token(self.host_id)
         except NotFound:  # not there yet: add it
             _, self.token = self.registry.add(self.host_id, by="system")
-        info = self.registry.register(self.host_id, self.token, machine_facts(self.manager))
+        info, self.heartbeat_secret = self.registry.register(
+            self.host_id, self.token, machine_facts(self.manager)
+        )
         self.epoch = info.epoch
         return info
 
     def heartbeat(self) -> HostInfo:
         return self.registry.heartbeat(
-            self.host_id, self.token, self.epoch, images_present(self.manager.images)
+            self.host_id,
+            self.token,
+            self.epoch,
+            self.heartbeat_secret,
+            images_present(self.manager.images),
         )
 
 

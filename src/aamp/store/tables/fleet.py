@@ -36,6 +36,8 @@ class HostRow(Base):
     created_by: Mapped[str] = mapped_column(String(256))
     # Where its link listens (HOST:PORT); None for a replica's own host, driven in-process.
     link_address: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    # SHA-256 of the heartbeat secret its current registration was given; None before one.
+    heartbeat_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
     __table_args__ = (
         CheckConstraint("state IN (" + ", ".join(f"'{s}'" for s in HOST_STATES) + ")", "state"),
