@@ -5,6 +5,10 @@
   register (refused at the link check, recorded as `host.refused`, nothing changed);
 - a host claiming another host's id with that host's (stolen, replayed) token but its own
   link is refused, and the real host's life goes on untouched;
+- that token alone cannot register without a link, nor with the real host's link (which
+  serves only the proof of its own registration in flight), nor heartbeat without the
+  secret of the real host's registration: each refused and recorded, the epoch never told,
+  and the real host's life and sandbox go on;
 - a host's certificate, a foreign CA's, or none at all cannot open another host's link as a
   replica (the TLS handshake refuses it); a replica's placement for an earlier life of the
   host (a stale epoch) boots nothing;
@@ -13,16 +17,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import secrets
 import shutil
 import socket
 import ssl
+import time
 import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 from fleet_processes import Fleet, host_state, wait_for, write_credentials
+from served_link import served_link
 
 from aamp.config import Settings
 from aamp.fleet.link_ca import LinkCA, link_name
@@ -120,6 +128,35 @@ def test_the_link_refuses_what_cannot_prove_itself(
         assert claimed and "did not prove it is h1" in claimed[-1]["reason"]
         assert host_state(a, "h1")["epoch"] == h1_epoch  # its life goes on, untouched
         assert host_state(a, "h1")["link_address"] == f"127.0.0.1:{h1.port}"
+
+        # -- h1's stolen token alone, without h1's link key ------------------------------
+        def as_h1(call: str, body: dict) -> httpx.Response:
+            return httpx.post(
+                f"{str(a.base_url).rstrip('/')}/v1/hosts/h1/{call}",
+                json=body,
+                headers={TOKEN: stolen},
+            )
+
+        seen = len([r for r in _records(a, "host.refused") if r["actor"] == "host:h1"])
+        for forged_secret in (None, "aamphb_" + secrets.token_urlsafe(32)):
+            beat = {"epoch": h1_epoch, "sandboxes": []}
+            forged = as_h1("heartbeat", beat | ({"secret": forged_secret} if forged_secret else {}))
+            assert forged.status_code in (401, 409), forged.text  # refused: nothing settled
+            assert "current epoch" not in forged.text  # nor the epoch told
+        facts = {"drivers": ["gvisor"], "cpus": 1, "memory_mb": 512, "sandboxes": 1}
+        no_link = as_h1("register", facts)
+        assert no_link.status_code == 401 and "must name the host's link" in no_link.text
+        at_h1 = as_h1(  # h1's real link, which serves only its own registrations' proofs
+            "register",
+            facts | {"link": f"127.0.0.1:{h1.port}", "proof": secrets.token_urlsafe(32)},
+        )
+        assert at_h1.status_code == 401 and "did not prove it is h1" in at_h1.text
+        claimed = [r for r in _records(a, "host.refused") if r["actor"] == "host:h1"]
+        assert len(claimed) == seen + 4 and all(r["decision"] == "deny" for r in claimed)
+        assert "serves another proof" in claimed[-1]["reason"]
+        time.sleep(3)  # three of h1's heartbeats: they go on under its untouched life
+        assert host_state(a, "h1")["epoch"] == h1_epoch
+        assert host_state(a, "h1")["used_sandboxes"] == 1
         ran = a.post(f"/v1/sandboxes/{sandbox['id']}/exec", json={"argv": ["true"]})
         assert ran.status_code == 200 and '"exit_code":0' in ran.text
 
@@ -157,15 +194,26 @@ def test_the_link_refuses_what_cannot_prove_itself(
             )
 
         # -- a host reporting sandboxes it does not run ----------------------------------
-        real = fleet.add_host(a, "h4")
-        real.start()
-        wait_for(lambda: host_state(a, "h4")["state"] == "active", 120)
-        h4 = host_state(a, "h4")
-        lie = httpx.post(
-            f"{str(a.base_url).rstrip('/')}/v1/hosts/h4/heartbeat",
-            json={"epoch": h4["epoch"], "sandboxes": [sandbox["id"]]},
-            headers={TOKEN: (real.cert_dir / "host.token").read_text()},
-        )
+        async def lie() -> httpx.Response:
+            """Host h4 (its link served here, running nothing) reports h1's sandbox."""
+            added = a.post("/v1/hosts", json={"id": "h4"}).json()
+            token = added["token"]
+            async with (
+                served_link(tmp_path / "h4-link", added) as h4,
+                httpx.AsyncClient(base_url=str(a.base_url)) as host_side,
+            ):
+                assert (await h4.register(host_side, token, facts)).status_code == 200
+                return await host_side.post(
+                    "/v1/hosts/h4/heartbeat",
+                    json={
+                        "epoch": host_state(a, "h4")["epoch"],
+                        "secret": h4.heartbeat_secrets[0],
+                        "sandboxes": [sandbox["id"]],
+                    },
+                    headers={TOKEN: token},
+                )
+
+        lie = asyncio.run(lie())
         assert lie.status_code == 200 and lie.json()["unknown"] == [], lie.text
         lies = _records(a, "host.report_refused")
         assert len(lies) == 1 and lies[0]["actor"] == "host:h4"

@@ -46,9 +46,10 @@ class ServedLink:
 
 @contextlib.asynccontextmanager
 async def served_link(
-    directory: Path, added: dict[str, str], manager: SandboxManager
+    directory: Path, added: dict[str, str], manager: SandboxManager | None = None
 ) -> AsyncIterator[ServedLink]:
-    """The link of the host `added` (the answer of `POST /v1/hosts`), on a loopback port."""
+    """The link of the host `added` (the answer of `POST /v1/hosts`), on a loopback port,
+    over `manager` (None: a host that runs nothing, whose link only answers hello)."""
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     files = []
     for name, key in (("host.crt", "link_cert"), ("host.key", "link_key"), ("ca.crt", "link_ca")):
@@ -56,7 +57,7 @@ async def served_link(
         os.chmod(directory / name, 0o600)
         files.append(directory / name)
     link = ServedLink(added["host"]["id"], "")  # type: ignore[index]
-    app = link_app(manager, lambda: 0, link.host_id, lambda: link.proof)
+    app = link_app(manager, lambda: 0, link.host_id, lambda: link.proof)  # type: ignore[arg-type]
     server = link_server(app, *files, "127.0.0.1", 0)
     serving = asyncio.create_task(server.serve())
     try:
