@@ -139,6 +139,7 @@ class GVisorDriver(Driver):
     async def _start(
         self, sandbox_id: str, spec: SandboxSpec, image: BuiltImage, state_dir: Path
     ) -> SandboxHandle:
+        _check_first_stage(sandbox_id, image)
         bundle = state_dir / "bundle"
         bundle.mkdir(parents=True, exist_ok=True)
         self.runsc_root.mkdir(parents=True, exist_ok=True)
@@ -330,6 +331,19 @@ class GVisorDriver(Driver):
         use = self._image_uses.pop(sandbox_id, None)
         if use is not None:
             use.release()
+
+
+def _check_first_stage(sandbox_id: str, image: BuiltImage) -> None:
+    """The guest's first process must be in the image: one built before the first stage was
+    (or damaged since) would otherwise fail inside runsc with a message about exec."""
+    first_stage = image.root / FIRST_STAGE_IN_GUEST.lstrip("/")
+    if not first_stage.is_file() or not os.access(first_stage, os.X_OK):
+        raise DriverError(
+            f"cannot start sandbox {sandbox_id}: image {image.name}@{image.content_hash[:12]}"
+            f" has no executable {FIRST_STAGE_IN_GUEST} (the guest agent's first stage; the"
+            f" image was built by an older aamp or was changed since); rebuild it:"
+            f" aamp image build {image.name} --force"
+        )
 
 
 def _capabilities() -> dict[str, list[str]]:
