@@ -33,7 +33,7 @@ __all__, __getattr__ = surface(
         "placement": ("Need", "NoCapacity", "Placed", "Placement"),
         "sandboxes": ("FleetPlacer",),
         "upkeep": ("FleetUpkeep", "LocalHost", "machine_facts"),
-        "links": ("HostLinks",),
+        "links": ("HostLinks", "LinkNotProven"),
         "link_ca": ("LinkCA",),
         "host_serve": ("serve_host",),
     },
