@@ -1,11 +1,16 @@
 """A package's public surface: declared once in its `__init__`, loaded name by name on use.
 
-A package's `__init__` lists, by module, the names other packages may import from it::
+A package's `__init__` lists, one module a row, the names other packages may import from it
+(a row too long for a line goes on, indented, on the next; the module's own order is kept)::
 
-    __all__, __getattr__ = surface(__name__, {
-        "authz": ("allowed",),
-        "directory": ("Directory",),
-    })
+    __all__, __getattr__ = surface(
+        __name__,
+        '''
+        authz: allowed RULES
+        directory: Directory UserInfo
+            TokenInfo
+        ''',
+    )
 
 `from aamp.identity import allowed` then imports `aamp.identity.authz` alone: a part that
 needs one light module (deciding a request) does not load the rest of the package (a
@@ -22,19 +27,40 @@ import sys
 
 TYPE_CHECKING = False  # the CLI loads this module (`aamp`'s SDK names): typing costs ~15 ms
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Callable, Iterable
     from typing import Any
 
 
+def rows(table: str) -> dict[str, list[str]]:
+    """`table`'s names by module: `module: name name` rows, a row going on on the lines
+    after it that are indented further and name no module."""
+    by_module: dict[str, list[str]] = {}
+    names: list[str] | None = None
+    indent = 0
+    for line in table.splitlines():
+        if not line.strip():
+            continue
+        head, colon, rest = line.partition(":")
+        depth = len(line) - len(line.lstrip())
+        if colon:
+            module = head.strip()
+            if not module or module in by_module or " " in module:
+                raise ValueError(f"a surface row names no module, or one twice: {line.strip()!r}")
+            names, indent = by_module.setdefault(module, []), depth
+            names.extend(rest.split())
+        elif names is not None and depth > indent:
+            names.extend(line.split())
+        else:
+            raise ValueError(f"a surface line belongs to no module's row: {line.strip()!r}")
+    return by_module
+
+
 def surface(
-    package: str,
-    names_by_module: Mapping[str, Iterable[str]],
-    *,
-    modules: Iterable[str] = (),
+    package: str, table: str, *, modules: Iterable[str] = ()
 ) -> tuple[list[str], Callable[[str], Any]]:
-    """`__all__` and the module `__getattr__` (PEP 562) for `package`'s declared names."""
+    """`__all__` and the module `__getattr__` (PEP 562) for the names `table` declares."""
     where: dict[str, str | None] = dict.fromkeys(modules)  # None: the name is a module
-    for module, names in names_by_module.items():
+    for module, names in rows(table).items():
         for name in names:
             if name in where:
                 raise ValueError(f"{package}: {name!r} is declared twice")

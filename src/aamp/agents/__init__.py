@@ -21,27 +21,19 @@ from aamp.surface import surface
 
 __all__, __getattr__ = surface(
     __name__,
-    {
-        "browser_tool": ("BrowserTool",),
-        "documents_tool": ("DocumentsTool",),
-        "rag_tool": ("RagTool", "rag_index_path"),
-        "definition": (
-            "AgentDefinition",
-            "DefinitionError",
-            "Limits",
-            "ModelConfig",
-            "definition_from_dict",
-            "endpoint_problems",
-            "parse_definition",
-            "stored_form",
-        ),
-        "loop": ("LoopOutcome", "run_loop", "summarise"),
-        "loop_replay": ("LoopState", "NotResumable", "replay"),
-        "model": ("EndpointAccess", "ModelClient", "ModelError", "ModelReply"),
-        "registry": ("AgentInfo", "AgentRegistry"),
-        "sandbox_tools": ("Observation", "SandboxTools"),
-        "tools": ("ToolSet", "truncate"),
-        "versions": ("AgentVersion", "AgentVersions", "missing_version"),
-    },
+    """
+    browser_tool: BrowserTool
+    documents_tool: DocumentsTool
+    rag_tool: RagTool rag_index_path
+    definition: AgentDefinition DefinitionError Limits ModelConfig definition_from_dict
+        endpoint_problems parse_definition stored_form
+    loop: LoopOutcome run_loop summarise
+    loop_replay: LoopState NotResumable replay
+    model: EndpointAccess ModelClient ModelError ModelReply
+    registry: AgentInfo AgentRegistry
+    sandbox_tools: Observation SandboxTools
+    tools: ToolSet truncate
+    versions: AgentVersion AgentVersions missing_version
+    """,
     modules=("guest_scripts", "local_model"),
 )

@@ -8,17 +8,12 @@ from aamp.surface import surface
 
 __all__, __getattr__ = surface(
     __name__,
-    {
-        "app": ("create_app",),
-        "context": (
-            "DEFAULT_MAX_BODY_BYTES",
-            "MAX_EXEC_BODY_BYTES",
-            "ControlPlane",
-            "SandboxOwner",
-        ),
-        "errors": ("ApiError", "error_response"),
-        "guard": ("CSRF_HEADER", "SESSION_COOKIE", "bearer_actor", "record_connect_refusal"),
-        "middleware": ("BodyLimitMiddleware", "RequestIdMiddleware"),
-        "runs": ("rebuilt_request",),
-    },
+    """
+    app: create_app
+    context: DEFAULT_MAX_BODY_BYTES MAX_EXEC_BODY_BYTES ControlPlane SandboxOwner
+    errors: ApiError error_response
+    guard: CSRF_HEADER SESSION_COOKIE bearer_actor record_connect_refusal
+    middleware: BodyLimitMiddleware RequestIdMiddleware
+    runs: rebuilt_request
+    """,
 )

@@ -7,9 +7,9 @@ from aamp.surface import surface
 
 __all__, __getattr__ = surface(
     __name__,
-    {
-        "create": ("create", "main"),
-        "manifest": ("BundleRefused", "verify"),
-        "verify": ("check_main", "offline_status"),
-    },
+    """
+    create: create main
+    manifest: BundleRefused verify
+    verify: check_main offline_status
+    """,
 )

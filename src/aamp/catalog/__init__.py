@@ -14,31 +14,11 @@ from aamp.surface import surface
 
 __all__, __getattr__ = surface(
     __name__,
-    {
-        "catalog": (
-            "MAX_POLICY_BYTES",
-            "RESOURCE_KINDS",
-            "AgentNeeds",
-            "Catalog",
-            "Service",
-            "StoredPolicy",
-            "check_upstream",
-            "parse_policy_document",
-        ),
-        "knowledge_bases": (
-            "DOCUMENT_TYPES",
-            "MAX_DOCUMENT_BYTES",
-            "Document",
-            "KnowledgeBaseError",
-            "KnowledgeBases",
-            "check_document",
-        ),
-        "model_endpoints": (
-            "ENDPOINT_NAME_RE",
-            "MAX_MODELS",
-            "MODEL_NAME_RE",
-            "ModelEndpoint",
-            "check_base_url",
-        ),
-    },
+    """
+    catalog: MAX_POLICY_BYTES RESOURCE_KINDS AgentNeeds Catalog Service StoredPolicy check_upstream
+        parse_policy_document
+    knowledge_bases: DOCUMENT_TYPES MAX_DOCUMENT_BYTES Document KnowledgeBaseError KnowledgeBases
+        check_document
+    model_endpoints: ENDPOINT_NAME_RE MAX_MODELS MODEL_NAME_RE ModelEndpoint check_base_url
+    """,
 )

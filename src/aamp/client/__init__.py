@@ -24,22 +24,15 @@ from aamp.surface import surface
 
 __all__, __getattr__ = surface(
     __name__,
-    {
-        "api": ("Client", "find_credentials", "find_token"),
-        "aio": ("AsyncClient", "AsyncSandbox"),
-        "login": ("login", "logout"),
-        "profiles": ("Profiles",),
-        "runs": ("Artifact", "Event", "Run"),
-        "sandboxes": ("ExecResult", "Sandbox", "Screenshot"),
-        "http1": ("Head", "Headers"),
-        "transport": (
-            "USE_CLIENT_DEFAULT",
-            "ClientError",
-            "Response",
-            "Timeout",
-            "UseClientDefault",
-            "outgoing",
-            "raise_refusal",
-        ),
-    },
+    """
+    api: Client find_credentials find_token
+    aio: AsyncClient AsyncSandbox
+    login: login logout
+    profiles: Profiles
+    runs: Artifact Event Run
+    sandboxes: ExecResult Sandbox Screenshot
+    http1: Head Headers
+    transport: USE_CLIENT_DEFAULT ClientError Response Timeout UseClientDefault outgoing
+        raise_refusal
+    """,
 )

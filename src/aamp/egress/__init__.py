@@ -13,38 +13,17 @@ from aamp.surface import surface
 
 __all__, __getattr__ = surface(
     __name__,
-    {
-        "approvals": ("Answer", "Approver"),
-        "ca": ("LEAF_BACKDATE", "InstallationCA", "ca_cert_path", "ca_dir", "load_pem_chain"),
-        "installation": ("InstallationListeners", "Listener", "announce", "listeners_dir"),
-        "ledger": ("AuditEgressSink", "EgressEvent", "EgressSink", "JsonLinesSink"),
-        "proxy": ("EgressProxy", "EgressStats"),
-        "recent": ("EgressView", "RecentEgress"),
-        "registered": (
-            "AddressVerdict",
-            "CheckedTransport",
-            "ConnectionRefused",
-            "RegisteredUrl",
-            "UrlError",
-            "resolve_and_check",
-        ),
-        "resolver": (
-            "DnsServerResolver",
-            "ResolveError",
-            "Resolver",
-            "StaticResolver",
-            "SystemResolver",
-        ),
-        "rules": ("EgressRules",),
-        "services": (
-            "Auth",
-            "Basic",
-            "Bearer",
-            "Header",
-            "SecretReader",
-            "Service",
-            "ServiceSet",
-            "VaultSecretReader",
-        ),
-    },
+    """
+    approvals: Answer Approver
+    ca: LEAF_BACKDATE InstallationCA ca_cert_path ca_dir load_pem_chain
+    installation: InstallationListeners Listener announce listeners_dir
+    ledger: AuditEgressSink EgressEvent EgressSink JsonLinesSink
+    proxy: EgressProxy EgressStats
+    recent: EgressView RecentEgress
+    registered: AddressVerdict CheckedTransport ConnectionRefused RegisteredUrl UrlError
+        resolve_and_check
+    resolver: DnsServerResolver ResolveError Resolver StaticResolver SystemResolver
+    rules: EgressRules
+    services: Auth Basic Bearer Header SecretReader Service ServiceSet VaultSecretReader
+    """,
 )

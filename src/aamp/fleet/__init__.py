@@ -19,22 +19,14 @@ from aamp.surface import surface
 
 __all__, __getattr__ = surface(
     __name__,
-    {
-        "registry": (
-            "DEFAULT_HEARTBEAT_SECONDS",
-            "DEFAULT_LOST_SECONDS",
-            "HostFacts",
-            "HostInfo",
-            "HostRefused",
-            "HostRegistry",
-            "StaleEpoch",
-            "check_host_id",
-        ),
-        "placement": ("Need", "NoCapacity", "Placed", "Placement"),
-        "sandboxes": ("FleetPlacer",),
-        "upkeep": ("FleetUpkeep", "LocalHost", "machine_facts"),
-        "links": ("HostLinks", "LinkNotProven"),
-        "link_ca": ("LinkCA",),
-        "host_serve": ("serve_host",),
-    },
+    """
+    registry: DEFAULT_HEARTBEAT_SECONDS DEFAULT_LOST_SECONDS HostFacts HostInfo HostRefused
+        HostRegistry StaleEpoch check_host_id
+    placement: Need NoCapacity Placed Placement
+    sandboxes: FleetPlacer
+    upkeep: FleetUpkeep LocalHost machine_facts
+    links: HostLinks LinkNotProven
+    link_ca: LinkCA
+    host_serve: serve_host
+    """,
 )

@@ -13,20 +13,13 @@ from aamp.surface import surface
 
 __all__, __getattr__ = surface(
     __name__,
-    {
-        "authz": ("PUBLIC_ACTIONS", "RULES", "allowed"),
-        "bootstrap": ("ensure_cli_token", "ensure_first_admin"),
-        "credentials": ("digest", "generate_password", "same"),
-        "directory": (
-            "SESSION_HOURS",
-            "USERNAME_RE",
-            "Directory",
-            "GrantInfo",
-            "TokenInfo",
-            "UserInfo",
-        ),
-        "errors": ("AuthenticationFailed", "Throttled"),
-        "model": ("ANONYMOUS", "Actor", "AgentAccess", "Decision", "Level", "Resource", "Role"),
-        "throttle": ("LoginThrottle",),
-    },
+    """
+    authz: PUBLIC_ACTIONS RULES allowed
+    bootstrap: ensure_cli_token ensure_first_admin
+    credentials: digest generate_password same
+    directory: SESSION_HOURS USERNAME_RE Directory GrantInfo TokenInfo UserInfo
+    errors: AuthenticationFailed Throttled
+    model: ANONYMOUS Actor AgentAccess Decision Level Resource Role
+    throttle: LoginThrottle
+    """,
 )

@@ -12,5 +12,9 @@ from aamp.surface import surface
 
 __all__, __getattr__ = surface(
     __name__,
-    {"http": ("MCP_PATH", "with_mcp"), "stdio": ("serve_stdio",), "tools": ("build_server",)},
+    """
+    http: MCP_PATH with_mcp
+    stdio: serve_stdio
+    tools: build_server
+    """,
 )

@@ -9,9 +9,9 @@ from aamp.surface import surface
 
 __all__, __getattr__ = surface(
     __name__,
-    {
-        "leases": ("DEFAULT_LEASE_SECONDS", "Fence", "LeaseLost", "RunLeases"),
-        "service": ("RunRequest", "RunService"),
-        "store": ("RunEvent", "RunInfo", "RunStore"),
-    },
+    """
+    leases: DEFAULT_LEASE_SECONDS Fence LeaseLost RunLeases
+    service: RunRequest RunService
+    store: RunEvent RunInfo RunStore
+    """,
 )

