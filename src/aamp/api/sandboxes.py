@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -26,7 +25,7 @@ from aamp.egress.services import ServiceSet
 from aamp.errors import NotFound
 from aamp.identity.model import Actor, Resource
 from aamp.policy import MiB, Policy, PolicyError, Resources, problems
-from aamp.sandbox import GuestTimeout, describe_image, open_download, workspace_path
+from aamp.sandbox import describe_image, exec_lines, open_download, workspace_path
 from aamp.sandbox.manager import (
     DEFAULT_IDLE_SECONDS,
     DEFAULT_TTL_SECONDS,
@@ -294,6 +293,15 @@ def router() -> APIRouter:
             },
         )
 
+        async def recorded(last: dict[str, object]) -> None:
+            if "error" in last:
+                detail, decision = {"error": last["error"]}, "error"
+            else:
+                detail, decision = last, "info"
+            await audit_sandbox(
+                request, "sandbox.exec_result", sandbox_id, detail, decision=decision
+            )
+
         async def events() -> AsyncIterator[bytes]:
             async with manager.use(sandbox_id) as channel:
                 session = await channel.exec(
@@ -303,32 +311,8 @@ def router() -> APIRouter:
                     stdin=stdin,
                     timeout=body.timeout_seconds,
                 )
-                async with session:
-                    try:
-                        async for out in session:
-                            data = base64.b64encode(out.data).decode()
-                            yield _line({"stream": out.stream, "data": data})
-                    except GuestTimeout as exc:
-                        await audit_sandbox(
-                            request,
-                            "sandbox.exec_result",
-                            sandbox_id,
-                            {"error": "guest_timeout"},
-                            decision="error",
-                        )
-                        yield _line({"error": "guest_timeout", "message": str(exc)})
-                        return
-                    res = session.result
-                    result = {
-                        "exit_code": res.exit_code,
-                        "signal": res.signal,
-                        "timed_out": res.timed_out,
-                        "duration": res.duration,
-                    }
-                    await audit_sandbox(
-                        request, "sandbox.exec_result", sandbox_id, result, decision="info"
-                    )
-                    yield _line(result)
+                async for line in exec_lines(session, recorded):
+                    yield line
 
         return StreamingResponse(events(), media_type="application/x-ndjson")
 
@@ -453,10 +437,6 @@ class _StreamWithCleanup(StreamingResponse):
         finally:
             with anyio.CancelScope(shield=True):
                 await self._cleanup()
-
-
-def _line(obj: dict[str, object]) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 
 def _decode_stdin(value: str | None) -> bytes | None:

@@ -24,7 +24,7 @@ from aamp.errors import AampError
 from aamp.fleet.link_ca import link_name
 from aamp.sandbox.channel.errors import GuestError, GuestTimeout
 from aamp.sandbox.channel.exec_session import ExecResult, Output
-from aamp.sandbox.channel.guest_channel import RunsToEnd
+from aamp.sandbox.channel.guest_channel import Command, RunsToEnd
 from aamp.sandbox.manager import CreateRequest, SandboxUnavailable
 
 
@@ -156,11 +156,7 @@ class LinkExecSession:
         if item.get("error") == "guest_timeout":
             raise GuestTimeout(item.get("message", "the guest timed out"))
         self.result = ExecResult(
-            item["exit_code"],
-            item["signal"],
-            item["timed_out"],
-            item["duration"],
-            truncated=item.get("truncated", False),
+            item["exit_code"], item["signal"], item["timed_out"], item["duration"]
         )
         raise StopAsyncIteration
 
@@ -186,26 +182,21 @@ class LinkGetStream:
         await self._response.aclose()
 
 
-class LinkChannel(RunsToEnd):
+class LinkChannel(RunsToEnd[LinkExecSession]):
     """`GuestChannel`'s operations for a sandbox on another host, through its link."""
 
     def __init__(self, link: LinkClient, sandbox_id: str) -> None:
         self.link, self.sandbox_id = link, sandbox_id
         self._path = f"/link/sandboxes/{sandbox_id}"
 
-    async def exec(
-        self,
-        argv: list[str],
-        *,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        stdin: bytes | None = None,
-        timeout: float | None = None,
-    ) -> LinkExecSession:
+    async def launch(self, command: Command) -> LinkExecSession:
+        if command.stdin_open:
+            raise ValueError("a command on another host cannot keep its stdin open")
+        stdin, timeout = command.stdin, command.timeout
         body = {
-            "argv": list(argv),
-            "env": dict(env or {}),
-            "cwd": cwd,
+            "argv": list(command.argv),
+            "env": dict(command.env or {}),
+            "cwd": command.cwd,
             "stdin_b64": base64.b64encode(stdin).decode() if stdin is not None else None,
             "timeout": timeout,
         }

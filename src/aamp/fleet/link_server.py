@@ -33,6 +33,7 @@ from starlette.routing import Route
 from aamp.errors import AampError
 from aamp.policy import Resources
 from aamp.sandbox.channel.errors import ChannelError, GuestError, GuestTimeout
+from aamp.sandbox.channel.exec_stream import exec_lines
 from aamp.sandbox.held_download import open_download
 from aamp.sandbox.manager import CreateRequest, SandboxManager
 
@@ -121,25 +122,8 @@ def link_app(
 
         async def lines() -> AsyncIterator[bytes]:
             try:
-                async with session:
-                    try:
-                        async for out in session:
-                            data = base64.b64encode(out.data).decode()
-                            yield _line({"stream": out.stream, "data": data})
-                    except GuestTimeout as exc:
-                        yield _line({"error": "guest_timeout", "message": str(exc)})
-                        return
-                    r = session.result
-                    assert r is not None
-                    yield _line(
-                        {
-                            "exit_code": r.exit_code,
-                            "signal": r.signal,
-                            "timed_out": r.timed_out,
-                            "duration": r.duration,
-                            "truncated": r.truncated,
-                        }
-                    )
+                async for line in exec_lines(session):
+                    yield line
             finally:
                 await use.__aexit__(None, None, None)
 
@@ -255,7 +239,3 @@ def _stdin(value: object) -> bytes | None:
         return base64.b64decode(str(value), validate=True)
     except (binascii.Error, ValueError):
         raise _Refused(400, "invalid_request", "stdin_b64 is not valid base64") from None
-
-
-def _line(obj: dict[str, object]) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"

@@ -34,7 +34,8 @@ __all__, __getattr__ = surface(
         GuestUnavailable
     channel.downloads: GetStream
     channel.exec_session: ExecResult ExecSession Output
-    channel.guest_channel: GuestChannel RunsToEnd
+    channel.exec_stream: exec_lines
+    channel.guest_channel: Command GuestChannel RunsToEnd
     channel.workspace: PathEscapeError workspace_path
     driver: SANDBOX_ID_RE Driver DriverError DriverStatus ReadOnlyFile SandboxHandle SandboxSpec
         SnapshotUnsupported

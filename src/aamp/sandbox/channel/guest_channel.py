@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from aamp.guest import wire
 from aamp.sandbox.channel.downloads import GetStream
@@ -43,6 +43,9 @@ class Session(Protocol):
     def __aiter__(self) -> AsyncIterator[Output]: ...
 
 
+S = TypeVar("S", bound=Session)
+
+
 async def run_to_end(session: Session, max_output: int) -> tuple[ExecResult, bytes, bytes]:
     """Read `session` to its end, keeping at most `max_output` bytes of each stream."""
     buffers = {"stdout": bytearray(), "stderr": bytearray()}
@@ -61,10 +64,26 @@ async def run_to_end(session: Session, max_output: int) -> tuple[ExecResult, byt
     return result, bytes(buffers["stdout"]), bytes(buffers["stderr"])
 
 
-class RunsToEnd:
-    """`run`, for a channel whose `exec` starts a `Session`."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Command:
+    """A command to start in a sandbox: what `exec` takes, on whichever host it runs."""
 
-    async def run(
+    argv: list[str]
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+    stdin: bytes | None = None
+    timeout: float | None = None
+    stdin_open: bool = False  # stdin a pipe kept open for `ExecSession.send_stdin`
+
+
+class RunsToEnd(Generic[S]):
+    """`exec` and `run`, said once for every channel: one starts a `Command` (`launch`), here
+    or on another host (`aamp.fleet.link_client`)."""
+
+    async def launch(self, command: Command) -> S:
+        raise NotImplementedError
+
+    async def exec(
         self,
         argv: list[str],
         *,
@@ -72,14 +91,25 @@ class RunsToEnd:
         cwd: str | None = None,
         stdin: bytes | None = None,
         timeout: float | None = None,
-        max_output: int = DEFAULT_MAX_OUTPUT,
+        stdin_open: bool = False,
+    ) -> S:
+        """Start a command; returns the live session (iterate it for output). With
+        `stdin_open` its stdin is a pipe kept open for `ExecSession.send_stdin`."""
+        return await self.launch(
+            Command(
+                argv=argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout, stdin_open=stdin_open
+            )
+        )
+
+    async def run(
+        self, argv: list[str], *, max_output: int = DEFAULT_MAX_OUTPUT, **options: Any
     ) -> tuple[ExecResult, bytes, bytes]:
-        """Run a command to its end; keeps at most `max_output` bytes of each stream."""
-        session = await self.exec(argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout)
-        return await run_to_end(session, max_output)
+        """Run a command to its end (`options` as `exec` takes them); keeps at most
+        `max_output` bytes of each stream."""
+        return await run_to_end(await self.exec(argv, **options), max_output)
 
 
-class GuestChannel(ConnectionPool, RunsToEnd):
+class GuestChannel(ConnectionPool, RunsToEnd[ExecSession]):
     """The host end of one sandbox's guest-agent channel (see `aamp.sandbox.channel`)."""
 
     async def health(self) -> dict[str, Any]:
@@ -91,20 +121,10 @@ class GuestChannel(ConnectionPool, RunsToEnd):
         finally:
             conn.close(abort=True)
 
-    async def exec(
-        self,
-        argv: list[str],
-        *,
-        env: dict[str, str] | None = None,
-        cwd: str | None = None,
-        stdin: bytes | None = None,
-        timeout: float | None = None,
-        stdin_open: bool = False,
-    ) -> ExecSession:
-        """Start a command; returns the live session (iterate it for output). With
-        `stdin_open` its stdin is a pipe kept open for `ExecSession.send_stdin`."""
-        check_exec_args(argv, env, cwd, timeout)
-        if stdin_open and stdin is not None:
+    async def launch(self, command: Command) -> ExecSession:
+        argv, stdin, timeout = command.argv, command.stdin, command.timeout
+        check_exec_args(argv, command.env, command.cwd, timeout)
+        if command.stdin_open and stdin is not None:
             raise ValueError("give stdin's bytes or keep it open, not both")
         if stdin is not None and len(stdin) > self.max_file_bytes:
             raise FileTooLargeError(
@@ -113,9 +133,9 @@ class GuestChannel(ConnectionPool, RunsToEnd):
         request = {
             "op": "exec",
             "argv": list(argv),
-            "env": dict(env or {}),
-            "cwd": cwd,
-            "stdin": stdin is not None or stdin_open,
+            "env": dict(command.env or {}),
+            "cwd": command.cwd,
+            "stdin": stdin is not None or command.stdin_open,
             "timeout": timeout,
             "heartbeat": max(self.io_timeout / 3, 0.05),
         }
