@@ -33,7 +33,7 @@ from aamp.fleet.links import HostLinks
 from aamp.fleet.placement import Need, NoCapacity, Placed, Placement, give_back
 from aamp.policy import Resources
 from aamp.sandbox.manager import CreateRequest, SandboxStopped, UnknownSandbox
-from aamp.store import Store, time_at
+from aamp.store import Store, time_at, values_where
 from aamp.store.tables import HostRow, SandboxRow
 from aamp.store.timestamps import now
 
@@ -311,9 +311,7 @@ class FleetPlacer:
         if not sandbox_ids:
             return {}
         with self.store.session() as s:
-            rows = s.execute(
-                select(SandboxRow.id, SandboxRow.lost_reason).where(
-                    SandboxRow.id.in_(sandbox_ids), SandboxRow.state == "lost"
-                )
-            ).all()
-        return {r.id: r.lost_reason or "its host was lost" for r in rows}
+            why = values_where(
+                s, SandboxRow.id, SandboxRow.lost_reason, sandbox_ids, SandboxRow.state == "lost"
+            )
+        return {i: reason or "its host was lost" for i, reason in why.items()}

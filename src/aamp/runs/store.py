@@ -28,7 +28,7 @@ from sqlalchemy.exc import IntegrityError
 from aamp.errors import Conflict, NotFound
 from aamp.runs.bus import APPROVAL, CANCEL, STEP, announce
 from aamp.runs.leases import Fence, LeaseLost
-from aamp.store import Store, existing, quick_read, value_of
+from aamp.store import Store, existing, quick_read, value_of, values_where
 from aamp.store.tables import (
     AuditRecordRow,
     RunApprovalRow,
@@ -234,12 +234,8 @@ class RunStore:
         if not run_ids:
             return {}
         with self.store.session() as s:
-            rows = s.execute(
-                select(RunRow.id, RunRow.cancel_requested_by).where(
-                    RunRow.id.in_(run_ids), RunRow.cancel_requested_by.is_not(None)
-                )
-            ).all()
-            return {r.id: r.cancel_requested_by for r in rows}
+            by = RunRow.cancel_requested_by
+            return values_where(s, RunRow.id, by, run_ids, by.is_not(None))
 
     @quick_read  # one primary-key read; the live stream makes it when it has nothing new
     def settled(self, run_id: str) -> bool:

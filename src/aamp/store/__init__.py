@@ -19,7 +19,7 @@ from aamp.store.keyfiles import (
     read_or_create_key_file,
     replace_key_file,
 )
-from aamp.store.rows import added, existing, locked, locked_or_new, value_of
+from aamp.store.rows import added, existing, locked, locked_or_new, value_of, values_where
 from aamp.store.store import ReadPlan, Store, quick_read, read_plan
 from aamp.store.timestamps import format_time, is_time, now, parse_time, time_at
 from aamp.store.url import DATABASE_URL_ENV, DatabaseConfigError, database_url
@@ -47,4 +47,5 @@ __all__ = [
     "replace_key_file",
     "time_at",
     "value_of",
+    "values_where",
 ]

@@ -2,7 +2,7 @@
 the same name except those the caller converts (a column kept as JSON text, a 0/1 flag); the
 row a request names, or `NotFound` saying what is missing; a new row, or `Conflict` saying
 what it would take that is taken; and the row a write replaces by name, locked for the
-transaction, or a new one.
+transaction, or a new one; and one column of some rows, by key.
 
 Usage::
 
@@ -11,6 +11,7 @@ Usage::
     row = existing(s, PolicyRow, name, f"no policy named {name!r}")
     row = added(s, AgentRow(name=name, ...), f"an agent named {name!r} already exists")
     row = locked_or_new(s, PolicyRow.name, name, lambda: PolicyRow(name=name, ...))
+    values_where(s, SandboxRow.id, SandboxRow.lost_reason, ids, SandboxRow.state == "lost")
 """
 
 from __future__ import annotations
@@ -65,3 +66,15 @@ def locked_or_new(
         row = new()
         session.add(row)
     return row
+
+
+def values_where(
+    session: Session,
+    key: InstrumentedAttribute[Any],
+    value: InstrumentedAttribute[Any],
+    among: set[Any],
+    *where: Any,
+) -> dict[Any, Any]:
+    """Of the rows whose `key` is one of `among` and that meet `where`, `key` → `value`."""
+    rows = session.execute(select(key, value).where(key.in_(among), *where)).all()
+    return dict(rows)  # type: ignore[arg-type]
