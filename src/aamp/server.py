@@ -23,6 +23,7 @@ from aamp.config import Settings
 from aamp.egress.ca import InstallationCA, ca_dir
 from aamp.egress.installation import InstallationListeners
 from aamp.egress.ledger import AuditEgressSink
+from aamp.egress.proxy import EgressContext
 from aamp.egress.resolver import DnsServerResolver, Resolver, SystemResolver
 from aamp.egress.services import VaultSecretReader
 from aamp.fleet import (
@@ -95,11 +96,13 @@ def build_manager(
         recorder=audit,
         warm_pool=pool,
         learn_pools=int(learn),
-        egress_sink=AuditEgressSink(audit),
-        resolver=egress_resolver(settings),
-        secrets=VaultSecretReader(vault) if vault is not None else None,
-        ca=InstallationCA.load_or_create(ca_dir(settings)),
-        listeners=InstallationListeners.of(settings),
+        egress=EgressContext(
+            egress_resolver(settings),
+            AuditEgressSink(audit),
+            secrets=VaultSecretReader(vault) if vault is not None else None,
+            ca=InstallationCA.load_or_create(ca_dir(settings)),
+            listeners=InstallationListeners.of(settings),
+        ),
     )
     return manager, images
 

@@ -32,7 +32,8 @@ from aamp.agents.browser_settings import BrowserBlock  # noqa: E402
 from aamp.agents.browser_tool import BrowserTool  # noqa: E402
 from aamp.agents.tools import ToolSet  # noqa: E402
 from aamp.config import Settings  # noqa: E402
-from aamp.egress.resolver import StaticResolver  # noqa: E402
+from aamp.egress.proxy import EgressContext  # noqa: E402
+from aamp.egress.resolver import StaticResolver, SystemResolver  # noqa: E402
 from aamp.egress.rules import EgressRules  # noqa: E402
 from aamp.policy import validate  # noqa: E402
 from aamp.sandbox.gvisor import GVisorDriver  # noqa: E402
@@ -58,7 +59,13 @@ class LedgerForTests:
 async def scenario(settings: Settings, spec: dict, app: LegacyAppForTests) -> dict:
     ledger = LedgerForTests()
     drivers = {"gvisor": GVisorDriver(settings.runtime_dir)}
-    manager = SandboxManager(settings, ImageStore(settings), drivers, "gvisor", egress_sink=ledger)
+    manager = SandboxManager(
+        settings,
+        ImageStore(settings),
+        drivers,
+        "gvisor",
+        egress=EgressContext(SystemResolver(), ledger),
+    )
     manager.resolver = StaticResolver(
         {"legacy.test": [APP_ADDRESS], "tracker.test": [PUBLIC], "blocked.test": [PUBLIC]}
     )

@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from aamp.config import Settings
+from aamp.egress.proxy import EgressContext
 from aamp.egress.resolver import StaticResolver
 from aamp.egress.rules import EgressRules
 from aamp.sandbox.gvisor import GVisorDriver
@@ -164,8 +165,7 @@ async def probe(settings: Settings, image: str, ca_pem: Path) -> dict[str, objec
         ImageStore(settings),
         {"gvisor": GVisorDriver(settings.runtime_dir)},
         "gvisor",
-        egress_sink=ledger,
-        resolver=StaticResolver({h: [a] for h, a in HOSTS.items()}),
+        egress=EgressContext(StaticResolver({h: [a] for h, a in HOSTS.items()}), ledger),
     )
     await manager.start()
     out: dict[str, object] = {}

@@ -57,7 +57,7 @@ async def probe(settings: Settings, ca_dir: Path, test_ca: Path) -> dict[str, ob
         vault = Vault.open(settings, store, audit)
         await vault.put("crm_token", "sk-probe-token", actor="user:admin")
         # No `listeners=`: the manager takes the installation's own from its settings.
-        manager = service_manager(settings, vault, ca_dir, test_ca, HOSTS, egress_sink=ledger)
+        manager = service_manager(settings, vault, ca_dir, test_ca, HOSTS, sink=ledger)
         await manager.start()
         try:
             request = CreateRequest(

@@ -29,12 +29,14 @@ from aamp.audit import AuditLog
 from aamp.config import Settings
 from aamp.egress.ca import InstallationCA
 from aamp.egress.intercept import upstream_tls_context
+from aamp.egress.ledger import EgressSink
+from aamp.egress.proxy import EgressContext
 from aamp.egress.resolver import StaticResolver
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import Bearer, Service, ServiceSet, VaultSecretReader
 from aamp.sandbox.gvisor import GVisorDriver
 from aamp.sandbox.images import ImageStore
-from aamp.sandbox.manager import CreateRequest, SandboxManager
+from aamp.sandbox.manager import CreateRequest, LogEgressSink, SandboxManager
 from aamp.store import Store
 from aamp.vault import Vault
 
@@ -105,7 +107,12 @@ def start_upstreams(cert: Path, key: Path) -> None:
 
 
 def service_manager(
-    settings: Settings, vault: Vault, ca_dir: Path, test_ca: Path, hosts: dict[str, str], **extra
+    settings: Settings,
+    vault: Vault,
+    ca_dir: Path,
+    test_ca: Path,
+    hosts: dict[str, str],
+    sink: EgressSink | None = None,
 ) -> SandboxManager:
     """A gVisor sandbox manager whose proxies resolve `hosts` statically, read service
     credentials from `vault`, intercept with the CA in `ca_dir` and trust `test_ca` upstream."""
@@ -114,11 +121,13 @@ def service_manager(
         ImageStore(settings),
         {"gvisor": GVisorDriver(settings.runtime_dir)},
         "gvisor",
-        resolver=StaticResolver({h: [a] for h, a in hosts.items()}),
-        secrets=VaultSecretReader(vault),
-        ca=InstallationCA.load_or_create(ca_dir),
-        upstream_tls=upstream_tls_context(test_ca),
-        **extra,
+        egress=EgressContext(
+            StaticResolver({h: [a] for h, a in hosts.items()}),
+            sink or LogEgressSink(),
+            secrets=VaultSecretReader(vault),
+            ca=InstallationCA.load_or_create(ca_dir),
+            upstream_tls=upstream_tls_context(test_ca),
+        ),
     )
 
 

@@ -18,7 +18,7 @@ __all__, __getattr__ = surface(
     ca: LEAF_BACKDATE InstallationCA ca_cert_path ca_dir load_pem_chain
     installation: InstallationListeners Listener announce listeners_dir
     ledger: AuditEgressSink EgressEvent EgressSink JsonLinesSink
-    proxy: EgressProxy EgressStats
+    proxy: EgressContext EgressProxy EgressStats
     recent: EgressView RecentEgress
     registered: AddressVerdict CheckedTransport ConnectionRefused RegisteredUrl UrlError
         resolve_and_check

@@ -59,7 +59,7 @@ from aamp.egress.services import SecretReader, ServiceSet
 from aamp.egress.tunnel import Tunnels
 from aamp.egress.upstream import Connector, Upstream
 
-__all__ = ["MAX_BYTES_RULE", "EgressProxy", "EgressStats", "ProxyLimits"]
+__all__ = ["MAX_BYTES_RULE", "EgressContext", "EgressProxy", "EgressStats", "ProxyLimits"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,35 @@ class EgressStats:
     attempts: int
     refused: int
     open_connections: int
+
+
+@dataclass
+class EgressContext:
+    """What every sandbox's proxy on one host shares (the sandbox manager holds it): how names
+    resolve, where the ledger goes, credential injection (`secrets` and `ca`, as
+    `EgressProxy` takes them), how service upstreams are verified, and the installation's own
+    listeners, which no sandbox reaches."""
+
+    resolver: Resolver
+    sink: EgressSink
+    secrets: SecretReader | None = None
+    ca: InstallationCA | None = None
+    upstream_tls: ssl.SSLContext | None = None
+    listeners: InstallationListeners | None = None
+
+    def proxy(self, sandbox_id: str, socket_path: Path, rules: EgressRules) -> EgressProxy:
+        """A proxy for one sandbox, not yet started."""
+        return EgressProxy(
+            sandbox_id,
+            socket_path,
+            rules,
+            self.resolver,
+            self.sink,
+            secrets=self.secrets,
+            ca=self.ca,
+            upstream_tls=self.upstream_tls,
+            listeners=self.listeners,
+        )
 
 
 class EgressProxy:

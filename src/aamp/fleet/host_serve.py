@@ -13,7 +13,6 @@ import logging
 from pathlib import Path
 
 from aamp.config import Settings
-from aamp.egress.installation import InstallationListeners
 from aamp.fleet.host_process import HostConfig, HostStartError, SandboxHost
 from aamp.fleet.links import check_address
 from aamp.fleet.registry import check_host_id
@@ -51,7 +50,6 @@ def host_manager(settings: Settings) -> SandboxManager:
         ImageStore(settings),
         drivers,
         choose_default_driver(settings, drivers),
-        listeners=InstallationListeners.of(settings),
     )
 
 

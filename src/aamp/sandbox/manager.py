@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import secrets
 import shutil
-import ssl
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -34,14 +34,13 @@ from typing import Unpack
 from aamp.audit import AuditSink, EventFields
 from aamp.config import Settings
 from aamp.egress.approvals import Approver
-from aamp.egress.ca import InstallationCA
 from aamp.egress.installation import InstallationListeners
-from aamp.egress.ledger import EgressEvent, EgressSink
-from aamp.egress.proxy import EgressProxy
+from aamp.egress.ledger import EgressEvent
+from aamp.egress.proxy import EgressContext, EgressProxy
 from aamp.egress.recent import EgressView, RecentEgress
 from aamp.egress.resolver import Resolver, SystemResolver
 from aamp.egress.rules import EgressRules
-from aamp.egress.services import SecretReader, ServiceSet
+from aamp.egress.services import ServiceSet
 from aamp.errors import AampError
 from aamp.policy import DEFAULT_IDLE_SECONDS, DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS, Resources
 from aamp.sandbox.channel.guest_channel import GuestChannel
@@ -203,19 +202,15 @@ class SandboxManager:
         default_driver: str,
         *,
         recorder: AuditSink | LogRecorder | None = None,
-        egress_sink: EgressSink | None = None,
-        resolver: Resolver | None = None,
-        secrets: SecretReader | None = None,
-        ca: InstallationCA | None = None,
-        upstream_tls: ssl.SSLContext | None = None,
-        listeners: InstallationListeners | None = None,
+        egress: EgressContext | None = None,
         warm_pool: dict[str, int] | None = None,
         learn_pools: int = 0,
         tick: float = 0.5,
     ):
         """`warm_pool` keeps IMAGE: COUNT sandboxes warm (default driver and resources);
         `learn_pools` keeps one warm for each of that many recently requested other boot keys
-        (see `warm_pool.py`)."""
+        (see `warm_pool.py`). `egress` is what every sandbox's proxy shares (by default this
+        host's resolver, the process log, no credential injection)."""
         if default_driver not in drivers:
             raise ValueError(f"default driver {default_driver!r} is not among {sorted(drivers)}")
         self.settings = settings
@@ -223,15 +218,21 @@ class SandboxManager:
         self.drivers = drivers
         self.default_driver = default_driver
         self.recorder = recorder or LogRecorder()
+        egress = egress or EgressContext(SystemResolver(), LogEgressSink())
         # Every egress event passes through here to the ledger; tools that explain refusals
         # (the browser) read a sandbox's latest ones back (`egress_view`).
-        self.recent_egress = RecentEgress(egress_sink or LogEgressSink())
-        self.egress_sink: EgressSink = self.recent_egress
-        self.resolver: Resolver = resolver or SystemResolver()
-        # Credential injection: without a secret reader and a CA no service can be injected.
-        self.secrets, self.ca, self.upstream_tls = secrets, ca, upstream_tls
-        # What this installation serves (its API, announced listeners): no sandbox reaches it.
-        self.listeners = listeners if listeners is not None else InstallationListeners.of(settings)
+        self.recent_egress = RecentEgress(egress.sink)
+        self.egress = dataclasses.replace(
+            egress,
+            sink=self.recent_egress,
+            # What this installation serves (its API, announced listeners): no sandbox
+            # reaches it.
+            listeners=(
+                egress.listeners
+                if egress.listeners is not None
+                else InstallationListeners.of(settings)
+            ),
+        )
         self.pool_targets = PoolTargets(
             {
                 boot_key(default_driver, image, Resources()): size
@@ -251,6 +252,15 @@ class SandboxManager:
         self.placer: Placer | None = None
         # Sandboxes this process made on other hosts (they have no egress proxy here).
         self._elsewhere: set[str] = set()
+
+    @property
+    def resolver(self) -> Resolver:
+        """How names resolve for every sandbox's proxy (and a run's model endpoint)."""
+        return self.egress.resolver
+
+    @resolver.setter
+    def resolver(self, resolver: Resolver) -> None:
+        self.egress.resolver = resolver
 
     # -- lifecycle of the manager itself ---------------------------------------------------
 
@@ -494,17 +504,7 @@ class SandboxManager:
         channel_path.parent.mkdir(parents=True, exist_ok=True)
         channel = GuestChannel(channel_path, max_file_bytes=self.settings.max_file_bytes)
         # Until a request's own rules replace them, a booting sandbox may reach nothing.
-        egress = EgressProxy(
-            sandbox_id,
-            driver.egress_path(state_dir),
-            block_everything(),
-            self.resolver,
-            self.egress_sink,
-            secrets=self.secrets,
-            ca=self.ca,
-            upstream_tls=self.upstream_tls,
-            listeners=self.listeners,
-        )
+        egress = self.egress.proxy(sandbox_id, driver.egress_path(state_dir), block_everything())
         handle: SandboxHandle | None = None
         try:
             await channel.start()
