@@ -65,21 +65,16 @@ class _Tail:
     users: int = 0  # emits holding or waiting for the lock
 
 
+@dataclass(eq=False)
 class StepLog:
-    def __init__(
-        self,
-        store: Store,
-        runs: RunStore,
-        audit: AuditSink,
-        bus: EventBus,
-        fence_of: Callable[[str], Fence | None] = lambda _run_id: None,
-    ) -> None:
-        self.store = store
-        self.runs = runs
-        self.audit = audit
-        self.bus = bus
-        self.fence_of = fence_of
-        self._tails: dict[str, _Tail] = {}
+    """Every run's step log as this process writes it: audited, stored, announced."""
+
+    store: Store
+    runs: RunStore
+    audit: AuditSink
+    bus: EventBus
+    fence_of: Callable[[str], Fence | None] = lambda _run_id: None
+    _tails: dict[str, _Tail] = field(default_factory=dict, init=False, repr=False)
 
     async def emit(self, run_id: str, type_: str, data: dict[str, Any]) -> RunEvent:
         """Audit a step, store it, wake live readers; returns once all three are done. A
