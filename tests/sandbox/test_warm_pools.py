@@ -13,12 +13,14 @@ from installation_settings import make_settings
 from wheel_files import linked_image_dir, make_wheel
 
 from aamp.egress.ca import InstallationCA
+from aamp.egress.proxy import EgressContext
+from aamp.egress.resolver import SystemResolver
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import Bearer, Service, ServiceSet
 from aamp.policy import Resources
 from aamp.sandbox.gvisor import GVisorDriver
 from aamp.sandbox.images import ImageStore
-from aamp.sandbox.manager import CreateRequest, SandboxManager
+from aamp.sandbox.manager import CreateRequest, LogEgressSink, SandboxManager
 from aamp.sandbox.warm_pool import PoolTargets, boot_key
 from aamp.sandbox.wheelhouse import Wheelhouse
 
@@ -82,8 +84,12 @@ async def test_two_policies_two_users_one_pool(settings, tmp_path):
     m = gvisor_manager(
         settings,
         recorder=events,
-        secrets=UnreadSecretsForTests(),
-        ca=InstallationCA.load_or_create(tmp_path / "ca"),
+        egress=EgressContext(
+            SystemResolver(),
+            LogEgressSink(),
+            secrets=UnreadSecretsForTests(),
+            ca=InstallationCA.load_or_create(tmp_path / "ca"),
+        ),
         learn_pools=1,
     )
     crm = Service("crm-api", "https://crm.test", Bearer("crm_token"))
