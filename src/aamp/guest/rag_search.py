@@ -20,6 +20,7 @@ from aamp.guest.rag_index import DIM, NotAnIndex
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
     import numpy as np
@@ -48,7 +49,10 @@ def bm25(
         return []
     where, params = "chunks_fts MATCH ?", [match]
     if among is not None:
-        where += f" AND rowid IN ({','.join('?' * len(among))})"
+        # `+rowid`: SQLite filters the matches itself. A bare `rowid IN` is handed to FTS5,
+        # which runs the whole query once per id: 3.7 against 0.3 ms for 50 ids on 10,000
+        # passages, 79 against 6 ms when a word of the query is in all of them.
+        where += f" AND +rowid IN ({','.join('?' * len(among))})"
         params += among
     rows = db.execute(
         f"SELECT rowid, bm25(chunks_fts) FROM chunks_fts WHERE {where} "
@@ -164,9 +168,14 @@ def fuse(similarity: dict[int, float], lexical: dict[int, float]) -> list[tuple[
 
 
 def search(
-    index: OpenIndex, embedder: object, query: str, k: int, mode: str
+    index: OpenIndex,
+    embed: Callable[[str], np.ndarray] | None,
+    query: str,
+    k: int,
+    mode: str,
 ) -> list[dict[str, Any]]:
-    """The k best passages for `query`, each with its document, page, section and score."""
+    """The k best passages for `query`, each with its document, page, section and score;
+    `embed` gives a query's embedding (not needed for BM25)."""
     db = index.db
     k = max(1, min(int(k), MAX_K))
     ranked: list[tuple[int, float]]
@@ -174,7 +183,7 @@ def search(
         ranked = bm25(db, query, k)
     else:
         vectors = index.vectors()
-        similarities = vectors.similarities(embedder.query(query))  # type: ignore[attr-defined]
+        similarities = vectors.similarities(embed(query))  # type: ignore[misc]
         if mode == "vector":
             ranked = vectors.nearest(similarities, k)
         else:
