@@ -16,9 +16,11 @@ The tool is called three ways, each next to the API call:
 - `mcp legacy` — the official client speaking 2025-11-25 (`mode="legacy"`: an initialize
   handshake, then every call against `/mcp`'s stateless server), as clients of that
   protocol do;
-- `post` — one JSON-RPC POST of the bytes the official client sends, by `http.client` on a
-  kept connection: the same server work with a client that costs next to nothing, so its
-  overhead is what the server adds, and `mcp` minus `post` is the official client's share.
+- `post` — one JSON-RPC POST with the headers and body the official client sends (its name
+  aside), by `http.client` on a kept connection, head and body in one write (the official
+  client's transport writes them apart): the same server work with
+  a client that costs next to nothing, so its overhead is what the server adds, and `mcp`
+  minus `post` is the official client's share.
 
 A tool call is one MCP POST, authenticated by the API guard's token check, whose tool makes
 the API request through the SDK client kept for its token, in process (an ASGI call of the
@@ -121,7 +123,7 @@ class OnePost:
     def call(self) -> dict[str, object]:
         self.calls += 1
         body = {"jsonrpc": "2.0", "id": self.calls, "method": "tools/call", "params": self.params}
-        self.conn.request("POST", "/mcp", body=json.dumps(body), headers=self.headers)
+        self.conn.request("POST", "/mcp", body=json.dumps(body).encode(), headers=self.headers)
         resp = self.conn.getresponse()
         answer = json.loads(resp.read())
         if resp.status != 200 or "result" not in answer:
