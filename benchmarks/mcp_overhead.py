@@ -1,32 +1,54 @@
-"""MCP overhead: the `sandbox_exec` tool running `true` over `/mcp` (streamable HTTP, the
-official MCP client) against the same exec through the API (the SDK), in one live sandbox.
-Prints a table (median and p95 of each, and the difference), writes
-benchmarks/results/mcp.json. Target (never asserted): <= 5 ms p50 over the API call. (Not
+"""MCP overhead: the `sandbox_exec` tool running `true` over `/mcp` (streamable HTTP) against
+the same exec through the API (the SDK), in one live sandbox. Prints a table (median and p95
+of each, and the overhead of each way of calling the tool), writes benchmarks/results/mcp.json.
+Target (never asserted): <= 5 ms p50 over the API call, with the official MCP client. (Not
 named mcp.py: that would hide the `mcp` package from this script.)
 
-    AAMP_IMAGE_DIR=/var/cache/aamp/images python benchmarks/mcp_overhead.py [--runs 51]
+    AAMP_IMAGE_DIR=/var/cache/aamp/images python benchmarks/mcp_overhead.py [--runs 51] \
+        [--baseline OTHER/src]
+
+(`--baseline`: another tree's control plane too, its calls in the same rounds as this one's,
+for a before-and-after under the same load.)
+
+The tool is called three ways, each next to the API call:
+- `mcp` — the official MCP client as a program keeps it (one client, its connection reused;
+  it speaks protocol 2026-07-28, where every request stands alone: no session to keep);
+- `mcp legacy` — the official client speaking 2025-11-25 (`mode="legacy"`: an initialize
+  handshake, then every call against `/mcp`'s stateless server), as clients of that
+  protocol do;
+- `post` — one JSON-RPC POST with the headers and body the official client sends (its name
+  aside), by `http.client` on a kept connection, head and body in one write (the official
+  client's transport writes them apart): the same server work with
+  a client that costs next to nothing, so its overhead is what the server adds, and `mcp`
+  minus `post` is the official client's share.
 
 A tool call is one MCP POST, authenticated by the API guard's token check, whose tool makes
 the API request through the SDK client kept for its token, in process (an ASGI call of the
-same app, no loopback socket: `aamp.mcp.in_process`); so the difference is MCP's framing and
-validation on both sides (the official client's share is most of it), that token check and
-the MCP SDK's own per-request work on the server (a stateless session, its task group and
-streams, the arguments' and result's validation). The two are timed in pairs, back to back,
-the order switching every pair, and the overhead is taken pair by pair: its median and p95
-are the figures (not the difference of two medians), so an exec that is slow for both sides
-(a busy machine: the figures swing with its load, printed beside them) does not move them.
-The CPU each side spends per call — the benchmark's own process (the two clients) and the
-control plane's — is printed too: on a shared machine it moves far less than wall time.
+same app, no loopback socket: `aamp.mcp.in_process`); so the server's share is that token
+check, the MCP SDK's per-request work (the JSON-RPC envelope's validation, the tool's
+arguments and result, the answer's serialisation) and the SDK client's own reading of the
+API's answer, which in the API call is the caller's. The calls are timed in rounds, back to
+back, the order rotating every round, and each overhead is taken round by round (a tool
+call minus the API call of its round): its median and p95 are the figures (not the
+difference of two medians), so an exec that is slow for all (a busy machine: the figures
+swing with its load, printed beside them) does not move them. The CPU each way spends per
+call — the benchmark's own process (the client) and the control plane's — is printed too:
+on a shared machine it moves far less than wall time.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import http.client
+import json
 import os
+import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx2
@@ -40,102 +62,216 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 from aamp import Client
 
 RESULTS = Path(__file__).parent / "results" / "mcp.json"
-TICK = os.sysconf("SC_CLK_TCK")
+KINDS = ("mcp", "mcp_legacy", "post", "api")
+PROTOCOL = "2026-07-28"  # the version the official client speaks by default
 
 
 class CpuSpent:
-    """CPU seconds of this process and of the control plane's (all its threads; not the
-    sandboxes', which are processes of their own), summed per kind of call: a busy machine
-    stretches wall time far more than it moves these."""
+    """CPU seconds of this process and of the control plane's (all its threads, to the
+    nanosecond: their schedstat; not the sandboxes', which are processes of their own),
+    summed per kind of call: a busy machine stretches wall time far more than it moves these.
+    Neither side's count includes reading the other's."""
 
     def __init__(self, server_pid: int) -> None:
-        self._stat = Path(f"/proc/{server_pid}/stat")
+        self._tasks = Path(f"/proc/{server_pid}/task")
         self.ours: dict[str, float] = {}
         self.server: dict[str, float] = {}
 
     def _server_now(self) -> float:
-        fields = self._stat.read_text().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
-
-    def count(self, kind: str, started: tuple[float, float]) -> None:
-        self.ours[kind] = self.ours.get(kind, 0.0) + time.process_time() - started[0]
-        self.server[kind] = self.server.get(kind, 0.0) + self._server_now() - started[1]
+        spent = 0
+        for task in self._tasks.iterdir():
+            with contextlib.suppress(FileNotFoundError):  # a thread that has just ended
+                spent += int((task / "schedstat").read_text().split()[0])
+        return spent / 1e9
 
     def now(self) -> tuple[float, float]:
-        return time.process_time(), self._server_now()
+        server = self._server_now()
+        return time.process_time(), server
+
+    def count(self, kind: str, started: tuple[float, float]) -> None:
+        ours = time.process_time() - started[0]
+        self.server[kind] = self.server.get(kind, 0.0) + self._server_now() - started[1]
+        self.ours[kind] = self.ours.get(kind, 0.0) + ours
 
 
-async def measure(runs: int) -> dict[str, object]:
+class OnePost:
+    """A `tools/call` as one JSON-RPC POST on a kept `http.client` connection, with the
+    headers and body the official client sends under protocol 2026-07-28."""
+
+    def __init__(self, url: str, token: str, tool: str, arguments: dict[str, object]) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        self.conn = http.client.HTTPConnection(host, int(port))
+        self.headers = {
+            "authorization": f"Bearer {token}",
+            "accept": "application/json, text/event-stream",
+            "content-type": "application/json",
+            "mcp-protocol-version": PROTOCOL,
+            "mcp-method": "tools/call",
+            "mcp-name": tool,
+        }
+        self.params = {
+            "name": tool,
+            "arguments": arguments,
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": PROTOCOL,
+                "io.modelcontextprotocol/clientInfo": {"name": "benchmark", "version": "0"},
+                "io.modelcontextprotocol/clientCapabilities": {},
+            },
+        }
+        self.calls = 0
+
+    def call(self) -> dict[str, object]:
+        self.calls += 1
+        body = {"jsonrpc": "2.0", "id": self.calls, "method": "tools/call", "params": self.params}
+        self.conn.request("POST", "/mcp", body=json.dumps(body).encode(), headers=self.headers)
+        resp = self.conn.getresponse()
+        answer = json.loads(resp.read())
+        if resp.status != 200 or "result" not in answer:
+            raise SystemExit(f"POST /mcp: {resp.status} {answer!r}")
+        return answer["result"]  # type: ignore[no-any-return]
+
+
+Call = Callable[[], Awaitable[None]]
+
+
+async def _plane(
+    stack: contextlib.AsyncExitStack, home: Path, source: Path | None
+) -> tuple[CpuSpent, dict[str, Call]]:
+    """A control plane (from `source`, a tree holding `aamp/`, or this one) with one live
+    sandbox, and each way of calling the exec of `true` in it."""
+    env = _environment(home, compile_each_run=False)
+    env["AAMP_IMAGE_DIR"] = os.environ.get("AAMP_IMAGE_DIR", "/var/cache/aamp/images")
+    if source is not None:
+        shutil.rmtree(home / "src" / "aamp")
+        shutil.copytree(
+            source / "aamp", home / "src" / "aamp", ignore=shutil.ignore_patterns("__pycache__")
+        )
+    url, pid = stack.enter_context(_control_plane_process(env))
+    token = (home / "cli-token").read_text().strip()
+    api = stack.enter_context(Client(url, token))
+    sandbox = stack.enter_context(api.sandboxes.create(image="base"))
+    arguments = {"sandbox_id": sandbox.id, "argv": ["true"]}
+    post = OnePost(url, token, "sandbox_exec", arguments)
+
+    async def official(mode: str) -> McpClient:
+        http = httpx2.AsyncClient(headers={"authorization": f"Bearer {token}"})
+        client = McpClient(streamable_http_client(f"{url}/mcp", http_client=http), mode=mode)
+        return await stack.enter_async_context(client)
+
+    mcp, legacy = await official("auto"), await official("legacy")
+    assert mcp.protocol_version == PROTOCOL, mcp.protocol_version
+    assert legacy.protocol_version != PROTOCOL, legacy.protocol_version
+
+    def tool(client: McpClient) -> Call:
+        async def call() -> None:
+            result = await client.call_tool("sandbox_exec", arguments)
+            assert not result.is_error
+            assert result.structured_content["exit_code"] == 0
+
+        return call
+
+    async def over_post() -> None:
+        result = post.call()
+        assert not result["isError"]
+        assert result["structuredContent"]["exit_code"] == 0  # type: ignore[index]
+
+    async def over_api() -> None:  # blocks the loop, as the POST does: no hop
+        assert sandbox.exec(["true"]).ok
+
+    ways = (tool(mcp), tool(legacy), over_post, over_api)
+    return CpuSpent(pid), dict(zip(KINDS, ways, strict=True))
+
+
+def _figures(runs: int, took: dict[str, list[float]], cpu: CpuSpent) -> dict[str, object]:
+    result: dict[str, object] = {"operation": "exec true"}
+    for kind in KINDS:
+        result |= {f"{kind}_{k}": v for k, v in _summary(took[kind]).items()}
+    for kind in KINDS[:-1]:
+        pairs = paired(took[kind], took["api"])
+        result[f"{kind}_overhead_median_ms"] = pairs["diff_median_ms"]
+        result[f"{kind}_overhead_p95_ms"] = pairs["diff_p95_ms"]
+    result["overhead_median_ms"] = result["mcp_overhead_median_ms"]  # the target's figure
+    result["overhead_p95_ms"] = result["mcp_overhead_p95_ms"]
+    for side, spent in (("client", cpu.ours), ("server", cpu.server)):
+        result |= {f"cpu_{side}_{kind}_ms": round(spent[kind] / runs * 1000, 2) for kind in KINDS}
+    return result
+
+
+async def measure(runs: int, baseline: Path | None) -> list[dict[str, object]]:
+    """This tree's figures, and `baseline`'s (another source tree's control plane, its calls
+    in the same rounds as ours) when given."""
+    trees: dict[str, Path | None] = {"this tree": None}
+    if baseline is not None:
+        trees["baseline"] = baseline
     with tempfile.TemporaryDirectory(prefix="aamp-bench-mcp-") as tmp:
-        env = _environment(Path(tmp), compile_each_run=False)
-        env["AAMP_IMAGE_DIR"] = os.environ.get("AAMP_IMAGE_DIR", "/var/cache/aamp/images")
-        with _control_plane_process(env) as (url, pid):
-            cpu = CpuSpent(pid)
-            token = (Path(tmp) / "cli-token").read_text().strip()
-            http = httpx2.AsyncClient(headers={"authorization": f"Bearer {token}"})
-            with Client(url, token) as api, api.sandboxes.create(image="base") as sandbox:
-                async with McpClient(streamable_http_client(f"{url}/mcp", http_client=http)) as mcp:
-                    arguments = {"sandbox_id": sandbox.id, "argv": ["true"]}
+        async with contextlib.AsyncExitStack() as stack:
+            planes = {
+                name: await _plane(stack, Path(tmp) / str(n), source)
+                for n, (name, source) in enumerate(trees.items())
+            }
+            calls = [(name, kind) for name in planes for kind in KINDS]
 
-                    async def over_mcp() -> float:
-                        spent, started = cpu.now(), time.perf_counter()
-                        result = await mcp.call_tool("sandbox_exec", arguments)
-                        took = time.perf_counter() - started
-                        cpu.count("mcp", spent)
-                        assert not result.is_error and result.structured_content["exit_code"] == 0
-                        return took
+            async def timed(name: str, kind: str) -> float:
+                cpu, ways = planes[name]
+                spent, started = cpu.now(), time.perf_counter()
+                await ways[kind]()
+                took = time.perf_counter() - started
+                cpu.count(kind, spent)
+                return took
 
-                    def over_api() -> float:
-                        spent, started = cpu.now(), time.perf_counter()
-                        assert sandbox.exec(["true"]).ok
-                        took = time.perf_counter() - started
-                        cpu.count("api", spent)
-                        return took
-
-                    await over_mcp(), over_api()
-                    cpu.ours.clear(), cpu.server.clear()
-                    at = load()
-                    tools, directs = [], []
-                    for n in range(runs):
-                        if n % 2:
-                            directs.append(over_api())
-                            tools.append(await over_mcp())
-                        else:
-                            tools.append(await over_mcp())
-                            directs.append(over_api())
-    tool, direct, pairs = _summary(tools), _summary(directs), paired(tools, directs)
-    return {
-        "operation": "exec true",
-        **{f"mcp_{k}": v for k, v in tool.items()},
-        **{f"api_{k}": v for k, v in direct.items()},
-        "overhead_median_ms": pairs["diff_median_ms"],
-        "overhead_p95_ms": pairs["diff_p95_ms"],
-        **{
-            f"cpu_{side}_{kind}_ms": round(spent[kind] / runs * 1000, 2)
-            for side, spent in (("client", cpu.ours), ("server", cpu.server))
-            for kind in ("mcp", "api")
-        },
-        "load": f"{at} -> {load()}",
-    }
+            for name, kind in calls:
+                await timed(name, kind)
+            for cpu, _ in planes.values():
+                cpu.ours.clear(), cpu.server.clear()
+            at = load()
+            took = {name: {kind: [] for kind in KINDS} for name in planes}
+            for n in range(runs):
+                turn = n % len(calls)
+                for name, kind in calls[turn:] + calls[:turn]:
+                    took[name][kind].append(await timed(name, kind))
+            at = f"{at} -> {load()}"
+    return [
+        {"tree": name, **_figures(runs, took[name], cpu), "load": at}
+        for name, (cpu, _) in planes.items()
+    ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=51)
-    args = parser.parse_args()
-    r = asyncio.run(measure(args.runs))
-    print(f"{'':<10}{'median ms':>10}{'p95 ms':>9}")
-    print(f"{'mcp tool':<10}{r['mcp_median_ms']:>10}{r['mcp_p95_ms']:>9}")
-    print(f"{'api':<10}{r['api_median_ms']:>10}{r['api_p95_ms']:>9}")
-    print(
-        f"overhead, pair by pair: median {r['overhead_median_ms']} ms, "
-        f"p95 {r['overhead_p95_ms']} ms (load {r['load']})"
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another source tree (holding aamp/, e.g. a worktree of main's src) whose control "
+        "plane is measured in the same rounds, for a before-and-after",
     )
-    for side in ("client", "server"):
-        mcp, api = r[f"cpu_{side}_mcp_ms"], r[f"cpu_{side}_api_ms"]
-        print(f"{side} cpu per call: mcp {mcp} ms, api {api} ms, difference {mcp - api:.2f} ms")
-    what = "an MCP tool call next to its API twin; ms; pairs back to back, the order switching"
-    save(RESULTS, what, args.runs, [r])
+    args = parser.parse_args()
+    if args.baseline is not None and not (args.baseline / "aamp" / "__init__.py").is_file():
+        parser.error(f"--baseline {args.baseline}: no aamp package there (give a tree's src/)")
+    results = asyncio.run(measure(args.runs, args.baseline))
+    for r in results:
+        _print(r)
+    what = "an MCP tool call three ways next to its API twin; ms; rounds back to back, rotating"
+    save(RESULTS, what, args.runs, results)
+
+
+def _print(r: dict[str, object]) -> None:
+    print(r["tree"])
+    print(
+        f"{'':<12}{'median ms':>10}{'p95 ms':>9}{'over api: median':>18}{'p95':>8}"
+        f"{'cpu ms: client':>16}{'server':>8}"
+    )
+    for kind in KINDS:
+        over = (
+            f"{r[f'{kind}_overhead_median_ms']:>18}{r[f'{kind}_overhead_p95_ms']:>8}"
+            if kind != "api"
+            else f"{'':>26}"
+        )
+        print(
+            f"{kind.replace('_', ' '):<12}{r[f'{kind}_median_ms']:>10}{r[f'{kind}_p95_ms']:>9}"
+            f"{over}{r[f'cpu_client_{kind}_ms']:>16}{r[f'cpu_server_{kind}_ms']:>8}"
+        )
+    print(f"load {r['load']}; overheads and cpu per call, taken round by round")
 
 
 if __name__ == "__main__":

@@ -65,10 +65,10 @@ async def mcp_site(plane: Plane) -> AsyncIterator[Any]:
         await task
 
 
-async def _post(site: Any, headers: dict[str, str]) -> httpx.Response:
+async def _post(site: Any, headers: dict[str, str], path: str = "/mcp") -> httpx.Response:
     transport = httpx.ASGITransport(app=site)
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8700") as c:
-        return await c.post("/mcp", json=LIST_TOOLS, headers={**MCP_HEADERS, **headers})
+        return await c.post(path, json=LIST_TOOLS, headers={**MCP_HEADERS, **headers})
 
 
 async def _refusals(plane: Plane) -> list[dict[str, Any]]:
@@ -129,6 +129,28 @@ async def test_mcp_refuses_every_request_without_a_usable_token(tmp_path: Path, 
             assert said in record["reason"]
             assert record["details"]["path"] == "/mcp" and record["request_id"].startswith("req-")
         assert records[4]["details"]["token"] == token_id  # the revoked token, by its id
+
+
+async def test_only_mcp_itself_is_served_and_paths_under_it_are_guarded(tmp_path: Path) -> None:
+    """/mcp is handed to the MCP SDK's session manager itself (not its Starlette app, whose
+    router kept to /mcp and sent /mcp/ there): a path under /mcp is still refused without a
+    token, and answered 404 with one, never by MCP; /mcp/ is served as /mcp."""
+    async with running_plane(plane_settings(tmp_path)) as plane, mcp_site(plane) as site:
+        olga = await plane.user("olga", "operator")
+        paths = ("/mcp/", "/mcp/messages", "/mcp/x/y")
+        for path in paths:
+            refused = await _post(site, {}, path)
+            assert refused.status_code == 401, (path, refused.text)
+            assert refused.json()["code"] == "unauthenticated"
+        for path in paths[1:]:
+            missing = await _post(site, {"authorization": f"Bearer {olga}"}, path)
+            assert missing.status_code == 404, (path, missing.text)
+            assert missing.json() == {"code": "not_found", "message": "MCP is served at /mcp only"}
+        for path in ("/mcp", "/mcp/"):
+            ok = await _post(site, {"authorization": f"Bearer {olga}"}, path)
+            assert ok.status_code == 200 and "sandbox_exec" in ok.text, (path, ok.text)
+        records = await _refusals(plane)
+        assert [r["details"]["path"] for r in records] == list(paths)
 
 
 async def test_kept_clients_are_per_token_bounded_and_dropped() -> None:

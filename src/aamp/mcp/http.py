@@ -52,13 +52,18 @@ def with_mcp(app: Any, cp: ControlPlane, api_url: str) -> Any:
         return await clients.get(_bearer(ctx.headers))
 
     server = build_server(client_for)
-    mcp_app = server.streamable_http_app(
+    server.streamable_http_app(  # makes the session manager; its Starlette app is not used
         streamable_http_path=MCP_PATH,
         stateless_http=True,
         json_response=True,
         # Host and Origin are checked here, before MCP (`hosts`), and refusals recorded.
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
     )
+    # Straight to the session manager, not through the SDK's Starlette app around it (error
+    # and exception middleware, a router of one route): that only added its cost to every
+    # call. Its one rule, that only /mcp is served (its redirect of /mcp/ aside: that is
+    # served too), is `authenticated_mcp`'s.
+    manager = server.session_manager
 
     async def authenticated_mcp(scope: dict[str, Any], receive: Any, send: Any) -> None:
         request = Request(scope)
@@ -75,7 +80,12 @@ def with_mcp(app: Any, cp: ControlPlane, api_url: str) -> Any:
             await record_connect_refusal(request, cp, actor, CONNECT_ACTION, refused.message)
             await error_response(*refused)(scope, receive, send)
             return
-        await mcp_app(scope, receive, send)
+        if scope.get("path") not in (MCP_PATH, MCP_PATH + "/"):
+            await error_response(404, "not_found", f"MCP is served at {MCP_PATH} only")(
+                scope, receive, send
+            )
+            return
+        await manager.handle_request(scope, receive, send)
 
     guarded_mcp = RequestIdMiddleware(authenticated_mcp)
 
