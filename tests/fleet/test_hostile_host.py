@@ -16,6 +16,8 @@ import contextlib
 import io
 import json
 import os
+import secrets
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -38,11 +40,13 @@ from aamp.fleet.link_client import (
 from aamp.fleet.link_server import link_server
 from aamp.fleet.links import HostLinks
 from aamp.sandbox.manager import CreateRequest
-from aamp.store import Store
+from aamp.store import Store, time_at
+from aamp.store.tables import SandboxRow
 
 HOST = "evil"
 WRONG_TYPES = b'{"exit_code": "zero", "signal": null, "timed_out": false, "duration": 1}\n'
 GOOD = "sb-0123456789ab"
+HUGE = "sb-00000000000f"  # a valid id whose description is too large
 
 
 def _describe(sandbox_id: str) -> dict[str, object]:
@@ -55,11 +59,11 @@ async def _chunks(total: int, piece: bytes = b"x" * 65536) -> AsyncIterator[byte
         total -= len(piece)
 
 
-def hostile_app() -> Starlette:
+def hostile_app(proof: list[str | None]) -> Starlette:
     """The link's routes, each answering as the sandbox id asked for says."""
 
     async def hello(request: Request) -> Response:
-        return JSONResponse({"id": HOST, "epoch": 1, "proof": None})
+        return JSONResponse({"id": HOST, "epoch": 1, "proof": proof[0]})
 
     async def describe(request: Request) -> Response:
         how = request.path_params["sandbox_id"]
@@ -81,6 +85,7 @@ def hostile_app() -> Starlette:
             "guest-kind-404": JSONResponse(
                 {"code": "x", "message": "x", "kind": "guest"}, status_code=404
             ),
+            HUGE: StreamingResponse(_chunks(MAX_ANSWER + 65536)),
             "loud-404": JSONResponse(
                 {"code": "unknown_sandbox", "message": "gone\x1b[31m\n" + "y" * 5000},
                 status_code=404,
@@ -132,20 +137,19 @@ async def _one(data: bytes) -> AsyncIterator[bytes]:
 
 
 @contextlib.asynccontextmanager
-async def HostileHostDouble(ca: LinkCA, directory: Path) -> AsyncIterator[str]:
-    """The hostile host's link on a loopback port (its address), with its real certificate."""
-    cert, key = ca.issue_host(HOST)
+async def HostileHostDouble(
+    credentials: tuple[bytes, bytes, bytes], directory: Path, proof: list[str | None]
+) -> AsyncIterator[str]:
+    """The hostile host's link on a loopback port (its address), with its real certificate,
+    key and CA (`credentials`); its hello serves `proof[0]`, as a registering host does."""
+    cert, key, ca_pem = credentials
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     files = []
-    for name, data in (
-        ("host.crt", cert),
-        ("host.key", key),
-        ("ca.crt", ca.cert_path.read_bytes()),
-    ):
+    for name, data in (("host.crt", cert), ("host.key", key), ("ca.crt", ca_pem)):
         (directory / name).write_bytes(data)
         os.chmod(directory / name, 0o600)
         files.append(directory / name)
-    server = link_server(hostile_app(), *files, "127.0.0.1", 0)
+    server = link_server(hostile_app(proof), *files, "127.0.0.1", 0)
     serving = asyncio.create_task(server.serve())
     try:
         while not server.started:
@@ -173,7 +177,8 @@ async def test_a_hostile_hosts_answers_are_refused_recorded_and_the_link_goes_on
     ca = LinkCA.load_or_create(tmp_path / "link-ca")
     assert isinstance(ca, LinkCA)
     links = HostLinks(ca, audit)
-    async with HostileHostDouble(ca, tmp_path / "evil") as address:
+    credentials = (*ca.issue_host(HOST), ca.cert_path.read_bytes())
+    async with HostileHostDouble(credentials, tmp_path / "evil", [None]) as address:
         link = links.client(HOST, address)
         refused = 0
 
@@ -224,11 +229,46 @@ async def test_a_hostile_hosts_answers_are_refused_recorded_and_the_link_goes_on
         session = await link.channel("good").exec(["echo", "42"])
         out = [o.data async for o in session]
         assert out == [b"42\n"] and session.result is not None and session.result.exit_code == 0
+        await links.close()  # as a replica does at shutdown
+        assert link.closed
 
     recorded = _refusals(store)
     assert len(recorded) == refused, [r["reason"] for r in recorded]
     assert {(r["actor"], r["resource"], r["decision"]) for r in recorded} == {
         (f"host:{HOST}", f"host:{HOST}", "deny")
     }
-    await links.close()
-    assert link.closed
+
+
+async def test_a_replica_serves_on_while_a_registered_host_answers_badly(
+    tmp_path: Path, postgres_server
+) -> None:
+    """The same double registered with a real replica (in process, real PostgreSQL): the API
+    answers its bad answer with 502 `host_misbehaved` and audits it; a list leaves its
+    sandboxes out; the replica goes on answering."""
+    from api_plane import running_replicas
+
+    async with (
+        running_replicas(tmp_path, postgres_server, AAMP_FLEET_LOST_SECONDS="600") as (a, _),
+        a.client(a.admin_token) as admin,
+    ):
+        added = (await admin.post("/v1/hosts", json={"id": HOST})).json()
+        cert, key, ca_pem = (added[k].encode() for k in ("link_cert", "link_key", "link_ca"))
+        proof: list[str | None] = [secrets.token_urlsafe(32)]
+        async with HostileHostDouble((cert, key, ca_pem), tmp_path / "evil", proof) as address:
+            facts = {"drivers": ["gvisor"], "cpus": 4, "memory_mb": 8192, "sandboxes": 4,
+                     "images": [], "link": address, "proof": proof[0]}  # fmt: skip
+            token = {"x-aamp-host-token": added["token"]}
+            r = await admin.post(f"/v1/hosts/{HOST}/register", json=facts, headers=token)
+            assert r.status_code == 200, r.text
+            with a.cp.store.write_session() as s:
+                s.add(SandboxRow(id=HUGE, host_id=HOST, host_epoch=r.json()["epoch"],
+                                 state="live", millicpus=1000, memory_mb=512,
+                                 created_at=time_at(time.time())))  # fmt: skip
+            got = await admin.get(f"/v1/sandboxes/{HUGE}")
+            assert got.status_code == 502 and got.json()["code"] == "host_misbehaved", got.text
+            listed = await admin.get("/v1/sandboxes")  # its list has an id against the rule
+            assert listed.status_code == 200 and listed.json() == []
+            assert (await admin.get("/v1/health")).status_code == 200
+            await a.cp.links.close()  # what its shutdown does; the double then stops at once
+        recorded = _refusals(a.cp.store)
+        assert [r["actor"] for r in recorded] == [f"host:{HOST}"] * 2, recorded
