@@ -6,9 +6,10 @@
   serve` processes on this machine, real gVisor; the replica's own host drained so every
   create goes over the link). On one machine the hosts share its cores: the ratio says what
   placement and the link cost or spread, not what three machines would give;
-- placement overhead per create, p50 and p95: one `Placement.place` transaction (choose,
-  lock, reserve) plus its `release`, on a real PostgreSQL with three host rows — what a
-  create pays for being placed, apart from booting;
+- placement overhead per create, p50 and p95: one `Placement.place` (choose, lock and
+  reserve: one statement) plus its `release`, on a real PostgreSQL with three host rows —
+  what a create pays for being placed, apart from booting — each alone, beside the floor of
+  a `SELECT 1` round trip measured interleaved, and the statements sent;
 - time from a host's `kill -9` to its run being failed, against the configured heartbeat
   and lost timeout (target: lost timeout + 2 s).
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -34,6 +36,7 @@ sys.path[:0] = [str(HERE.parent / "tests"), str(HERE.parent / "tests" / "fleet")
 from fleet_processes import Fleet, host_state, wait_for  # noqa: E402
 from pgtemp import TemporaryPostgres  # noqa: E402
 from scripted_model import ScriptedModelServerForTests  # noqa: E402
+from sqlalchemy import event, text  # noqa: E402
 
 from aamp.fleet import HostFacts, HostRegistry, Need, Placement  # noqa: E402
 from aamp.store import Store  # noqa: E402
@@ -41,7 +44,18 @@ from aamp.store import Store  # noqa: E402
 HEARTBEAT, LOST = 1.0, 4.0
 
 
-def placement_overhead(url: str, samples: int) -> dict[str, float]:
+def _quantiles(times: list[float]) -> dict[str, float]:
+    times = sorted(times)
+    return {
+        "p50_ms": round(statistics.median(times) * 1000, 2),
+        "p95_ms": round(times[int(len(times) * 0.95)] * 1000, 2),
+    }
+
+
+def placement_overhead(url: str, samples: int) -> dict[str, object]:
+    """`Placement.place` and its `release` on three host rows, with the floor beside them: a
+    `SELECT 1` round trip on the same pool, interleaved (on a loaded machine every round trip
+    waits for a core), and the statements each placement sends."""
     store = Store.from_url(url)
     registry = HostRegistry(store, lost_after=3600)
     facts = HostFacts(("gvisor",), 64, 65536, 256, ("base@" + "0" * 64,))
@@ -51,18 +65,38 @@ def placement_overhead(url: str, samples: int) -> dict[str, float]:
         registry.register(host_id, token, facts)
     placement = Placement(registry)
     need = Need("gvisor", "base", 1.0, 512)
-    times = []
+    statements = [0]
+    event.listen(
+        store.engine,
+        "after_cursor_execute",
+        lambda *_: statements.__setitem__(0, statements[0] + 1),
+    )
+    place, release, both, floor = [], [], [], []
+    load = os.getloadavg()[0]
     for _ in range(samples):
         started = time.perf_counter()
         placed = placement.place(need, tuple(f"bench-{i}" for i in range(3)))
-        times.append(time.perf_counter() - started)
+        placed_at = time.perf_counter()
         placement.release(placed, need)
+        done = time.perf_counter()
+        place.append(placed_at - started)
+        release.append(done - placed_at)
+        both.append(done - started)
+        before = statements[0]
+        with store.read_connection() as conn:
+            started = time.perf_counter()
+            conn.execute(text("SELECT 1"))
+            floor.append(time.perf_counter() - started)
+        statements[0] = before
     store.close()
-    times.sort()
     return {
-        "p50_ms": round(statistics.median(times) * 1000, 2),
-        "p95_ms": round(times[int(len(times) * 0.95)] * 1000, 2),
+        **_quantiles(both),
+        "place": _quantiles(place),
+        "release": _quantiles(release),
+        "select_1_round_trip": _quantiles(floor),
+        "statements_per_place_and_release": round(statements[0] / samples, 2),
         "samples": samples,
+        "load_average": [round(load, 2), round(os.getloadavg()[0], 2)],
     }
 
 
@@ -155,6 +189,7 @@ def main() -> None:
                 wait_for(lambda h=h: host_state(admin, h)["state"] == "active", 120)
             three = creates_per_second(admin, args.creates, args.concurrency)
             result["creates_per_second"] = {
+                "load_average": round(os.getloadavg()[0], 2),
                 "one_host": round(one, 2),
                 "three_hosts": round(three, 2),
                 "ratio": round(three / one, 2),

@@ -21,10 +21,7 @@ from aamp.audit import AuditLog
 from aamp.catalog import Catalog
 from aamp.config import Settings
 from aamp.egress.ca import InstallationCA, ca_dir
-from aamp.egress.installation import InstallationListeners
 from aamp.egress.ledger import AuditEgressSink
-from aamp.egress.proxy import EgressContext
-from aamp.egress.resolver import DnsServerResolver, Resolver, SystemResolver
 from aamp.egress.services import VaultSecretReader
 from aamp.fleet import (
     FleetPlacer,
@@ -41,36 +38,18 @@ from aamp.identity import Directory, LoginThrottle
 from aamp.identity.bootstrap import ensure_cli_token, ensure_first_admin
 from aamp.runs.leases import DEFAULT_LEASE_SECONDS
 from aamp.runs.service import RunService
+from aamp.sandbox import available_drivers, configured_manager
 from aamp.sandbox.driver import Driver
-from aamp.sandbox.drivers import available_drivers, choose_default_driver
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.manager import SandboxManager
-from aamp.store import Store
+from aamp.store import Store, database_url
 from aamp.vault import Vault
 from aamp.web import create_site
 
 log = logging.getLogger("aamp")
 KEEP_ALIVE_S = 75
-
-
-def parse_pool(spec: str) -> dict[str, int]:
-    """`AAMP_WARM_POOL="base=2,browser=1"` -> {"base": 2, "browser": 1}."""
-    pool: dict[str, int] = {}
-    for item in filter(None, (p.strip() for p in spec.split(","))):
-        name, sep, count = item.partition("=")
-        if not sep or not count.isdigit() or not name:
-            raise ValueError(f"AAMP_WARM_POOL item {item!r} must look like IMAGE=COUNT")
-        pool[name] = int(count)
-    return pool
-
-
-def egress_resolver(settings: Settings) -> Resolver:
-    """Names are resolved on the host: by this host's resolver, or by the DNS servers in
-    AAMP_EGRESS_DNS (comma-separated addresses), as air-gapped sites often need. The sandbox
-    manager holds it (`manager.resolver`); the egress proxies and runs' model-endpoint
-    connections both resolve with it."""
-    servers = [s.strip() for s in settings.env.get("AAMP_EGRESS_DNS", "").split(",") if s.strip()]
-    return DnsServerResolver(servers) if servers else SystemResolver()
+# `aamp up --role`: `both`, the API and this machine's own sandbox host; `api`, the API only.
+ROLES = ("both", "api")
 
 
 def build_manager(
@@ -78,33 +57,25 @@ def build_manager(
     audit: AuditLog,
     drivers: dict[str, Driver] | None = None,
     vault: Vault | None = None,
+    role: str = "both",
 ) -> tuple[SandboxManager, ImageStore]:
-    images = ImageStore(settings)
-    drivers = available_drivers(settings) if drivers is None else drivers
-    if not drivers:
+    """The sandbox manager: this machine's drivers (`both`), or none (`api`: every sandbox
+    on a registered host)."""
+    if role == "api":
+        drivers = {}
+    elif drivers is None:
+        drivers = available_drivers(settings)
+    if role != "api" and not drivers:
         raise SystemExit("no isolation driver works on this host; run `aamp doctor` to see why")
-    default = choose_default_driver(settings, drivers)
-    pool = parse_pool(settings.env.get("AAMP_WARM_POOL", ""))
-    learn = settings.env.get("AAMP_WARM_POOL_LEARN", "0").strip() or "0"
-    if not learn.isdigit():
-        raise ValueError(f"AAMP_WARM_POOL_LEARN must be a number of pools, got {learn!r}")
-    manager = SandboxManager(
+    manager = configured_manager(
         settings,
-        images,
         drivers,
-        default,
         recorder=audit,
-        warm_pool=pool,
-        learn_pools=int(learn),
-        egress=EgressContext(
-            egress_resolver(settings),
-            AuditEgressSink(audit),
-            secrets=VaultSecretReader(vault) if vault is not None else None,
-            ca=InstallationCA.load_or_create(ca_dir(settings)),
-            listeners=InstallationListeners.of(settings),
-        ),
+        egress_sink=AuditEgressSink(audit),
+        secrets=VaultSecretReader(vault) if vault is not None else None,
+        ca=InstallationCA.load_or_create(ca_dir(settings)),
     )
-    return manager, images
+    return manager, manager.images
 
 
 def _seconds(settings: Settings, name: str, default: float) -> float:
@@ -119,11 +90,11 @@ def _seconds(settings: Settings, name: str, default: float) -> float:
 
 
 def build_fleet(
-    settings: Settings, store: Store, audit: AuditLog, manager: SandboxManager
+    settings: Settings, store: Store, audit: AuditLog, manager: SandboxManager, role: str = "both"
 ) -> tuple[HostRegistry, FleetUpkeep, HostLinks]:
     """The host registry and this replica's fleet task, which heartbeats this process's own
-    sandbox host (`AAMP_FLEET_HOST_ID`, default `local`) every AAMP_FLEET_HEARTBEAT_SECONDS
-    and marks lost the hosts silent for AAMP_FLEET_LOST_SECONDS."""
+    sandbox host (`AAMP_FLEET_HOST_ID`, default `local`; none with role `api`) every
+    AAMP_FLEET_HEARTBEAT_SECONDS and marks lost the hosts silent for AAMP_FLEET_LOST_SECONDS."""
     heartbeat = _seconds(settings, "AAMP_FLEET_HEARTBEAT_SECONDS", DEFAULT_HEARTBEAT_SECONDS)
     lost = _seconds(settings, "AAMP_FLEET_LOST_SECONDS", DEFAULT_LOST_SECONDS)
     if heartbeat * 2 > lost:
@@ -131,32 +102,44 @@ def build_fleet(
             f"AAMP_FLEET_LOST_SECONDS ({lost:g}) must be at least twice "
             f"AAMP_FLEET_HEARTBEAT_SECONDS ({heartbeat:g}), or one late heartbeat loses a host"
         )
-    host_id = check_host_id(settings.env.get("AAMP_FLEET_HOST_ID", "").strip() or "local")
     registry = HostRegistry(store, lost_after=lost)
-    local = LocalHost(registry, manager, host_id)
+    local = None
+    if role != "api":
+        host_id = check_host_id(settings.env.get("AAMP_FLEET_HOST_ID", "").strip() or "local")
+        local = LocalHost(registry, manager, host_id)
     # Every sandbox this process makes is placed, its capacity reserved: on its own host, or
     # on a host with a link (`aamp host serve`), reached with this replica's certificate.
-    links = HostLinks(LinkCA.of(settings))
-    manager.placer = FleetPlacer(Placement(registry), host_id, links)
+    links = HostLinks(LinkCA.of(settings), audit)
+    manager.placer = FleetPlacer(Placement(registry), local.host_id if local else None, links)
     return registry, FleetUpkeep(registry, audit, local, heartbeat), links
 
 
 def build_control_plane(
-    settings: Settings, drivers: dict[str, Driver] | None = None
+    settings: Settings, drivers: dict[str, Driver] | None = None, role: str = "both"
 ) -> tuple[ControlPlane, str | None]:
     """The whole host process; also the first admin's generated password, if one was made.
 
-    `drivers` defaults to every driver usable on this host.
+    `role` is `both` (the API and this machine's own sandbox host; `drivers` defaults to
+    every driver usable here) or `api` (a replica that runs no sandbox: every one is placed
+    on a registered host, so it needs PostgreSQL, which the hosts' replicas share).
     """
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
     settings.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if role == "api" and database_url(settings).get_backend_name() != "postgresql":
+        raise SystemExit(
+            "aamp up --role api needs PostgreSQL (AAMP_DATABASE_URL=postgresql://...): a"
+            " replica that runs no sandboxes shares the hosts and everything else with the"
+            " other replicas through it; SQLite serves one machine's `aamp up` only"
+        )
     store = Store.open(settings)
     audit = AuditLog.open(settings, store)
     vault = Vault.open(settings, store, audit)
     directory = Directory(store)
     password = ensure_first_admin(directory, settings.env)
     ensure_cli_token(directory, settings.cli_token_path)
-    manager, images = build_manager(settings, audit, drivers, vault)
-    hosts, fleet, links = build_fleet(settings, store, audit, manager)
+    manager, images = build_manager(settings, audit, drivers, vault, role)
+    hosts, fleet, links = build_fleet(settings, store, audit, manager, role)
     cp = ControlPlane(
         settings=settings,
         store=store,
@@ -190,9 +173,9 @@ def build_control_plane(
     return cp, password
 
 
-def serve(settings: Settings) -> None:
+def serve(settings: Settings, role: str = "both") -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    cp, password = build_control_plane(settings)
+    cp, password = build_control_plane(settings, role=role)
     app = create_site(cp)
     if password is not None:
         print(
@@ -201,9 +184,14 @@ def serve(settings: Settings) -> None:
             flush=True,
         )
     drivers = ", ".join(sorted(cp.manager.drivers))
+    where = (
+        f"drivers: {drivers}; default {cp.manager.default_driver}"
+        if role != "api"
+        else "role api: every sandbox on a registered host"
+    )
     print(
-        f"aamp control plane on {settings.api_url} (drivers: {drivers};"
-        f" default {cp.manager.default_driver}); admin API token in {settings.cli_token_path}",
+        f"aamp control plane on {settings.api_url} ({where}); admin API token in"
+        f" {settings.cli_token_path}",
         flush=True,
     )
     from aamp.mcp import with_mcp  # /mcp beside the API, acting through it

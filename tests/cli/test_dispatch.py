@@ -9,7 +9,7 @@ import pytest
 
 from aamp.cli.dispatch import COMMANDS, build_parser, functions, main, parser_for
 
-TAKE_NO_ARGUMENTS = {"up", "doctor", "model", "whoami", "mcp", "bundle"}
+TAKE_NO_ARGUMENTS = {"doctor", "model", "whoami", "mcp", "bundle"}
 
 
 @pytest.mark.parametrize("name", COMMANDS)

@@ -57,8 +57,9 @@ class HostProcess:
     def __post_init__(self) -> None:
         self.log = self.home.with_suffix(".log")
 
-    def start(self, claim_id: str | None = None) -> subprocess.Popen[bytes]:
-        """`aamp host serve` as a child process (`claim_id`: the id it says it is)."""
+    def start(self, claim_id: str | None = None, **settings: str) -> subprocess.Popen[bytes]:
+        """`aamp host serve` as a child process (`claim_id`: the id it says it is;
+        `settings`: more AAMP_* settings of the host)."""
         self.home.mkdir(parents=True, exist_ok=True)
         env = {
             **os.environ,
@@ -66,6 +67,7 @@ class HostProcess:
             "AAMP_RUNTIME_DIR": self.runtime,
             "AAMP_IMAGE_DIR": str(shared_image_dir()),
             "AAMP_FLEET_HOST_ID": claim_id or self.host_id,
+            **settings,
         }
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
@@ -111,6 +113,31 @@ def wait_for(predicate, timeout: float = 60.0, every: float = 0.1) -> None:  # t
 
 def host_state(admin: httpx.Client, host_id: str) -> dict:
     return next(h for h in admin.get("/v1/hosts").json() if h["id"] == host_id)
+
+
+def fleet_on_postgres(root: Path, postgres_server, heartbeat: str, lost: str) -> Fleet:  # type: ignore[no-untyped-def]
+    """A fleet on a fresh database of the tests' PostgreSQL server (skipped without root
+    and runsc, which sandbox hosts need)."""
+    import uuid
+
+    import pytest
+
+    if os.geteuid() != 0 or shutil.which("runsc") is None:
+        pytest.skip("sandbox hosts need root and runsc here")
+    url = postgres_server.create_database(f"t_{uuid.uuid4().hex[:12]}")
+    return Fleet(root, url.render_as_string(hide_password=False), heartbeat, lost)
+
+
+def exec_in(client: httpx.Client, sandbox_id: str, script: str) -> tuple[int, bytes]:
+    """`sh -c script` in the sandbox through `client`: exit code and stdout."""
+    import base64
+    import json
+
+    r = client.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"argv": ["sh", "-c", script]})
+    assert r.status_code == 200, r.text
+    lines = [json.loads(line) for line in r.text.splitlines()]
+    out = b"".join(base64.b64decode(x["data"]) for x in lines if x.get("stream") == "stdout")
+    return lines[-1]["exit_code"], out
 
 
 class Fleet:

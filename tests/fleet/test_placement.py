@@ -5,6 +5,7 @@ draining or silent host."""
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -106,3 +107,30 @@ def test_concurrent_placements_never_overbook(store: Store) -> None:
     assert len(placed) == 24 and got.count(None) == 16
     assert sorted(placed.count(f"h{i}") for i in range(3)) == [8, 8, 8]
     assert [registry.get(f"h{i}").used_sandboxes for i in range(3)] == [8, 8, 8]
+
+
+def test_the_last_slot_goes_to_exactly_one_of_concurrent_placements(store: Store) -> None:
+    # Two "replicas" (two stores, two connection pools) racing for one host's last slots.
+    other = Store.from_url(store.engine.url)
+    try:
+        registries = [HostRegistry(store), HostRegistry(other)]
+        token = _host(registries[0], "last", sandboxes=1)
+        placements = [Placement(r) for r in registries]
+        barrier = threading.Barrier(8)
+
+        def one(i: int) -> str | None:
+            barrier.wait()
+            try:
+                return placements[i % 2].place(NEED).host_id
+            except NoCapacity:
+                return None
+
+        for round_ in range(5):
+            with ThreadPoolExecutor(8) as pool:
+                got = list(pool.map(one, range(8)))
+            assert got.count("last") == 1 and got.count(None) == 7, (round_, got)
+            assert registries[1].get("last").used_sandboxes == 1
+            # A new life frees the slot for the next round.
+            registries[0].register("last", token, HostFacts(("gvisor",), 4, 8192, 1, ()))
+    finally:
+        other.close()

@@ -82,6 +82,7 @@ def create_app(cp: ControlPlane) -> FastAPI:
             finally:
                 await cp.fleet.stop()
                 await cp.manager.shutdown()
+                await cp.links.close()  # last: the runs and the manager are done with them
         finally:
             await cp.audit.close()
 

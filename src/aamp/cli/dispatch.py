@@ -67,7 +67,7 @@ class OwnWords:
 Command = Api | Local | OwnWords
 
 COMMANDS: dict[str, Command] = {
-    "up": Local("run the control plane (API on AAMP_HOST:AAMP_PORT)"),
+    "up": Local("run the control plane (API on AAMP_HOST:AAMP_PORT); --role api: no own host"),
     "doctor": Local("say which isolation drivers work on this host and why not"),
     "model": OwnWords("the optional local model: model serve [--port N] | model path"),
     "image": Local("guest images"),

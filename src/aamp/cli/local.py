@@ -27,11 +27,22 @@ if TYPE_CHECKING:
     from aamp.sandbox.images import ImageStore
 
 
+def up_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--role",
+        choices=("both", "api"),
+        default="both",
+        help="both (default): the API and this machine's own sandbox host; api: a"
+        " control-plane replica that runs no sandboxes, placing every one on registered hosts"
+        " (`aamp host serve`; needs PostgreSQL)",
+    )
+
+
 def up(args: argparse.Namespace, settings: Settings) -> int:
     from aamp.server import serve
 
     with _image_errors():
-        serve(settings)
+        serve(settings, args.role)
     return 0
 
 

@@ -27,6 +27,7 @@ import contextlib
 import logging
 import os
 import secrets
+import signal
 import stat
 import time
 from dataclasses import dataclass
@@ -177,6 +178,14 @@ class SandboxHost:
         await self.manager.start()  # reaps what an earlier process left
         app = link_app(self.manager, lambda: self.epoch, self.config.host_id, lambda: self.proof)
         server = link_server(app, cert, key, ca, self.config.listen_host, self.config.listen_port)
+        # uvicorn catches SIGTERM while its server runs and raises it again once the server
+        # has stopped, with the default handler back: that killed the host before it had
+        # destroyed its sandboxes (a warm pool's were left running). The host stops on its
+        # own handlers instead, and its shutdown below runs to the end.
+        server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]
+        loop = asyncio.get_running_loop()
+        for stop in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(stop, setattr, server, "should_exit", True)
         serving = asyncio.create_task(server.serve(), name="link")
         beating: asyncio.Task[None] | None = None
         try:

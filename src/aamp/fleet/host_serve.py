@@ -16,9 +16,7 @@ from aamp.config import Settings
 from aamp.fleet.host_process import HostConfig, HostStartError, SandboxHost
 from aamp.fleet.links import check_address
 from aamp.fleet.registry import check_host_id
-from aamp.sandbox.drivers import available_drivers, choose_default_driver
-from aamp.sandbox.images import ImageStore
-from aamp.sandbox.manager import SandboxManager
+from aamp.sandbox import SandboxManager, available_drivers, configured_manager
 
 
 def host_config(args: argparse.Namespace, settings: Settings) -> HostConfig:
@@ -42,15 +40,12 @@ def host_config(args: argparse.Namespace, settings: Settings) -> HostConfig:
 
 
 def host_manager(settings: Settings) -> SandboxManager:
+    """This machine's sandbox manager, built as `aamp up` builds its own (`configured_manager`:
+    the same settings read the same way, the warm pools included)."""
     drivers = available_drivers(settings)
     if not drivers:
         raise HostStartError("no isolation driver works on this host; run `aamp doctor`")
-    return SandboxManager(
-        settings,
-        ImageStore(settings),
-        drivers,
-        choose_default_driver(settings, drivers),
-    )
+    return configured_manager(settings, drivers)
 
 
 def serve_host(args: argparse.Namespace, settings: object) -> int:

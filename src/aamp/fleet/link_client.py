@@ -11,10 +11,13 @@ certificate from another CA, fails the handshake and is never sent a byte.
 from __future__ import annotations
 
 import base64
+import binascii
 import dataclasses
 import json
+import logging
+import re
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,72 +28,170 @@ from aamp.fleet.link_ca import link_name
 from aamp.sandbox.channel.errors import GuestError, GuestTimeout
 from aamp.sandbox.channel.exec_session import ExecResult, Output
 from aamp.sandbox.channel.guest_channel import Command, RunsToEnd
+from aamp.sandbox.driver import SANDBOX_ID_RE
 from aamp.sandbox.manager import CreateRequest, SandboxUnavailable
+
+log = logging.getLogger("aamp.fleet")
+
+
+# What a replica reads of a host's answer at most: more is refused, never buffered whole.
+MAX_ANSWER = 1 * 2**20  # one sandbox described, an error, a hello
+MAX_LIST_ANSWER = 16 * 2**20  # every sandbox a host runs, described
+MAX_EXEC_LINE = 1 * 2**20  # one line of an exec stream (a guest's output chunk, base64)
+SUCCESS_STATUSES = frozenset({200, 201, 204})
+# The error statuses the link uses (`link_server.py`); any other is the host misbehaving.
+HOST_STATUSES = frozenset({400, 404, 409, 410, 411, 413, 422, 503})
+CODE_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+MAX_MESSAGE = 500
+Refusals = Callable[[str, str], Awaitable[None]]  # (host id, why): each refusal is recorded
 
 
 class LinkError(AampError, code="host_unreachable", status=502):
     """The sandbox's host could not be reached over the link, or refused the replica."""
 
 
+class HostMisbehaved(LinkError, code="host_misbehaved"):
+    """The host answered outside the link's protocol (too large, a status the link does
+    not use, malformed, a sandbox id against the rule): refused, and recorded."""
+
+
 class LinkAnswer(AampError):
-    """An error the host answered; `code` and `status` are the host's."""
+    """An error the host answered, checked: `status` is one the link uses, `code` a code's
+    shape, the message cut to `MAX_MESSAGE` printable characters."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(message)
         self.status, self.code = status, code
 
 
-def _raise_for(response: httpx.Response, body: bytes) -> None:
-    if response.status_code < 400:
-        return
-    try:
-        answer = json.loads(body)
-        code, message, kind = answer["code"], answer["message"], answer.get("kind", "aamp")
-    except (ValueError, KeyError, TypeError):
-        raise LinkError(f"the host answered {response.status_code} without an error") from None
-    if kind == "timeout":
-        raise GuestTimeout(message)
-    if kind == "guest":
-        raise GuestError(message, code)
-    raise LinkAnswer(response.status_code, code, message)
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else " " for c in text[:MAX_MESSAGE])
+
+
+def check_sandbox(info: object, expected: str | None = None) -> dict[str, Any]:
+    """A sandbox as a host describes it, or ValueError: an object whose `id` follows the
+    sandbox id rule (and is `expected`, if given), `image` and `driver` text."""
+    if not isinstance(info, dict):
+        raise ValueError("a sandbox's description is not a JSON object")
+    sandbox_id = info.get("id")
+    if not isinstance(sandbox_id, str) or not SANDBOX_ID_RE.match(sandbox_id):
+        raise ValueError(f"sandbox id {str(sandbox_id)[:80]!r} does not follow the id rule")
+    if expected is not None and sandbox_id != expected:
+        raise ValueError(f"asked for sandbox {expected}, described {sandbox_id}")
+    if not isinstance(info.get("image"), str) or not isinstance(info.get("driver"), str):
+        raise ValueError(f"sandbox {sandbox_id}: image and driver are not text")
+    return info
 
 
 class LinkClient:
-    """The link to host `host_id` at `address` (`HOST:PORT`)."""
+    """The link to host `host_id` at `address` (`HOST:PORT`); every answer it refuses is
+    told to `refused` (the replica's audit: `HostLinks`)."""
 
-    def __init__(self, host_id: str, address: str, tls: ssl.SSLContext, timeout: float = 60):
+    def __init__(
+        self,
+        host_id: str,
+        address: str,
+        tls: ssl.SSLContext,
+        timeout: float = 60,
+        refused: Refusals | None = None,
+    ):
         self.host_id, self.address = host_id, address
         self._http = httpx.AsyncClient(
             base_url=f"https://{address}", verify=tls, timeout=timeout, trust_env=False
         )
         self._sni = {"sni_hostname": link_name(host_id)}
+        self._refused = refused
 
     async def close(self) -> None:
         await self._http.aclose()
 
-    async def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+    @property
+    def closed(self) -> bool:
+        return self._http.is_closed
+
+    async def refuse(self, why: str) -> HostMisbehaved:
+        """Record that the host's answer was refused, and the error to raise for it."""
+        log.warning("host %s: answer refused: %s", self.host_id, why)
+        if self._refused is not None:
+            await self._refused(self.host_id, why)
+        return HostMisbehaved(f"host {self.host_id} answered outside the link protocol: {why}")
+
+    async def _read(self, response: httpx.Response, cap: int, what: str) -> bytes:
+        """The whole body, refused past `cap` bytes (the connection is dropped)."""
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > cap:
+            await response.aclose()
+            raise await self.refuse(f"{what}: {declared} bytes announced, over {cap}")
+        body = bytearray()
         try:
-            response = await self._http.request(method, path, extensions=self._sni, **kw)
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > cap:
+                    raise await self.refuse(f"{what}: more than {cap} bytes")
         except httpx.HTTPError as exc:
             raise LinkError(f"host {self.host_id} at {self.address}: {exc!r}") from None
-        _raise_for(response, response.content)
-        return response
+        finally:
+            await response.aclose()
+        return bytes(body)
+
+    async def _check_status(self, response: httpx.Response, what: str) -> None:
+        """A success the link uses goes on; an error it uses becomes the product's error;
+        anything else (a redirect, a 500, a status the link never sends) is refused and
+        recorded."""
+        status = response.status_code
+        if status in SUCCESS_STATUSES:
+            return
+        if status not in HOST_STATUSES and status not in (502, 504):
+            await response.aclose()
+            raise await self.refuse(f"{what}: status {status}, which the link does not use")
+        body = await self._read(response, MAX_ANSWER, what)
+        try:
+            answer = json.loads(body)
+            code, message = answer["code"], answer["message"]
+            kind = answer.get("kind", "aamp")
+            if not (isinstance(code, str) and CODE_RE.match(code) and isinstance(message, str)):
+                raise TypeError("code or message")
+        except (ValueError, KeyError, TypeError):
+            raise await self.refuse(f"{what}: status {status} without an error") from None
+        message = _printable(message)
+        if (kind, status) == ("timeout", 504):
+            raise GuestTimeout(message)
+        if (kind, status) == ("guest", 502):
+            raise GuestError(message, code)
+        if kind == "aamp" and status in HOST_STATUSES:
+            raise LinkAnswer(status, code, message)
+        raise await self.refuse(f"{what}: status {status} with kind {str(kind)[:20]!r}")
+
+    async def request(
+        self, method: str, path: str, cap: int = MAX_ANSWER, **kw: Any
+    ) -> tuple[httpx.Response, bytes]:
+        """Send a request; its response (status checked) and its body of at most `cap`."""
+        response = await self.stream(method, path, **kw)
+        return response, await self._read(response, cap, f"{method} {path}")
 
     async def stream(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        """A response whose body is read later (the caller closes it)."""
+        """A response whose status was checked and whose body is read later (the caller
+        closes it)."""
         req = self._http.build_request(method, path, extensions=self._sni, **kw)
         try:
             response = await self._http.send(req, stream=True)
         except httpx.HTTPError as exc:
             raise LinkError(f"host {self.host_id} at {self.address}: {exc!r}") from None
-        if response.status_code >= 400:
-            body = await response.aread()
-            await response.aclose()
-            _raise_for(response, body)
+        await self._check_status(response, f"{method} {path}")
         return response
 
+    async def _json(self, method: str, path: str, cap: int = MAX_ANSWER, **kw: Any) -> Any:
+        _, body = await self.request(method, path, cap, **kw)
+        try:
+            return json.loads(body)
+        except ValueError:
+            raise await self.refuse(f"{method} {path}: the answer is not JSON") from None
+
     async def hello(self) -> dict[str, Any]:
-        return (await self.request("GET", "/link/hello")).json()
+        hello = await self._json("GET", "/link/hello")
+        if not isinstance(hello, dict):
+            raise await self.refuse("GET /link/hello: the answer is not a JSON object")
+        return hello
 
     async def create(self, request: CreateRequest, epoch: int, actor: str) -> dict[str, Any]:
         body = {
@@ -103,15 +204,28 @@ class LinkClient:
             "actor": actor,
         }
         try:
-            return (await self.request("POST", "/link/sandboxes", json=body)).json()
+            info = await self._json("POST", "/link/sandboxes", json=body)
+        except HostMisbehaved:
+            raise
         except LinkError as exc:
             raise SandboxUnavailable(str(exc)) from None
+        return await self._sandbox(info, None, "POST /link/sandboxes")
+
+    async def _sandbox(self, info: object, expected: str | None, what: str) -> dict[str, Any]:
+        try:
+            return check_sandbox(info, expected)
+        except ValueError as exc:
+            raise await self.refuse(f"{what}: {exc}") from None
 
     async def describe(self, sandbox_id: str) -> dict[str, Any]:
-        return (await self.request("GET", f"/link/sandboxes/{sandbox_id}")).json()
+        path = f"/link/sandboxes/{sandbox_id}"
+        return await self._sandbox(await self._json("GET", path), sandbox_id, f"GET {path}")
 
     async def list(self) -> list[dict[str, Any]]:
-        return (await self.request("GET", "/link/sandboxes")).json()
+        listed = await self._json("GET", "/link/sandboxes", MAX_LIST_ANSWER)
+        if not isinstance(listed, list):
+            raise await self.refuse("GET /link/sandboxes: the answer is not a JSON list")
+        return [await self._sandbox(i, None, "GET /link/sandboxes") for i in listed]
 
     async def destroy(self, sandbox_id: str, reason: str, actor: str) -> None:
         params = {"reason": reason, "actor": actor}
@@ -122,11 +236,14 @@ class LinkClient:
 
 
 class LinkExecSession:
-    """A command running on the host's sandbox: iterate it for output, then `result`."""
+    """A command running on the host's sandbox: iterate it for output, then `result`. Every
+    line is checked (at most `MAX_EXEC_LINE` bytes, the shape the link sends); a bad one is
+    refused and ends the session."""
 
-    def __init__(self, response: httpx.Response) -> None:
-        self._response = response
-        self._lines = response.aiter_lines()
+    def __init__(self, response: httpx.Response, link: LinkClient) -> None:
+        self._response, self._link = response, link
+        self._bytes = response.aiter_bytes()
+        self._buffer = bytearray()
         self.result: ExecResult | None = None
 
     async def __aenter__(self) -> LinkExecSession:
@@ -141,24 +258,60 @@ class LinkExecSession:
     def __aiter__(self) -> LinkExecSession:
         return self
 
+    async def _line(self) -> bytes:
+        while (end := self._buffer.find(b"\n")) < 0:
+            if len(self._buffer) > MAX_EXEC_LINE:
+                await self.aclose()
+                raise await self._link.refuse(f"an exec line of more than {MAX_EXEC_LINE} bytes")
+            try:
+                self._buffer += await anext(self._bytes)
+            except StopAsyncIteration:
+                raise GuestError("the host's exec stream ended without a result", "link") from None
+            except httpx.HTTPError as exc:
+                raise GuestError(f"the link to the host broke: {exc!r}", "link") from None
+        if end > MAX_EXEC_LINE:
+            await self.aclose()
+            raise await self._link.refuse(f"an exec line of more than {MAX_EXEC_LINE} bytes")
+        line = bytes(self._buffer[:end])
+        del self._buffer[: end + 1]
+        return line
+
     async def __anext__(self) -> Output:
         if self.result is not None:
             raise StopAsyncIteration
+        line = await self._line()
         try:
-            line = await anext(self._lines)
-        except StopAsyncIteration:
-            raise GuestError("the host's exec stream ended without a result", "link") from None
-        except httpx.HTTPError as exc:
-            raise GuestError(f"the link to the host broke: {exc!r}", "link") from None
-        item = json.loads(line)
-        if "stream" in item:
-            return Output(item["stream"], base64.b64decode(item["data"]))
-        if item.get("error") == "guest_timeout":
-            raise GuestTimeout(item.get("message", "the guest timed out"))
-        self.result = ExecResult(
-            item["exit_code"], item["signal"], item["timed_out"], item["duration"]
-        )
+            item = json.loads(line)
+            if "stream" in item:
+                if item["stream"] not in ("stdout", "stderr"):
+                    raise ValueError("stream")
+                return Output(item["stream"], base64.b64decode(item["data"], validate=True))
+            if item.get("error") == "guest_timeout":
+                raise GuestTimeout(_printable(str(item.get("message", "the guest timed out"))))
+            result = ExecResult(
+                _typed(item["exit_code"], int, none=True),
+                _typed(item["signal"], int, none=True),
+                _typed(item["timed_out"], bool),
+                _typed(item["duration"], float),
+                truncated=_typed(item.get("truncated", False), bool),
+            )
+        except (ValueError, KeyError, TypeError, AttributeError, binascii.Error):
+            await self.aclose()
+            raise await self._link.refuse("an exec line outside the link protocol") from None
+        self.result = result
         raise StopAsyncIteration
+
+
+def _typed(value: object, kind: type, *, none: bool = False) -> Any:
+    if value is None and none:
+        return None
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is int and isinstance(value, bool):
+        raise TypeError("a flag where a number belongs")
+    if not isinstance(value, kind):
+        raise TypeError(f"{type(value).__name__} where {kind.__name__} belongs")
+    return value
 
 
 class LinkGetStream:
@@ -204,7 +357,7 @@ class LinkChannel(RunsToEnd[LinkExecSession]):
         response = await self.link.stream(
             "POST", self._path + "/exec", json=body, timeout=link_timeout
         )
-        return LinkExecSession(response)
+        return LinkExecSession(response, self.link)
 
     async def put(self, guest_path: str, source: AsyncIterator[bytes] | bytes, size: int) -> None:
         await self.link.request(
@@ -222,11 +375,15 @@ class LinkChannel(RunsToEnd[LinkExecSession]):
 
     async def get(self, guest_path: str) -> LinkGetStream:
         response = await self.link.stream("GET", self._path + "/files", params={"path": guest_path})
-        return LinkGetStream(response, int(response.headers.get("content-length", "0")))
+        size = response.headers.get("content-length", "")
+        if not size.isdigit():
+            await response.aclose()
+            raise await self.link.refuse("a file sent without its length")
+        return LinkGetStream(response, int(size))
 
     async def browser(self, request: dict[str, Any], *, timeout: float, max_answer: int) -> bytes:
         body = {"request": request, "timeout": timeout, "max_answer": max_answer}
-        answer = await self.link.request(
-            "POST", self._path + "/browser", json=body, timeout=timeout + 30
+        _, answer = await self.link.request(
+            "POST", self._path + "/browser", max_answer, json=body, timeout=timeout + 30
         )
-        return answer.content
+        return answer

@@ -9,6 +9,10 @@ or one from another CA; the proof refuses a stolen token that names the real hos
 real host serves only the nonce of its own registration in flight, and only to replicas).
 A refusal says only that the link did not prove the host; why (the dial's error, the answer)
 is `LinkNotProven.detail`, for the audit record alone — a registration is no port scanner.
+
+Every host answer a client refuses (`LinkClient.refuse`: too large, a status the link does not
+use, malformed, a bad sandbox id) is audited here (`host.answer_refused`, actor `host:ID`).
+The clients are closed when the replica stops (`close`, from the API's lifespan).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import hmac
 import re
 
+from aamp.audit import AuditSink
 from aamp.errors import InvalidInput
 from aamp.fleet.link_ca import LinkCA
 from aamp.fleet.link_client import LinkClient
@@ -45,15 +50,27 @@ class LinkNotProven(HostRefused):
 
 
 class HostLinks:
-    def __init__(self, ca: LinkCA) -> None:
+    def __init__(self, ca: LinkCA, audit: AuditSink | None = None) -> None:
         self.ca = ca  # issues hosts' certificates (`aamp host add`)
         self.tls = ca.replica_context()
+        self.audit = audit
         self._clients: dict[tuple[str, str], LinkClient] = {}
+
+    async def refused(self, host_id: str, why: str) -> None:
+        """A host's answer was refused (`LinkClient.refuse`): audited, actor `host:ID`."""
+        if self.audit is not None:
+            await self.audit.record(
+                actor=f"host:{host_id}",
+                action="host.answer_refused",
+                resource=f"host:{host_id}",
+                decision="deny",
+                reason=why[:1000],
+            )
 
     def client(self, host_id: str, address: str) -> LinkClient:
         key = (host_id, address)
         if key not in self._clients:
-            self._clients[key] = LinkClient(host_id, address, self.tls)
+            self._clients[key] = LinkClient(host_id, address, self.tls, refused=self.refused)
         return self._clients[key]
 
     async def verify(self, host_id: str, address: str, proof: object) -> None:

@@ -1,5 +1,5 @@
 """`Placement`: choose the host a new sandbox runs on and reserve its capacity, in one
-transaction.
+statement that is its own transaction.
 
 The candidates are at most `k` hosts that are `active`, heartbeat within the lost timeout,
 offer the driver, and have the cpus, memory and a sandbox slot free — the ones with the most
@@ -8,9 +8,12 @@ several replicas take other candidates instead of waiting on each other; only wh
 fitting host is locked does a placement wait for them, so "no capacity" is never the answer
 while capacity is merely busy (SQLite: the write transaction is the lock). Of those, the best
 is the one that has the image already built (no build before the sandbox starts), then the
-most free slots, then the most free memory. Its `used_*` grow by the request before the
-transaction commits, so capacity is never promised twice. A lost, draining or silent host is
-never a candidate: the state and the heartbeat are in the same statement that locks the rows.
+most free slots, then the most free memory. One `UPDATE ... WHERE id = (that choice)
+RETURNING` grows its `used_*` by the request while the candidates are locked, so capacity is
+never promised twice; on PostgreSQL it runs in autocommit — one round trip, where the choice
+read into Python and written back took BEGIN, SELECT, UPDATE and COMMIT (the profile in
+docs/deployment.md). A lost, draining or silent host is never a candidate: the state and the
+heartbeat are in the statement that locks the rows.
 
 `release` gives a reservation back — only to the same life (epoch) of the host that got it:
 a host that registered again starts from nothing reserved.
@@ -22,7 +25,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, Connection, Update, case, select, update
 from sqlalchemy.orm import Session
 
 from aamp.errors import AampError
@@ -60,8 +63,14 @@ class Placed:
     had_image: bool
 
 
-def _has_image(row: HostRow, image: str) -> bool:
-    return any(i.split("@", 1)[0] == image for i in json.loads(row.images))
+def _has_image(images: str, image: str) -> bool:
+    return any(i.split("@", 1)[0] == image for i in json.loads(images))
+
+
+def _like_image(image: str) -> str:
+    """A LIKE pattern for `"IMAGE@` in a host's JSON list of `name@hash` (`_has_image`)."""
+    escaped = image.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f'%"{escaped}@%'
 
 
 class Placement:
@@ -71,65 +80,100 @@ class Placement:
         self.registry = registry
         self.k = k
 
-    def place(self, need: Need, among: tuple[str, ...] | None = None) -> Placed:
-        """(Blocking.) Reserve `need` on the best of up to `k` candidate hosts — of `among`
-        only, if given: the hosts the caller can reach."""
+    def _reserve(self, need: Need, among: tuple[str, ...] | None, *, wait: bool) -> Update:
+        """The one statement that chooses the best of up to `k` fitting hosts, locked, and
+        reserves `need` on it, returning its id, epoch and images (no row: none fits)."""
         registry = self.registry
         fresh = time_at(registry.clock() - registry.lost_after)
         free_slots = HostRow.sandboxes - HostRow.used_sandboxes
-        fits = select(HostRow).where(
+        free_memory = HostRow.memory_mb - HostRow.used_memory_mb
+        fits = (
             HostRow.id.in_(among) if among is not None else HostRow.id.is_not(None),
             HostRow.state == "active",
             HostRow.heartbeat_at >= fresh,
             HostRow.drivers.contains(json.dumps(need.driver)),
             HostRow.millicpus - HostRow.used_millicpus >= need.millicpus,
-            HostRow.memory_mb - HostRow.used_memory_mb >= need.memory_mb,
+            free_memory >= need.memory_mb,
             free_slots >= 1,
         )
-        with registry.store.write_session() as s:
-            rows = s.scalars(
-                fits.order_by(free_slots.desc(), HostRow.id)
+        candidates = select(
+            HostRow.id,
+            case((HostRow.images.like(_like_image(need.image), escape="\\"), 1), else_=0).label(
+                "has_image"
+            ),
+            free_slots.label("free_slots"),
+            free_memory.label("free_memory"),
+        ).where(*fits)
+        if wait:
+            # Every fitting host may be locked by placements in flight, not full: wait for
+            # them and judge each host again as they leave it (READ COMMITTED re-checks a
+            # row locked after it changed) — locking in id order, as every waiting placement
+            # does, so that no two wait on each other.
+            candidates = candidates.order_by(HostRow.id).limit(self.k).with_for_update()
+        else:
+            candidates = (
+                candidates.order_by(free_slots.desc(), HostRow.id)
                 .limit(self.k)
                 .with_for_update(skip_locked=True)
-            ).all()
-            if not rows:
-                # Every fitting host may be locked by placements in flight, not full: wait
-                # for them and judge each host again as they leave it — locking in id order,
-                # as every waiting placement does, so that no two wait on each other.
-                rows = s.scalars(fits.order_by(HostRow.id).limit(self.k).with_for_update()).all()
-            if not rows:
-                where = f" of {', '.join(among)}" if among is not None else ""
-                raise NoCapacity(
-                    f"no active host{where} has a free slot with {need.cpus:g} cpus, "
-                    f"{need.memory_mb} MiB and the {need.driver} driver"
-                )
-            best = max(
-                rows,
-                key=lambda r: (
-                    _has_image(r, need.image),
-                    r.sandboxes - r.used_sandboxes,
-                    r.memory_mb - r.used_memory_mb,
-                ),
             )
-            best.used_millicpus += need.millicpus
-            best.used_memory_mb += need.memory_mb
-            best.used_sandboxes += 1
-            return Placed(best.id, best.epoch, _has_image(best, need.image))
+        c = candidates.subquery()
+        best = (
+            select(c.c.id)
+            .order_by(c.c.has_image.desc(), c.c.free_slots.desc(), c.c.free_memory.desc(), c.c.id)
+            .limit(1)
+            .scalar_subquery()
+        )
+        return (
+            update(HostRow)
+            .where(HostRow.id == best, *fits)
+            .values(
+                used_millicpus=HostRow.used_millicpus + need.millicpus,
+                used_memory_mb=HostRow.used_memory_mb + need.memory_mb,
+                used_sandboxes=HostRow.used_sandboxes + 1,
+            )
+            .returning(HostRow.id, HostRow.epoch, HostRow.images)
+        )
+
+    def place(self, need: Need, among: tuple[str, ...] | None = None) -> Placed:
+        """(Blocking.) Reserve `need` on the best of up to `k` candidate hosts — of `among`
+        only, if given: the hosts the caller can reach."""
+        with self.registry.store.one_write() as conn:
+            row = conn.execute(self._reserve(need, among, wait=False)).first()
+        if row is None:
+            with self.registry.store.one_write() as conn:
+                row = conn.execute(self._reserve(need, among, wait=True)).first()
+        if row is None:
+            where = f" of {', '.join(among)}" if among is not None else ""
+            raise NoCapacity(
+                f"no active host{where} has a free slot with {need.cpus:g} cpus, "
+                f"{need.memory_mb} MiB and the {need.driver} driver"
+            )
+        return Placed(row.id, row.epoch, _has_image(row.images, need.image))
 
     def release(self, placed: Placed, need: Need) -> bool:
         """(Blocking.) Give a reservation back; False if the host has since begun a new
         life (or is gone), whose reservations started from nothing."""
-        with self.registry.store.write_session() as s:
-            return give_back(s, placed.host_id, placed.epoch, need.millicpus, need.memory_mb)
+        with self.registry.store.one_write() as conn:
+            return give_back(conn, placed.host_id, placed.epoch, need.millicpus, need.memory_mb)
 
 
-def give_back(s: Session, host_id: str, epoch: int, millicpus: int, memory_mb: int) -> bool:
+def give_back(
+    s: Session | Connection, host_id: str, epoch: int, millicpus: int, memory_mb: int
+) -> bool:
     """In transaction `s`: one sandbox's reservation back to its host, if the host is still
-    in the life (`epoch`) that reserved it; False if not."""
-    row = s.get(HostRow, host_id, with_for_update=True)
-    if row is None or row.epoch != epoch:
-        return False
-    row.used_millicpus = max(0, row.used_millicpus - millicpus)
-    row.used_memory_mb = max(0, row.used_memory_mb - memory_mb)
-    row.used_sandboxes = max(0, row.used_sandboxes - 1)
-    return True
+    in the life (`epoch`) that reserved it; False if not. One statement (it locks the row)."""
+
+    def less(column: ColumnElement[int], by: int) -> ColumnElement[int]:
+        return case((column > by, column - by), else_=0)
+
+    done = s.execute(
+        update(HostRow)
+        .where(HostRow.id == host_id, HostRow.epoch == epoch)
+        .values(
+            used_millicpus=less(HostRow.used_millicpus, millicpus),
+            used_memory_mb=less(HostRow.used_memory_mb, memory_mb),
+            used_sandboxes=less(HostRow.used_sandboxes, 1),
+        )
+        .execution_options(synchronize_session=False)
+    )
+    return bool(done.rowcount)  # type: ignore[attr-defined]

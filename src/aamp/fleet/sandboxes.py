@@ -3,8 +3,10 @@ placed through `Placement` (its host's capacity reserved in the placement's tran
 recorded as a `sandboxes` row naming its host and the host's epoch; destroying it gives the
 capacity back and forgets the row.
 
-The candidates are the hosts this replica can drive: the one in its own process, and the
-hosts on other machines that registered a link (`aamp host serve`; `link_client.py`). A
+The candidates are the hosts this replica can drive: the one in its own process (none for
+`aamp up --role api`), and the hosts on other machines that registered a link (`aamp host
+serve`; `link_client.py`); with none to ask, a create is refused (503 `no_capacity`) saying
+that no host is available. A
 create a remote host cannot serve yet — one with egress rules, services, packages or host
 files, which the link does not carry (docs/deployment.md) — is placed on the replica's own
 host only. A sandbox placed on a remote host is booted there over the link and recorded
@@ -41,6 +43,18 @@ log = logging.getLogger("aamp.fleet")
 MIB = 2**20
 # A sandbox a host does not report yet may be one it has just made: forgotten only after this.
 REPORT_GRACE_SECONDS = 30
+
+
+# What a replica that runs no sandbox (`aamp up --role api`) answers when no host can be asked.
+NO_HOST = (
+    "no sandbox host is available: this replica runs no sandboxes of its own (aamp up --role"
+    " api) and no host has registered a link (`aamp host add ID`, then `aamp host serve` there)"
+)
+NO_HOST_FOR_THIS = (
+    "no sandbox host is available for this sandbox: this replica runs no sandboxes of its own"
+    " (aamp up --role api), and a host on another machine does not take egress rules,"
+    " services, packages or host files yet"
+)
 
 
 @dataclass(frozen=True)
@@ -81,9 +95,9 @@ class RemoteSandbox:
 
 
 class FleetPlacer:
-    def __init__(self, placement: Placement, host_id: str, links: HostLinks) -> None:
+    def __init__(self, placement: Placement, host_id: str | None, links: HostLinks) -> None:
         self.placement = placement
-        self.host_id = host_id  # the host in this process
+        self.host_id = host_id  # the host in this process (None: `aamp up --role api`)
         self.links = links
 
     @property
@@ -97,7 +111,10 @@ class FleetPlacer:
 
         def place() -> Placed:
             remote = tuple(self.placement.registry.linked()) if anywhere else ()
-            return self.placement.place(need, (self.host_id, *remote))
+            own = (self.host_id,) if self.host_id is not None else ()
+            if not own and not remote:
+                raise NoCapacity(NO_HOST if anywhere else NO_HOST_FOR_THIS)
+            return self.placement.place(need, (*own, *remote))
 
         return Reservation(await self.store.run(place), need)
 

@@ -2,7 +2,8 @@
 manager that owns every live sandbox on this host.
 
 - `SandboxManager` with `CreateRequest` — create (cold or from the warm pool), use, destroy,
-  reap (`manager.py`);
+  reap (`manager.py`); `configured_manager`, the one manager built from settings, for `aamp
+  up` and `aamp host serve` alike (`configured.py`);
 - `Driver` and `SandboxSpec` (and its `ReadOnlyFile`s) — the isolation contract
   (`driver.py`), `GVisorDriver`, `FirecrackerDriver`, and which of them work here
   (`drivers.py`);
@@ -39,6 +40,7 @@ __all__, __getattr__ = surface(
     channel.workspace: PathEscapeError workspace_path
     driver: SANDBOX_ID_RE Driver DriverError DriverStatus ReadOnlyFile SandboxHandle SandboxSpec
         SnapshotUnsupported
+    configured: configured_manager egress_resolver parse_pool
     debian_mirror: DEFAULT_APT_DIR mirror_url read_apt_sources
     drivers: available_drivers choose_default_driver probe_all
     firecracker: FirecrackerDriver

@@ -5,7 +5,8 @@ It creates sandboxes (cold, or from a warm pool), hands out their guest channels
 whatever an earlier host process left behind. It is the single place where sandbox lifecycle
 events are recorded. With a placer (`placer.py`: the fleet's placement, set by `aamp.server`)
 each sandbox's host is chosen, and its capacity reserved, before it boots, and given back
-when it is destroyed.
+when it is destroyed. A manager with no drivers runs no sandbox itself (a replica started
+with `aamp up --role api`): its placer puts every one on a registered host.
 
 Usage::
 
@@ -211,7 +212,9 @@ class SandboxManager:
         `learn_pools` keeps one warm for each of that many recently requested other boot keys
         (see `warm_pool.py`). `egress` is what every sandbox's proxy shares (by default this
         host's resolver, the process log, no credential injection)."""
-        if default_driver not in drivers:
+        # No drivers: this process runs no sandbox itself (`aamp up --role api`); its placer
+        # puts every one on a registered host, and `default_driver` is what it asks them for.
+        if drivers and default_driver not in drivers:
             raise ValueError(f"default driver {default_driver!r} is not among {sorted(drivers)}")
         self.settings = settings
         self.images = images
@@ -266,6 +269,8 @@ class SandboxManager:
 
     async def start(self) -> None:
         """Take the installation's runtime lock, reap leftovers, start the lifetime clock."""
+        if not self.drivers:  # it runs no sandbox here: nothing to claim or reap
+            return
         rt = self.settings.runtime_dir
         try:
             self._runtime = RuntimeDir.claim(rt)
@@ -354,6 +359,8 @@ class SandboxManager:
         self, request: CreateRequest, *, actor: str = "system"
     ) -> Sandbox | SandboxElsewhere:
         driver_name = request.driver or self.default_driver
+        if not self.drivers:  # runs none here: the host it is placed on checks driver and image
+            return await self._create_elsewhere(driver_name, request, actor)
         if driver_name not in self.drivers:
             raise InvalidRequest(
                 f"unknown driver {driver_name!r}; this host has {', '.join(sorted(self.drivers))}"
@@ -379,14 +386,8 @@ class SandboxManager:
             else None
         )
         if placer is not None:
-            try:
-                remote = await placer.boot_elsewhere(reservation, request, actor)
-            except BaseException:
-                await placer.cancel(reservation)
-                raise
+            remote = await self._boot_elsewhere(placer, reservation, request, actor)
             if remote is not None:
-                self._elsewhere.add(remote.id)
-                await self._record_created(remote, actor)
                 return remote
         sandbox = None
         try:
@@ -415,6 +416,36 @@ class SandboxManager:
         self._sandboxes[sandbox.id] = sandbox
         await self._record_created(sandbox, actor)
         return sandbox
+
+    async def _create_elsewhere(
+        self, driver_name: str, request: CreateRequest, actor: str
+    ) -> SandboxElsewhere:
+        """A create in a process that runs no sandbox itself: placed on a registered host,
+        or the placer says why none can take it."""
+        if self.placer is None:
+            raise SandboxUnavailable("this process runs no sandboxes and places none")
+        reservation = await self.placer.reserve(
+            driver_name, request.image, request.resources, anywhere=request.portable()
+        )
+        remote = await self._boot_elsewhere(self.placer, reservation, request, actor)
+        if remote is None:  # a placer that chose this process's host, which it does not have
+            await self.placer.cancel(reservation)
+            raise SandboxUnavailable("this process runs no sandboxes of its own")
+        return remote
+
+    async def _boot_elsewhere(
+        self, placer: Placer, reservation: object, request: CreateRequest, actor: str
+    ) -> SandboxElsewhere | None:
+        """Boot it on the remote host it was placed on (None: placed on this process's)."""
+        try:
+            remote = await placer.boot_elsewhere(reservation, request, actor)
+        except BaseException:
+            await placer.cancel(reservation)
+            raise
+        if remote is not None:
+            self._elsewhere.add(remote.id)
+            await self._record_created(remote, actor)
+        return remote
 
     async def _record_destroyed(
         self, sandbox_id: str, reason: str, actor: str, details: dict[str, object] | None = None

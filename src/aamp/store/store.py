@@ -295,6 +295,18 @@ class Store:
         with self.engine.connect().execution_options(**{WRITE_LOCK: True}) as conn, conn.begin():
             yield conn
 
+    @contextmanager
+    def one_write(self) -> Iterator[Connection]:
+        """A Core connection for one write statement that is its own transaction: autocommit
+        on PostgreSQL (one round trip, where BEGIN, the statement and COMMIT are three; the
+        rows it locks stay locked until it ends), `write_connection` on SQLite."""
+        if self.dialect != "postgresql":
+            with self.write_connection() as conn:
+                yield conn
+            return
+        with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            yield conn
+
     def run_plan(self, plan: ReadPlan[T], conn: Connection | None = None) -> T:
         """Run a read plan (see `ReadPlan`), blocking, on `conn` (in its transaction) or else
         on one `read_connection`."""
