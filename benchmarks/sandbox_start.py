@@ -4,7 +4,8 @@
 
 Prints a table (median and p95) and writes benchmarks/results/sandbox_start.json:
 - raw baselines: `runsc do true`, and `runsc run` of `python3 -c pass` in the base image tree
-  with the same flags aamp uses (the floor any runsc-based start can reach);
+  with the same flags aamp uses (the floor any runsc-based start can reach), each sample taken
+  beside the aamp sample it is compared with (the ratios are also given per pair);
 - aamp cold: create a sandbox (boot, guest agent ready) and run `python3 -c pass` in it;
 - aamp warm pool: take a pre-started sandbox and run `true` in it;
 - a run's sandbox: a policy's request (its own resources and egress rules), cold, and from the
@@ -45,32 +46,44 @@ def summary(samples: list[float]) -> dict[str, float]:
     return {"median_ms": statistics.median(ordered) * 1e3, "p95_ms": p95 * 1e3, "n": len(ordered)}
 
 
-def raw_runsc(root: Path, runs: int) -> tuple[list[float], list[float]]:
-    """`runsc do true`, and `runsc run` of `python3 -c pass` in the image tree."""
-    do_times, run_times = [], []
-    with tempfile.TemporaryDirectory(prefix="aamp-bench-") as tmp:
-        state = Path(tmp) / "state"
-        flags = ["runsc", f"--root={state}", "--platform=ptrace", "--network=none"]
-        bundle = Path(tmp) / "bundle"
-        bundle.mkdir()
-        subprocess.run(["runsc", "spec", "--bundle", str(bundle)], check=True)
-        config = json.loads((bundle / "config.json").read_text())
+class RawRunsc:
+    """The raw baselines, one sample at a time, so each is taken beside the aamp sample it is
+    compared with: on a shared host the load moves within a minute, and a block of baselines
+    measured before a block of aamp samples compares two different machines."""
+
+    def __init__(self, root: Path, tmp: Path) -> None:
+        self.flags = ["runsc", f"--root={tmp / 'state'}", "--platform=ptrace", "--network=none"]
+        self.bundle = tmp / "bundle"
+        self.bundle.mkdir()
+        subprocess.run(["runsc", "spec", "--bundle", str(self.bundle)], check=True)
+        config = json.loads((self.bundle / "config.json").read_text())
         config["root"] = {"path": str(root), "readonly": False}
         config["process"]["terminal"] = False
         config["process"]["args"] = ["python3", "-c", "pass"]
-        (bundle / "config.json").write_text(json.dumps(config))
-        for i in range(runs):
-            started = time.perf_counter()
-            subprocess.run([*flags, "do", "true"], check=True, capture_output=True)
-            do_times.append(time.perf_counter() - started)
-            started = time.perf_counter()
-            subprocess.run(
-                [*flags, "--overlay", "run", "--bundle", str(bundle), f"raw{i}"],
-                check=True,
-                capture_output=True,
-            )
-            run_times.append(time.perf_counter() - started)
-    return do_times, run_times
+        (self.bundle / "config.json").write_text(json.dumps(config))
+        self.count = 0
+
+    def do_true(self) -> float:
+        """`runsc do true`."""
+        started = time.perf_counter()
+        subprocess.run([*self.flags, "do", "true"], check=True, capture_output=True)
+        return time.perf_counter() - started
+
+    def run_python(self) -> float:
+        """`runsc run` of `python3 -c pass` in the image tree."""
+        self.count += 1
+        started = time.perf_counter()
+        subprocess.run(
+            [*self.flags, "--overlay", "run", "--bundle", str(self.bundle), f"raw{self.count}"],
+            check=True,
+            capture_output=True,
+        )
+        return time.perf_counter() - started
+
+
+def paired_ratio(aamp: list[float], base: list[float]) -> float:
+    """The median of each aamp sample over the baseline taken beside it."""
+    return statistics.median(a / b for a, b in zip(aamp, base, strict=True))
 
 
 def memory_of(sandbox_dir: Path, runsc_root: Path) -> tuple[int, int]:
@@ -89,15 +102,19 @@ def memory_of(sandbox_dir: Path, runsc_root: Path) -> tuple[int, int]:
     return rss, pss
 
 
-async def aamp_figures(settings: Settings, runs: int, idle: int, burst: int) -> dict[str, object]:
+async def aamp_figures(
+    settings: Settings, raw: RawRunsc, runs: int, idle: int, burst: int
+) -> dict[str, object]:
     drivers = {"gvisor": GVisorDriver(settings.runtime_dir)}
     out: dict[str, object] = {}
 
     manager = SandboxManager(settings, ImageStore(settings), drivers, "gvisor")
     await manager.start()
     try:
-        cold = []
-        for _ in range(runs):
+        cold, do_true, raw_run = [], [], []
+        for _ in range(runs):  # each aamp sample beside its baselines (see RawRunsc)
+            do_true.append(raw.do_true())
+            raw_run.append(raw.run_python())
             started = time.perf_counter()
             sb = await manager.create(CreateRequest(image="base"))
             async with manager.use(sb.id) as channel:
@@ -105,7 +122,7 @@ async def aamp_figures(settings: Settings, runs: int, idle: int, burst: int) -> 
             cold.append(time.perf_counter() - started)
             assert result.exit_code == 0
             await manager.destroy(sb.id)
-        out["cold"] = cold
+        out["cold"], out["do_true"], out["raw_run"] = cold, do_true, raw_run
 
         ids = [(await manager.create(CreateRequest(image="base"))).id for _ in range(idle)]
         await asyncio.sleep(2)  # let them settle into idle
@@ -169,10 +186,12 @@ async def aamp_figures(settings: Settings, runs: int, idle: int, burst: int) -> 
         try:
             if learn:  # the first request teaches the manager the policy's boot key
                 await manager.destroy((await manager.create(run_request)).id)
-            samples = []
+            samples, beside = [], []
             for _ in range(runs):
                 while learn and manager.pool_status().get(label, 0) < 1:
                     await asyncio.sleep(0.02)
+                if not learn:
+                    beside.append(raw.do_true())
                 started = time.perf_counter()
                 sb = await manager.create(run_request)
                 async with manager.use(sb.id) as channel:
@@ -181,9 +200,15 @@ async def aamp_figures(settings: Settings, runs: int, idle: int, burst: int) -> 
                 assert result.exit_code == 0 and sb.warm == bool(learn)
                 await manager.destroy(sb.id)
             out[kind] = samples
+            if not learn:
+                out["do_true_beside_run"] = beside
         finally:
             await manager.shutdown()
     return out
+
+
+def _load(avg: tuple[float, float, float]) -> str:
+    return " ".join(f"{x:.2f}" for x in avg)
 
 
 def main() -> int:
@@ -200,8 +225,12 @@ def main() -> int:
     )
     image = ImageStore(settings).get("base")
     GVisorDriver(settings.runtime_dir)  # fail early if the module is broken
-    do_true, raw_run = raw_runsc(image.root, args.runs)
-    figures = asyncio.run(aamp_figures(settings, args.runs, args.idle, args.burst))
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="aamp-bench-") as tmp:
+        raw = RawRunsc(image.root, Path(tmp))
+        figures = asyncio.run(aamp_figures(settings, raw, args.runs, args.idle, args.burst))
+    load_after = os.getloadavg()
+    do_true, raw_run = figures["do_true"], figures["raw_run"]
 
     rows = [
         ("raw: runsc do true", summary(do_true)),
@@ -215,7 +244,14 @@ def main() -> int:
     for name, s in rows:
         print(f"{name:46} {s['median_ms']:8.1f}ms {s['p95_ms']:8.1f}ms  {s['n']}")
     ratio = rows[2][1]["median_ms"] / rows[1][1]["median_ms"]
-    print(f"\ncold start vs raw runsc run (same command, same image): {ratio:.2f}x")
+    paired = paired_ratio(figures["cold"], raw_run)
+    run_paired = paired_ratio(figures["run_cold"], figures["do_true_beside_run"])
+    print(
+        f"\ncold start vs raw runsc run (same command, same image): {ratio:.2f}x "
+        f"(median of each sample over the baseline beside it: {paired:.2f}x)"
+    )
+    print(f"a run's sandbox, cold, vs runsc do true beside it: {run_paired:.2f}x")
+    print("load average before / after: " + " / ".join(_load(x) for x in (load_before, load_after)))
     rss = statistics.median(figures["idle_rss"]) / 2**20
     pss = statistics.median(figures["idle_pss"]) / 2**20
     print(f"host memory per idle sandbox ({args.idle} idle): RSS {rss:.1f} MiB, PSS {pss:.1f} MiB")
@@ -232,6 +268,9 @@ def main() -> int:
         "run_sandbox_cold": summary(figures["run_cold"]),
         "run_sandbox_warm": summary(figures["run_warm"]),
         "cold_vs_raw_ratio": ratio,
+        "cold_vs_raw_paired_ratio": paired,
+        "run_cold_vs_do_true_paired_ratio": run_paired,
+        "load_average": {"before": load_before, "after": load_after},
         "idle_rss_mib_median": rss,
         "idle_pss_mib_median": pss,
         "burst": {

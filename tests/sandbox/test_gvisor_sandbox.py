@@ -153,6 +153,19 @@ async def test_fork_bomb_is_contained(manager, events, settings):
     assert procs.run_quiet(["echo", "host ok"]).strip() == "host ok"
 
 
+async def test_the_handle_names_the_sandbox_process(manager):
+    """What `exited` watches is this sandbox's gVisor kernel (runsc writes its pid to a file
+    in the sandbox's state directory; nothing scans /proc on the way up)."""
+    sb = await manager.create(CreateRequest(image="base"))
+    pid = sb.handle.pid
+    assert pid is not None and procs.pid_alive(pid)
+    args = procs.cmdline(pid)
+    assert args[:1] == ["runsc-sandbox"] and any(str(sb.handle.state_dir) in a for a in args)
+    assert manager.drivers["gvisor"].exited(sb.handle) is None
+    await manager.destroy(sb.id)
+    assert not procs.pid_alive(pid)
+
+
 async def test_destroy_leaves_nothing(manager, settings):
     sb = await manager.create(CreateRequest(image="base"))
     assert leftovers(settings, sb.id)  # there is something to remove

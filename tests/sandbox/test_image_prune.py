@@ -32,6 +32,7 @@ from aamp.sandbox.images import (
     ImageUnavailable,
     Pruned,
     hold_image,
+    hold_image_async,
 )
 
 
@@ -234,6 +235,35 @@ def test_holding_a_pruned_image_fails_clearly(store, image_dir) -> None:
     store.prune(dry_run=False, progress=Lines())
     with pytest.raises(ImageUnavailable, match="no longer exists"):
         hold_image(old)
+
+
+async def test_holding_from_the_event_loop_waits_off_it_while_prune_holds_the_lock(
+    image_dir,
+) -> None:
+    """A create's hold: at once when the image is free; while prune (or a rebuild) holds the
+    lock exclusively it waits in a thread, the event loop running on, and holds it after."""
+    old = fixture_image_for_tests(image_dir, "base", "old")
+    free = await hold_image_async(old)
+    free.release()
+
+    fd = os.open(old / USE_LOCK, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    holding = asyncio.create_task(hold_image_async(old))
+    ticks = 0
+    for _ in range(20):  # 0.2 s of the loop's own work while the hold waits
+        await asyncio.sleep(0.01)
+        ticks += 1
+    assert ticks == 20 and not holding.done()
+    os.close(fd)
+    use = await asyncio.wait_for(holding, 10)
+    probe = os.open(old / USE_LOCK, os.O_RDONLY)
+    try:
+        with pytest.raises(BlockingIOError):  # the sandbox's hold is real: prune cannot
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        use.release()
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(probe)
 
 
 def test_a_sandbox_starting_while_its_image_is_renamed_away_is_refused(image_dir) -> None:

@@ -80,7 +80,7 @@ from aamp.sandbox.firecracker_procs import (
     unmount_under,
     vm_pids,
 )
-from aamp.sandbox.images import ImageUnavailable, ImageUse, hold_image
+from aamp.sandbox.images import ImageUnavailable, ImageUse, hold_image_async
 from aamp.sandbox.kvm import detect_kvm
 
 if TYPE_CHECKING:
@@ -368,7 +368,7 @@ class FirecrackerDriver(Driver):
     async def _hold_image(self, sandbox_id: str, directory: Path) -> None:
         """Mark the image in `directory` in use by this sandbox until its teardown."""
         try:
-            use = await asyncio.to_thread(hold_image, directory)
+            use = await hold_image_async(directory)
         except ImageUnavailable as exc:
             raise DriverError(f"cannot start sandbox {sandbox_id}: {exc}") from None
         previous = self._image_uses.pop(sandbox_id, None)

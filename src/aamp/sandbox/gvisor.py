@@ -41,7 +41,7 @@ from aamp.sandbox.driver import (
     SandboxHandle,
     SandboxSpec,
 )
-from aamp.sandbox.images import ImageUnavailable, ImageUse, hold_image
+from aamp.sandbox.images import ImageUnavailable, ImageUse, hold_image_async
 
 if TYPE_CHECKING:
     from aamp.sandbox.images import BuiltImage
@@ -53,6 +53,10 @@ AGENT_IN_GUEST = "/opt/aamp/agent"
 # image), which serves the first command while the Python agent starts behind it.
 FIRST_STAGE_IN_GUEST = "/opt/aamp/agent-init"
 RECORD = "record.json"
+# Where `runsc run` writes the sandbox process's pid (the gVisor kernel, what dies when the
+# guest is killed): read back instead of scanning /proc, which blocks the event loop for
+# milliseconds (more with more host processes) just as the guest's hello arrives.
+PID_FILE = "sandbox.pid"
 CPU_PERIOD_US = 100_000
 # The host's pids cgroup counts host tasks. Under the ptrace platform every guest thread is a
 # host thread, and the gVisor kernel itself runs ~40 threads when idle; so a policy's `pids`
@@ -125,7 +129,7 @@ class GVisorDriver(Driver):
         self, sandbox_id: str, spec: SandboxSpec, image: BuiltImage, state_dir: Path
     ) -> SandboxHandle:
         try:
-            use = await asyncio.to_thread(hold_image, image.root.parent)
+            use = await hold_image_async(image.root.parent)
         except ImageUnavailable as exc:
             raise DriverError(f"cannot start sandbox {sandbox_id}: {exc}") from None
         self._release_image(sandbox_id)
@@ -163,6 +167,7 @@ class GVisorDriver(Driver):
                 *self._global_flags(),
                 "run",
                 "--detach",
+                f"--pid-file={state_dir / PID_FILE}",
                 "--bundle",
                 str(bundle),
                 sandbox_id,
@@ -175,15 +180,7 @@ class GVisorDriver(Driver):
             tail = log_path.read_text(errors="replace")[-2000:]
             await self.destroy(handle)
             raise DriverError(f"runsc could not start sandbox {sandbox_id} (exit {rc}): {tail}")
-        # The sandbox process (the gVisor kernel) is what dies when the guest is killed.
-        handle.pid = next(
-            (
-                pid
-                for pid in procs.pids_matching(f"--root={self.runsc_root}", str(bundle))
-                if procs.cmdline(pid)[:1] == ["runsc-sandbox"]
-            ),
-            None,
-        )
+        handle.pid = _sandbox_pid(state_dir / PID_FILE)
         return handle
 
     def exited(self, handle: SandboxHandle) -> str | None:
@@ -344,6 +341,14 @@ def _check_first_stage(sandbox_id: str, image: BuiltImage) -> None:
             f" image was built by an older aamp or was changed since); rebuild it:"
             f" aamp image build {image.name} --force"
         )
+
+
+def _sandbox_pid(pid_file: Path) -> int | None:
+    """The pid runsc wrote for the sandbox process, or None if it wrote none."""
+    try:
+        return int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def _capabilities() -> dict[str, list[str]]:

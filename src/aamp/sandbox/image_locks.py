@@ -5,6 +5,7 @@ exclusively and never wait for.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import fcntl
@@ -85,35 +86,49 @@ def hold_image(directory: Path) -> ImageUse:
     (and build --force swaps it) while holding the lock exclusively, and a sandbox that
     opened the old file must not believe it holds the directory now at that path.
     """
-    path = directory / USE_LOCK
     deadline = time.monotonic() + HOLD_TIMEOUT_SECONDS
-    while True:
+    while (use := _try_hold(directory)) is None:
+        if time.monotonic() > deadline:
+            raise ImageUnavailable(f"image {directory} is being removed or replaced; try again")
+        time.sleep(0.01)
+    return use
+
+
+async def hold_image_async(directory: Path) -> ImageUse:
+    """`hold_image` without blocking the event loop: one attempt here, which never waits and
+    is what almost every create needs (microseconds, where a thread hop costs milliseconds on
+    a cold start's path), and only if the lock is busy, the waiting in a thread."""
+    use = _try_hold(directory)
+    return use if use is not None else await asyncio.to_thread(hold_image, directory)
+
+
+def _try_hold(directory: Path) -> ImageUse | None:
+    """One attempt at the shared lock, never waiting: the use, or None if prune or a rebuild
+    holds the lock exclusively or the path was renamed away meanwhile (try again)."""
+    path = directory / USE_LOCK
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except FileNotFoundError:
+        raise ImageUnavailable(
+            f"image directory {directory} no longer exists (pruned or rebuilt meanwhile)"
+        ) from None
+    except OSError as exc:
+        raise ImageUnavailable(f"cannot lock image {directory}: {exc.strerror}") from None
+    try:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except FileNotFoundError:
-            raise ImageUnavailable(
-                f"image directory {directory} no longer exists (pruned or rebuilt meanwhile)"
-            ) from None
-        except OSError as exc:
-            raise ImageUnavailable(f"cannot lock image {directory}: {exc.strerror}") from None
-        try:
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise ImageUnavailable(
-                            f"image {directory} is being removed or replaced; try again"
-                        ) from None
-                    time.sleep(0.01)
-            held, now = os.fstat(fd), _stat_or_none(path)
-        except BaseException:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
             os.close(fd)
-            raise
-        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
-            return ImageUse(fd, directory)
-        os.close(fd)  # renamed away while we waited: look again at what the path names now
+            return None
+        held, now = os.fstat(fd), _stat_or_none(path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        raise
+    if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+        return ImageUse(fd, directory)
+    os.close(fd)  # renamed away while we waited: look again at what the path names now
+    return None
 
 
 def _stat_or_none(path: Path) -> os.stat_result | None:

@@ -25,7 +25,8 @@ Usage::
     store.get("base").root                          # Path to the read-only tree
     store.prune(dry_run=False, progress=print)      # delete every image but the current ones
 
-Images in use: a driver calls `hold_image(directory)` when it creates a sandbox and releases it
+Images in use: a driver calls `hold_image(directory)` (from the event loop `hold_image_async`,
+which waits in a thread only when the lock is busy) when it creates a sandbox and releases it
 when the sandbox is destroyed (see `hold_image` for why a lock and not a scan for mounts).
 
 This module is the store (finding, caching, swapping in); the rest has a module each: the
@@ -61,6 +62,7 @@ from aamp.sandbox.image_locks import (
     build_lock,
     exclusive_if_unused,
     hold_image,
+    hold_image_async,
 )
 from aamp.sandbox.image_prune import Pruned, prune
 from aamp.sandbox.image_recipes import ResolvedRecipe, recipe_names, resolve
@@ -80,6 +82,7 @@ __all__ = [
     "Pruned",
     "UnknownImage",
     "hold_image",
+    "hold_image_async",
 ]
 
 DERIVED_FORMAT = 1  # bump when `with_packages` changes what it puts into a derived image
