@@ -23,11 +23,13 @@ from aamp.config import Settings
 from aamp.egress.ca import InstallationCA, ca_dir
 from aamp.egress.installation import InstallationListeners
 from aamp.egress.ledger import AuditEgressSink
-from aamp.egress.resolver import DnsServerResolver, Resolver, SystemResolver
+from aamp.egress.resolver import egress_resolver
 from aamp.egress.services import VaultSecretReader
 from aamp.fleet import (
     FleetPlacer,
     FleetUpkeep,
+    HostCollectors,
+    HostCredentials,
     HostRegistry,
     LocalHost,
     Placement,
@@ -61,15 +63,6 @@ def parse_pool(spec: str) -> dict[str, int]:
             raise ValueError(f"AAMP_WARM_POOL item {item!r} must look like IMAGE=COUNT")
         pool[name] = int(count)
     return pool
-
-
-def egress_resolver(settings: Settings) -> Resolver:
-    """Names are resolved on the host: by this host's resolver, or by the DNS servers in
-    AAMP_EGRESS_DNS (comma-separated addresses), as air-gapped sites often need. The sandbox
-    manager holds it (`manager.resolver`); the egress proxies and runs' model-endpoint
-    connections both resolve with it."""
-    servers = [s.strip() for s in settings.env.get("AAMP_EGRESS_DNS", "").split(",") if s.strip()]
-    return DnsServerResolver(servers) if servers else SystemResolver()
 
 
 def build_manager(
@@ -184,6 +177,12 @@ def build_control_plane(
     # whichever replica marked the host.
     cp.runs.sandbox_losses = manager.placer.lost
     fleet.after_sweep.append(cp.runs.fail_lost_sandboxes)
+    # The hosts on other machines: their egress records into this audit chain, their
+    # credential asks decided here (`aamp.fleet.collector`).
+    credentials = HostCredentials(store, cp.catalog, vault, audit)
+    collectors = HostCollectors(hosts, links, manager.placer.host_id, credentials, audit, vault)
+    fleet.after_sweep.append(collectors.sync)
+    fleet.after_stop.append(collectors.stop)
     return cp, password
 
 

@@ -34,6 +34,7 @@ __all__, __getattr__ = surface(
             "Resolver",
             "StaticResolver",
             "SystemResolver",
+            "egress_resolver",
         ),
         "rules": ("EgressRules",),
         "services": (

@@ -107,6 +107,7 @@ class FleetUpkeep:
         self.local = local
         self.interval = interval
         self.after_sweep: list[Callable[[], Awaitable[object]]] = []
+        self.after_stop: list[Callable[[], Awaitable[object]]] = []  # once the clock stopped
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -120,6 +121,8 @@ class FleetUpkeep:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        for callback in self.after_stop:
+            await callback()
 
     async def tick(self) -> list[HostInfo]:
         """One heartbeat of the local host and one sweep; the hosts this sweep marked lost."""

@@ -27,7 +27,7 @@ import secrets
 import shutil
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Unpack
 
@@ -122,11 +122,14 @@ class CreateRequest:
     read_only_files: tuple[ReadOnlyFile, ...] = ()
 
     def portable(self) -> bool:
-        """Whether a host on another machine can serve it: the link carries no egress rules,
-        services, packages or host files yet (docs/deployment.md)."""
+        """Whether a host on another machine can serve it: the link carries its egress rules
+        and its plain-HTTP services (their credentials asked for call by call:
+        `aamp.fleet.host_outbox`), not yet `default: ask` (its approvals are put to a person
+        by the replica's run), HTTPS services (the host's guests would have to trust the
+        host's own egress CA), packages or host files (docs/deployment.md)."""
         return (
-            self.egress == block_everything()
-            and not list(self.services)
+            self.egress.default != "ask"
+            and all(not s.tls for s in self.services)
             and not self.packages
             and not self.read_only_files
         )
@@ -206,6 +209,7 @@ class SandboxManager:
         egress_sink: EgressSink | None = None,
         resolver: Resolver | None = None,
         secrets: SecretReader | None = None,
+        secrets_for: Callable[[str], SecretReader] | None = None,
         ca: InstallationCA | None = None,
         upstream_tls: ssl.SSLContext | None = None,
         listeners: InstallationListeners | None = None,
@@ -230,6 +234,9 @@ class SandboxManager:
         self.resolver: Resolver = resolver or SystemResolver()
         # Credential injection: without a secret reader and a CA no service can be injected.
         self.secrets, self.ca, self.upstream_tls = secrets, ca, upstream_tls
+        # Or each sandbox's own reader (a host on another machine asks the control plane for
+        # one sandbox's credentials: `aamp.fleet.host_outbox.LinkSecrets`).
+        self.secrets_for = secrets_for
         # What this installation serves (its API, announced listeners): no sandbox reaches it.
         self.listeners = listeners if listeners is not None else InstallationListeners.of(settings)
         self.pool_targets = PoolTargets(
@@ -500,7 +507,7 @@ class SandboxManager:
             block_everything(),
             self.resolver,
             self.egress_sink,
-            secrets=self.secrets,
+            secrets=self.secrets_for(sandbox_id) if self.secrets_for else self.secrets,
             ca=self.ca,
             upstream_tls=self.upstream_tls,
             listeners=self.listeners,
@@ -610,15 +617,16 @@ class SandboxManager:
 
     def egress_view(self, sandbox_id: str) -> EgressView:
         """The sandbox's egress events from now on, as its proxy decided them (none for a
-        sandbox on another host, which may reach nothing: `CreateRequest.portable`)."""
+        sandbox on another host: its proxy's events go to the audit chain over the link,
+        not through this process)."""
         if sandbox_id not in self._elsewhere:
             self.get(sandbox_id)
         return self.recent_egress.view(sandbox_id)
 
     def set_egress_approver(self, sandbox_id: str, approver: Approver | None) -> None:
         """Who answers this sandbox's `egress.default: ask` destinations (a run puts them to
-        a person); with none they are refused. A sandbox on another host may reach nothing
-        (`CreateRequest.portable`), so it has nothing to ask."""
+        a person); with none they are refused. A sandbox on another host has no `ask`
+        rules (`CreateRequest.portable`), so it has nothing to ask."""
         if sandbox_id in self._elsewhere:
             return
         self.get(sandbox_id).egress.approvals.approver = approver
