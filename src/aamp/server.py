@@ -37,6 +37,7 @@ from aamp.fleet import (
 )
 from aamp.fleet.link_ca import LinkCA
 from aamp.fleet.links import HostLinks
+from aamp.fleet.local_link import LocalLink
 from aamp.fleet.registry import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_LOST_SECONDS
 from aamp.identity import Directory, LoginThrottle
 from aamp.identity.bootstrap import ensure_cli_token, ensure_first_admin
@@ -113,7 +114,8 @@ def build_fleet(
 ) -> tuple[HostRegistry, FleetUpkeep, HostLinks]:
     """The host registry and this replica's fleet task, which heartbeats this process's own
     sandbox host (`AAMP_FLEET_HOST_ID`, default `local`) every AAMP_FLEET_HEARTBEAT_SECONDS
-    and marks lost the hosts silent for AAMP_FLEET_LOST_SECONDS."""
+    and marks lost the hosts silent for AAMP_FLEET_LOST_SECONDS. With AAMP_FLEET_LINK_LISTEN
+    (HOST:PORT; AAMP_FLEET_LINK_ADVERTISE, what others dial) that host serves a link."""
     heartbeat = _seconds(settings, "AAMP_FLEET_HEARTBEAT_SECONDS", DEFAULT_HEARTBEAT_SECONDS)
     lost = _seconds(settings, "AAMP_FLEET_LOST_SECONDS", DEFAULT_LOST_SECONDS)
     if heartbeat * 2 > lost:
@@ -123,10 +125,17 @@ def build_fleet(
         )
     host_id = check_host_id(settings.env.get("AAMP_FLEET_HOST_ID", "").strip() or "local")
     registry = HostRegistry(store, lost_after=lost)
-    local = LocalHost(registry, manager, host_id)
     # Every sandbox this process makes is placed, its capacity reserved: on its own host, or
     # on a host with a link (`aamp host serve`), reached with this replica's certificate.
     links = HostLinks(LinkCA.of(settings))
+    # Several replicas: each one's own host serves a link too, so any replica reaches its
+    # sandboxes; one machine alone sets none (no TLS, as before).
+    listen = settings.env.get("AAMP_FLEET_LINK_LISTEN", "").strip()
+    advertise = settings.env.get("AAMP_FLEET_LINK_ADVERTISE", "").strip() or None
+    if advertise and not listen:
+        raise ValueError("AAMP_FLEET_LINK_ADVERTISE needs AAMP_FLEET_LINK_LISTEN")
+    link = LocalLink(links.ca, manager, host_id, listen, advertise) if listen else None
+    local = LocalHost(registry, manager, host_id, link=link)
     manager.placer = FleetPlacer(Placement(registry), host_id, links)
     return registry, FleetUpkeep(registry, audit, local, heartbeat), links
 

@@ -9,6 +9,7 @@ through the store (docs/deployment.md).
 - `FleetUpkeep`, `LocalHost` (`upkeep.py`) — each replica's heartbeat of its own host and
   its sweep for lost ones;
 - `serve_host` (`host_serve.py`) — `aamp host serve`: a sandbox host on another machine;
+  `LocalLink` (`local_link.py`) — the link of a replica's own host, for the other replicas;
 - `LinkCA` (`link_ca.py`), `HostLinks` (`links.py`) — the mutual-TLS link between replicas
   and hosts: its CA and certificates, and each replica's clients to the hosts;
 - `HostOutbox` (`host_outbox.py`) — a host's egress records and credential asks, waiting for
@@ -42,5 +43,6 @@ __all__, __getattr__ = surface(
         "host_outbox": ("HostOutbox", "LinkEgressSink", "LinkSecrets"),
         "credentials": ("HostCredentials",),
         "collector": ("HostCollectors",),
+        "local_link": ("LocalLink",),
     },
 )

@@ -19,6 +19,7 @@ the replica raises again (`link_client.py`).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -90,7 +91,8 @@ def link_app(
             services = ServiceSet(Service.from_dict(d) for d in body.get("services", []))
         except (HostError, ServiceError) as exc:
             raise _Refused(400, "invalid_request", f"egress: {exc}") from None
-        if services and outbox is None:
+        if services and outbox is None and manager.secrets is None:
+            # A host's proxies ask over the link (`outbox`); a replica's own read its vault.
             raise _Refused(400, "invalid_request", "this host cannot inject service credentials")
         sandbox = await manager.create(
             CreateRequest(
@@ -103,13 +105,15 @@ def link_app(
                 services=services,
             ),
             actor=str(body.get("actor", "system")),
+            placed_on=host_id,  # the replica that sent it placed it and records it
         )
         return JSONResponse(sandbox.describe(), status_code=201)
 
     async def collect(request: Request) -> Response:
-        if outbox is None:
-            return JSONResponse({"items": []})
         body = await _json(request)
+        if outbox is None:  # a replica's own host: its proxies write their records there
+            await asyncio.sleep(min(float(body.get("wait", 0)), 30.0))
+            return JSONResponse({"items": []})
         ack = [str(i) for i in body.get("ack", [])][:1000]
         items = await outbox.collect(ack, float(body.get("wait", 0)))
         return JSONResponse({"items": items})

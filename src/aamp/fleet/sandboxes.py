@@ -262,7 +262,11 @@ class FleetPlacer:
                 rows = s.execute(
                     select(SandboxRow.id, SandboxRow.host_id, HostRow.link_address)
                     .join(HostRow, HostRow.id == SandboxRow.host_id)
-                    .where(SandboxRow.state == "live", HostRow.link_address.is_not(None))
+                    .where(
+                        SandboxRow.state == "live",
+                        HostRow.link_address.is_not(None),
+                        SandboxRow.host_id != self.host_id,  # this process lists its own
+                    )
                 ).all()
             out: dict[str, tuple[str, set[str]]] = {}
             for r in rows:

@@ -348,8 +348,11 @@ class SandboxManager:
         return found is not None and found.mounts_files
 
     async def create(
-        self, request: CreateRequest, *, actor: str = "system"
+        self, request: CreateRequest, *, actor: str = "system", placed_on: str | None = None
     ) -> Sandbox | SandboxElsewhere:
+        """A new sandbox, placed by this manager's placer — or, with `placed_on`, one another
+        replica already placed on this host (`placed_on`, its id) and sent over the host's
+        link: booted here, recorded by that replica, given back when destroyed here."""
         driver_name = request.driver or self.default_driver
         if driver_name not in self.drivers:
             raise InvalidRequest(
@@ -367,7 +370,7 @@ class SandboxManager:
             raise InvalidRequest(str(exc)) from None
         except ImageBuildError as exc:
             raise SandboxUnavailable(f"the image with packages could not be built: {exc}") from None
-        placer = self.placer
+        placer = self.placer if placed_on is None else None
         reservation = (
             await placer.reserve(
                 driver_name, request.image, request.resources, anywhere=request.portable()
@@ -395,6 +398,7 @@ class SandboxManager:
                     driver_name, image, request.resources, request.read_only_files
                 )
             sandbox.packages = request.packages
+            sandbox.host = placed_on
             if placer is not None:
                 sandbox.host = await placer.placed(reservation, sandbox.id)
         except BaseException:
