@@ -113,6 +113,31 @@ def host_state(admin: httpx.Client, host_id: str) -> dict:
     return next(h for h in admin.get("/v1/hosts").json() if h["id"] == host_id)
 
 
+def fleet_on_postgres(root: Path, postgres_server, heartbeat: str, lost: str) -> Fleet:  # type: ignore[no-untyped-def]
+    """A fleet on a fresh database of the tests' PostgreSQL server (skipped without root
+    and runsc, which sandbox hosts need)."""
+    import uuid
+
+    import pytest
+
+    if os.geteuid() != 0 or shutil.which("runsc") is None:
+        pytest.skip("sandbox hosts need root and runsc here")
+    url = postgres_server.create_database(f"t_{uuid.uuid4().hex[:12]}")
+    return Fleet(root, url.render_as_string(hide_password=False), heartbeat, lost)
+
+
+def exec_in(client: httpx.Client, sandbox_id: str, script: str) -> tuple[int, bytes]:
+    """`sh -c script` in the sandbox through `client`: exit code and stdout."""
+    import base64
+    import json
+
+    r = client.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"argv": ["sh", "-c", script]})
+    assert r.status_code == 200, r.text
+    lines = [json.loads(line) for line in r.text.splitlines()]
+    out = b"".join(base64.b64decode(x["data"]) for x in lines if x.get("stream") == "stdout")
+    return lines[-1]["exit_code"], out
+
+
 class Fleet:
     """Replicas and hosts of one installation; `close` stops them all."""
 

@@ -7,35 +7,17 @@ host serves no link: `test_sandbox_hosts.py` and the single-host tests run that 
 
 from __future__ import annotations
 
-import base64
-import json
-import os
-import shutil
-import uuid
 from pathlib import Path
 
-import httpx
-import pytest
-from fleet_processes import Fleet, free_port, host_state, wait_for
+from fleet_processes import exec_in, fleet_on_postgres, free_port, host_state, wait_for
 
 from aamp.sandbox import procs
-
-
-def _exec(client: httpx.Client, sandbox_id: str, script: str) -> tuple[int, bytes]:
-    r = client.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"argv": ["sh", "-c", script]})
-    assert r.status_code == 200, r.text
-    lines = [json.loads(line) for line in r.text.splitlines()]
-    out = b"".join(base64.b64decode(x["data"]) for x in lines if x.get("stream") == "stdout")
-    return lines[-1]["exit_code"], out
 
 
 def test_a_replicas_own_host_is_reached_from_another(
     tmp_path: Path, base_image, postgres_server
 ) -> None:
-    if os.geteuid() != 0 or shutil.which("runsc") is None:
-        pytest.skip("sandbox hosts need root and runsc here")
-    url = postgres_server.create_database(f"t_{uuid.uuid4().hex[:12]}")
-    fleet = Fleet(tmp_path, url.render_as_string(hide_password=False), "1", "15")
+    fleet = fleet_on_postgres(tmp_path, postgres_server, "1", "15")
     left: list[int] = []
     try:
         a = fleet.replica("rep-a", AAMP_FLEET_LINK_LISTEN=f"127.0.0.1:{free_port()}")
@@ -49,7 +31,7 @@ def test_a_replicas_own_host_is_reached_from_another(
         mine = made.json()["id"]
         assert made.json()["host"] == "rep-a"
         assert b.get(f"/v1/sandboxes/{mine}").json()["host"] == "rep-a"
-        assert _exec(b, mine, "echo $((6*7))") == (0, b"42\n")
+        assert exec_in(b, mine, "echo $((6*7))") == (0, b"42\n")
         r = b.put(f"/v1/sandboxes/{mine}/files", params={"path": "note.txt"}, content=b"via b")
         assert r.status_code == 204, r.text
         assert a.get(f"/v1/sandboxes/{mine}/files", params={"path": "note.txt"}).content == (
@@ -63,7 +45,7 @@ def test_a_replicas_own_host_is_reached_from_another(
         assert sent.status_code == 201, sent.text
         theirs = sent.json()["id"]
         assert sent.json()["host"] == "rep-a"
-        assert _exec(a, theirs, "echo here") == (0, b"here\n")  # A's own manager runs it
+        assert exec_in(a, theirs, "echo here") == (0, b"here\n")  # A's own manager runs it
         listed = {s["id"]: s["host"] for s in b.get("/v1/sandboxes").json()}
         assert listed == {mine: "rep-a", theirs: "rep-a"}, listed
         assert {s["id"] for s in a.get("/v1/sandboxes").json()} == {mine, theirs}
