@@ -188,7 +188,9 @@ def build_control_plane(
     fleet.after_sweep.append(cp.runs.fail_lost_sandboxes)
     # The hosts on other machines: their egress records into this audit chain, their
     # credential asks decided here (`aamp.fleet.collector`).
-    credentials = HostCredentials(store, cp.catalog, vault, audit)
+    credentials = HostCredentials(
+        store, lambda name: cp.catalog.get_service(name).secrets, vault, audit
+    )
     collectors = HostCollectors(hosts, links, manager.placer.host_id, credentials, audit, vault)
     fleet.after_sweep.append(collectors.sync)
     fleet.after_stop.append(collectors.stop)

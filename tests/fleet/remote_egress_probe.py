@@ -22,6 +22,7 @@ import secrets
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -32,6 +33,7 @@ from fleet_processes import HostProcess, free_port, write_credentials  # noqa: E
 from run_helpers import serve_plane  # noqa: E402
 
 from aamp.config import Settings  # noqa: E402
+from aamp.egress.ledger import EgressEvent  # noqa: E402
 from aamp.fleet.host_outbox import HostOutbox  # noqa: E402
 from aamp.fleet.host_process import HostConfig, SandboxHost  # noqa: E402
 from aamp.fleet.host_serve import host_manager  # noqa: E402
@@ -207,6 +209,16 @@ async def main(settings_json: str) -> dict:
             "not_granted": await outbox.ask(s2["id"], "crm", "crm_token"),
             "no_such_sandbox": await outbox.ask("sb-000000000000", "crm", "crm_token"),
         }
+        # A record of another host's sandbox is not written as that sandbox's.
+        forged = EgressEvent(s1["id"], time.time(), 1, "http", UPSTREAM, 8080, UPSTREAM,
+                             "allowed", "forged", "forged", 200, 0, 0, 0.0)  # fmt: skip
+        await outbox.record("egress", forged.to_dict())
+        report["forged"] = {
+            "written": [r for r in await audit(client, actor=f"sandbox:{s1['id']}")
+                        if r["reason"] == "forged"],
+            "refused": [(r["actor"], r["decision"])
+                        for r in await audit(client, action="host.report_refused")],
+        }  # fmt: skip
         report["refusals"] = [
             {"actor": r["actor"], "reason": r["reason"], "sandbox": r["details"]["sandbox"]}
             for r in await audit(client, action="secret.refused")

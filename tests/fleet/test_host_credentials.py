@@ -48,7 +48,9 @@ async def test_a_host_gets_only_its_own_sandboxes_granted_secrets(settings, stor
 
     await place(("crm",), "sb-aaaaaaaaaaaa")
     await place((), "sb-bbbbbbbbbbbb")
-    credentials = HostCredentials(store, catalog, vault, audit)
+    credentials = HostCredentials(
+        store, lambda name: catalog.get_service(name).secrets, vault, audit
+    )
 
     def ask(host: str, sandbox: str, service: str = "crm", secret: str = "crm_token"):  # type: ignore[no-untyped-def]
         return credentials.decide(host, {"sandbox": sandbox, "service": service, "secret": secret})

@@ -8,7 +8,8 @@ loopback carries the fake upstreams (`remote_egress_probe.py`).
   credential's reveal names the host, the sandbox and the service; its use is recorded;
 - nothing on the host's disk (home, runtime directory, log) holds the secret;
 - a host asking for a sandbox it does not run, for a service its sandbox was not granted, or
-  for no sandbox at all, is refused, and each refusal is recorded;
+  for no sandbox at all, is refused, and each refusal is recorded; an egress record it hands
+  over for another host's sandbox is not written as that sandbox's (`host.report_refused`);
 - the audit chain verifies.
 """
 
@@ -56,4 +57,5 @@ def test_remote_host_rules_services_and_audit(tmp_path: Path, base_image) -> Non
     refusals = report["refusals"]
     assert len(refusals) == 3 and {r["actor"] for r in refusals} == {"host:h2"}, refusals
     assert {"actor": "host:h1", "sandbox": report["s1"]} in report["uses"], report["uses"]
+    assert report["forged"] == {"written": [], "refused": [["host:h2", "deny"]]}, report["forged"]
     assert report["verify"]["ok"], report["verify"]

@@ -44,6 +44,7 @@ __all__, __getattr__ = surface(
             "Header",
             "SecretReader",
             "Service",
+            "ServiceError",
             "ServiceSet",
             "VaultSecretReader",
         ),

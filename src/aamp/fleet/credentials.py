@@ -13,10 +13,10 @@ rule, and the host is told the rule only.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from aamp.audit import AuditSink
-from aamp.catalog import Catalog
 from aamp.errors import NotFound
 from aamp.store import Store
 from aamp.store.tables import HostRow, SandboxRow
@@ -26,8 +26,21 @@ MAX_NAME = 64
 
 
 class HostCredentials:
-    def __init__(self, store: Store, catalog: Catalog, vault: Vault, audit: AuditSink) -> None:
-        self.store, self.catalog, self.vault, self.audit = store, catalog, vault, audit
+    def __init__(
+        self,
+        store: Store,
+        service_secrets: Callable[[str], tuple[str, ...]],
+        vault: Vault,
+        audit: AuditSink,
+    ) -> None:
+        """`service_secrets(name)` (blocking): the secret names a service's current
+        definition uses, `NotFound` if there is no such service (the catalog's)."""
+        self.store, self.service_secrets, self.vault, self.audit = (
+            store,
+            service_secrets,
+            vault,
+            audit,
+        )
 
     def refusal(self, host_id: str, sandbox_id: str, service: str, secret: str) -> str | None:
         """(Blocking.) Why `host_id` may not have `secret` of `service` for `sandbox_id`;
@@ -43,10 +56,10 @@ class HostCredentials:
         if service not in granted:
             return f"service {service} is not granted to sandbox {sandbox_id}"
         try:
-            defined = self.catalog.get_service(service)
+            used = self.service_secrets(service)
         except NotFound:
             return f"service {service} no longer exists"
-        if secret not in defined.secrets:
+        if secret not in used:
             return f"service {service} does not use secret {secret}"
         return None
 

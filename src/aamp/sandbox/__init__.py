@@ -79,6 +79,7 @@ __all__, __getattr__ = surface(
             "SandboxStopped",
             "SandboxUnavailable",
             "UnknownSandbox",
+            "block_everything",
         ),
         "guest_worker": ("run_worker",),
         "rag_worker": (
