@@ -98,6 +98,10 @@ class HostCollectors:
                         timeout=POLL_SECONDS + 30,
                     )
                     items = answer.json()["items"]
+                    if answer.json().get("idle") is True:
+                        # Nothing is ever collected here (a replica's own host): ask seldom,
+                        # holding no request open on its link.
+                        await asyncio.sleep(POLL_SECONDS)
                 except (AampError, ValueError, KeyError, TypeError) as exc:
                     # Unreachable, or an answer that is not one: the host offers it again.
                     log.debug("collecting from host %s: %s", link.host_id, exc)

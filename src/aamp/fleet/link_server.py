@@ -19,7 +19,6 @@ the replica raises again (`link_client.py`).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import json
@@ -112,8 +111,7 @@ def link_app(
     async def collect(request: Request) -> Response:
         body = await _json(request)
         if outbox is None:  # a replica's own host: its proxies write their records there
-            await asyncio.sleep(min(float(body.get("wait", 0)), 30.0))
-            return JSONResponse({"items": []})
+            return JSONResponse({"items": [], "idle": True})
         ack = [str(i) for i in body.get("ack", [])][:1000]
         items = await outbox.collect(ack, float(body.get("wait", 0)))
         return JSONResponse({"items": items})
