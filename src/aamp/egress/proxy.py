@@ -36,7 +36,7 @@ import socket
 import ssl
 import stat
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,6 +85,9 @@ class EgressContext:
     resolver: Resolver
     sink: EgressSink
     secrets: SecretReader | None = None
+    # Or each sandbox's own reader (a host on another machine asks the control plane for one
+    # sandbox's credentials: `aamp.fleet.host_outbox.LinkSecrets`).
+    secrets_for: Callable[[str], SecretReader] | None = None
     ca: InstallationCA | None = None
     upstream_tls: ssl.SSLContext | None = None
     listeners: InstallationListeners | None = None
@@ -97,7 +100,7 @@ class EgressContext:
             rules,
             self.resolver,
             self.sink,
-            secrets=self.secrets,
+            secrets=self.secrets_for(sandbox_id) if self.secrets_for else self.secrets,
             ca=self.ca,
             upstream_tls=self.upstream_tls,
             listeners=self.listeners,
