@@ -305,3 +305,58 @@ async def test_closing_the_proxy_cuts_a_guest_that_stopped_reading(
 def test_renegotiation_is_refused_on_both_sides(ca, upstream_tls):
     assert ca.server_context(HOST).options & ssl.OP_NO_RENEGOTIATION
     assert upstream_tls_context(upstream_tls[1]).options & ssl.OP_NO_RENEGOTIATION
+
+
+def dechunk(body: bytes) -> bytes:
+    out, at = bytearray(), 0
+    while True:
+        end = body.index(b"\r\n", at)
+        size = int(body[at:end], 16)
+        if not size:
+            return bytes(out)
+        out += body[end + 2 : end + 2 + size]
+        at = end + 4 + size
+
+
+async def test_a_slow_guest_holds_back_the_upstream_and_then_gets_every_byte_scrubbed(
+    sockdir, sink, vault, ca, upstream_tls, upstream
+):
+    # The body is relayed from the upstream transport's receive buffer (`tap`), not through
+    # a StreamReader: a guest that stops reading must stop the upstream being read, not
+    # make the proxy buffer the body; when it reads again, the relay resumes where it was.
+    block = b"w" * (1024 * 1024 - len(TOKEN)) + TOKEN.encode()  # a token per MiB, at seams
+    count = 40
+    sent = 0
+
+    async def big(head, writer):
+        nonlocal sent
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (count * len(block)))
+        for _ in range(count):
+            writer.write(block)
+            await writer.drain()
+            sent += len(block)
+        return True
+
+    upstream.script = big
+    async with make_proxy(sockdir, sink, vault, ca, upstream_tls, upstream.port) as proxy:
+        reader, writer = await tunnel(proxy, ca, upstream.port)
+        writer.write(
+            f"GET / HTTP/1.1\r\nHost: {HOST}:{upstream.port}\r\nConnection: close\r\n\r\n".encode()
+        )
+        await asyncio.sleep(1.5)  # the guest reads nothing: every buffer on the way fills
+        stalled = sent
+        await asyncio.sleep(1.0)
+        assert sent == stalled  # nothing more was taken from the upstream meanwhile
+        assert stalled <= count * len(block) // 2  # kernel buffers, not the body, are held
+        raw = await read_raw(reader, 60)
+        writer.close()
+        await proxy.flush()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"Transfer-Encoding: chunked" in head
+    data = dechunk(body)
+    assert TOKEN.encode() not in data
+    assert data.count(b"w") == count * (len(block) - len(TOKEN))
+    assert len(data) == count * (len(block) - len(TOKEN) + 8)  # each token one marker
+    service = [e for e in sink.read() if e.kind == "service"]
+    assert len(service) == 1 and service[0].status == 200
+    assert service[0].bytes_down == len(raw)  # every byte the guest got, counted once

@@ -28,6 +28,10 @@ close_notify once what was written has gone out (or gives up and cuts the connec
 the peer closes as well (again at most `close_timeout`); `abort` cuts at once, lingering
 included (the proxy's `close` aborts every connection: a sandbox's end is not held up).
 
+`tap` hands the next so many bytes read to a callback instead of the protocol, as views of
+that receive buffer (the scrubbed relay of a service response body, `forward.py`): the
+callback consumes each before returning, and asks for a pause when its sink is full.
+
 `handshake` wraps a connected socket and runs the TLS handshake under a timeout; `take_over`
 moves an established stream (the guest's, after `CONNECT`) onto one of these transports.
 """
@@ -40,6 +44,7 @@ import contextlib
 import os
 import socket
 import ssl
+from collections.abc import Callable
 from typing import Any
 
 from aamp.egress.splice import wait_ready
@@ -160,6 +165,10 @@ class TLSSocketTransport(asyncio.Transport):
         self._reader_on = self._writer_on = False
         self._cut: asyncio.TimerHandle | None = None
         self._lingering = False  # closed, the descriptor kept until the peer closes too
+        self._tap: Callable[[memoryview], bool] | None = None
+        self._tap_left = 0
+        self._tapped: asyncio.Future[int] | None = None
+        self._joined = bytearray()  # writelines assembles here: no fresh object per write
         self._arm()
 
     # -- asyncio.Transport -----------------------------------------------------------------
@@ -242,8 +251,68 @@ class TLSSocketTransport(asyncio.Transport):
         self._flush()
 
     def writelines(self, list_of_data: Any) -> None:
-        # One SSL_write: records are per write, and each costs the guest a decryption.
-        self.write(b"".join(list_of_data))
+        # One SSL_write: records are per write, and each costs the guest a decryption. The
+        # pieces are joined into the transport's own buffer; only what OpenSSL did not take
+        # at once is copied out to wait.
+        if self.is_closing():
+            return
+        if self._retry is not None or self._out or self._write_wants_read:
+            self._queue(b"".join(list_of_data))
+            return
+        joined = self._joined
+        joined[:] = b""
+        for piece in list_of_data:
+            joined += piece
+        if not joined:
+            return
+        try:
+            sent = self._tls.send(joined)
+        except ssl.SSLWantWriteError:
+            sent = 0
+        except ssl.SSLWantReadError:
+            sent = 0
+            self._write_wants_read = True
+        except (OSError, ValueError) as exc:
+            self._fatal(exc)
+            return
+        if sent < len(joined):
+            # OpenSSL began the write: it is repeated with the same bytes (from the start).
+            self._retry = bytes(joined) if sent == 0 else bytes(memoryview(joined)[sent:])
+            self._flow()
+            self._arm()
+
+    def tap(self, length: int, deliver: Callable[[memoryview], bool]) -> asyncio.Future[int]:
+        """Hand the next (at most) `length` bytes read to `deliver` instead of the protocol:
+        a view of the receive buffer, valid only during the call (no StreamReader, no copy).
+        `deliver` returns False when its sink is full: reading pauses and the future ends
+        with the bytes still to come; it ends with 0 when all `length` were delivered, and
+        with the error if the stream ends or fails first. Only with nothing buffered above."""
+        if self._tap is not None:
+            raise RuntimeError("already tapped")
+        future = self._loop.create_future()
+        if self._closed or self._eof:
+            future.set_exception(asyncio.IncompleteReadError(b"", length))
+            return future
+        self._tap, self._tap_left, self._tapped = deliver, length, future
+        self._reading = False
+        self.resume_reading()
+        return future
+
+    def untap(self) -> None:
+        """End a tap still on (its waiter was cancelled): reading pauses, nothing more is
+        delivered. Nothing happens if the tap already ended."""
+        if self._tap is not None:
+            self.pause_reading()
+            self._untap(asyncio.CancelledError())
+
+    def _untap(self, result: int | BaseException) -> None:
+        future = self._tapped
+        self._tap, self._tapped = None, None
+        if future is not None and not future.done():
+            if isinstance(result, BaseException):
+                future.set_exception(result)
+            else:
+                future.set_result(result)
 
     def close(self) -> None:
         if self.is_closing():
@@ -298,9 +367,11 @@ class TLSSocketTransport(asyncio.Transport):
         into, got, ended = self._into, 0, False
         error: BaseException | None = None
         tls = self._tls
+        tap = self._tap
+        room = len(into) if tap is None else min(len(into), self._tap_left)
         try:
-            while got < len(into):
-                n = tls.recv_into(into[got:])
+            while got < room:
+                n = tls.recv_into(into[got:room])
                 if n == 0:
                     ended = True
                     break
@@ -311,8 +382,24 @@ class TLSSocketTransport(asyncio.Transport):
             self._read_wants_write = True
         except (OSError, ValueError) as exc:  # SSLError included: a bad record, an alert
             error = exc
-        if got:
+        if got and tap is not None:
+            self._tap_left -= got
+            try:
+                more = tap(into[:got])
+            except BaseException as exc:  # the sink's refusal (a cap): the tap's error
+                self.pause_reading()
+                self._untap(exc)
+                return
+            if not self._tap_left:
+                self._untap(0)
+            elif not more:
+                self.pause_reading()
+                self._untap(self._tap_left)
+                return
+        elif got:
             self._protocol.data_received(into[:got])  # type: ignore[attr-defined]
+        if (error is not None or ended) and self._tap is not None:
+            self._untap(error or asyncio.IncompleteReadError(b"", self._tap_left))
         if error is not None:
             self._fatal(error)
             return
@@ -322,7 +409,7 @@ class TLSSocketTransport(asyncio.Transport):
             if not self._protocol.eof_received():  # type: ignore[attr-defined]
                 self.close()
             return
-        if got == len(into) and not self._closed:
+        if got == room and not self._closed:
             with contextlib.suppress(OSError, ValueError):
                 if tls.pending():  # the buffer filled inside a record
                     self._loop.call_soon(self._on_readable)
@@ -408,6 +495,7 @@ class TLSSocketTransport(asyncio.Transport):
         self._reader_on = self._writer_on = False
         self._out.clear()
         self._out_size, self._retry = 0, None
+        self._untap(exc or ConnectionResetError("the connection was closed"))
         self._loop.call_soon(self._protocol.connection_lost, exc)
         if notify:
             with contextlib.suppress(OSError, ValueError):
