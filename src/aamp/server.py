@@ -40,6 +40,7 @@ from aamp.identity import Directory, LoginThrottle
 from aamp.identity.bootstrap import ensure_cli_token, ensure_first_admin
 from aamp.runs.leases import DEFAULT_LEASE_SECONDS
 from aamp.runs.service import RunService
+from aamp.sandbox import DEFAULT_MAX_WARM
 from aamp.sandbox.driver import Driver
 from aamp.sandbox.drivers import available_drivers, choose_default_driver
 from aamp.sandbox.images import ImageStore
@@ -87,6 +88,9 @@ def build_manager(
     learn = settings.env.get("AAMP_WARM_POOL_LEARN", "0").strip() or "0"
     if not learn.isdigit():
         raise ValueError(f"AAMP_WARM_POOL_LEARN must be a number of pools, got {learn!r}")
+    warm_max = settings.env.get("AAMP_WARM_POOL_MAX", "").strip() or str(DEFAULT_MAX_WARM)
+    if not warm_max.isdigit():
+        raise ValueError(f"AAMP_WARM_POOL_MAX must be a number of sandboxes, got {warm_max!r}")
     manager = SandboxManager(
         settings,
         images,
@@ -95,6 +99,7 @@ def build_manager(
         recorder=audit,
         warm_pool=pool,
         learn_pools=int(learn),
+        warm_max=int(warm_max),
         egress_sink=AuditEgressSink(audit),
         resolver=egress_resolver(settings),
         secrets=VaultSecretReader(vault) if vault is not None else None,

@@ -71,6 +71,7 @@ def create_app(cp: ControlPlane) -> FastAPI:
         try:
             await cp.manager.start()
             try:
+                await catalog.keep_policies_warm(cp)  # after the manager started
                 await cp.fleet.start()  # registers this process's own host, if it runs one
                 if cp.runs is not None:
                     await cp.runs.recover()  # after the manager reaped their sandboxes

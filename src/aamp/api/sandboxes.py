@@ -195,6 +195,9 @@ async def _create_request(cp: ControlPlane, body: SandboxIn, plan: SandboxPlan) 
             policy = parse_policy_document(body.policy_document, "yaml")
         except PolicyError as exc:
             raise ApiError(422, "invalid_policy", str(exc)) from None
+        if policy.warm:
+            message = "warm: only a stored policy keeps sandboxes warm (PUT /v1/policies/NAME)"
+            raise ApiError(422, "invalid_policy", message)
         services = []
         for name in policy.services:
             try:

@@ -2,7 +2,8 @@
 manager that owns every live sandbox on this host.
 
 - `SandboxManager` with `CreateRequest` — create (cold or from the warm pool), use, destroy,
-  reap (`manager.py`);
+  reap (`manager.py`); the pools' bound (`DEFAULT_MAX_WARM`, `WarmTotalExceeded`,
+  `warm_pool.py`);
 - `Driver` and `SandboxSpec` (and its `ReadOnlyFile`s) — the isolation contract
   (`driver.py`), `GVisorDriver`, `FirecrackerDriver`, and which of them work here
   (`drivers.py`);
@@ -90,5 +91,6 @@ __all__, __getattr__ = surface(
             "check_index_header",
         ),
         "wheelhouse": ("MAX_WHEEL_BYTES", "Wheel", "Wheelhouse", "WheelhouseError"),
+        "warm_pool": ("DEFAULT_MAX_WARM", "WarmTotalExceeded"),
     },
 )
