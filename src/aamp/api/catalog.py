@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 from aamp.api.body import Body
 from aamp.api.context import ControlPlane
 from aamp.api.errors import ApiError
-from aamp.api.guard import cp_of, record_change, record_refusal, rule
+from aamp.api.guard import cp_of, guarded_router, record_change, record_refusal, rule
 from aamp.catalog.catalog import (
     MAX_POLICY_BYTES,
     Service,
@@ -151,7 +151,7 @@ async def keep_policies_warm(cp: ControlPlane) -> None:
 
 
 def router() -> APIRouter:
-    r = APIRouter(prefix="/v1")
+    r = guarded_router(prefix="/v1")
 
     @r.get("/policies", response_model=list[PolicyOut], tags=["policies"])
     @rule("policy.list")

@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 from aamp.api.body import Body
 from aamp.api.context import ControlPlane, SandboxOwner
 from aamp.api.errors import ApiError
-from aamp.api.guard import actor_of, check, cp_of, json_body, request_id, rule
+from aamp.api.guard import actor_of, check, cp_of, guarded_router, json_body, request_id, rule
 from aamp.catalog.catalog import AgentNeeds, Service, parse_policy_document
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import ServiceSet
@@ -223,7 +223,7 @@ async def _create_request(cp: ControlPlane, body: SandboxIn, plan: SandboxPlan) 
 
 
 def router() -> APIRouter:
-    r = APIRouter(prefix="/v1", tags=["sandboxes"])
+    r = guarded_router(prefix="/v1", tags=["sandboxes"])
 
     @r.get("/images")
     @rule("image.list")
