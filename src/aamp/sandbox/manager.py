@@ -612,8 +612,10 @@ class SandboxManager:
                 # after its first hello (gVisor's first stage starts the Python agent later)
                 # is done before a hand-out, never alongside the handed-out one's commands.
                 await sandbox.channel.health()
-            except (ChannelError, OSError) as exc:
+            except BaseException as exc:  # cancelled (shutdown, drain) too: nothing left over
                 await self._teardown(sandbox, reason="its guest agent did not answer")
+                if not isinstance(exc, ChannelError | OSError):
+                    raise
                 log.warning("warm pool for %s: a new sandbox did not answer: %s", key.image, exc)
                 return
             sandbox.packages = key.packages
