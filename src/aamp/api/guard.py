@@ -49,7 +49,7 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Depends, Request
 
 from aamp.api.context import ControlPlane
-from aamp.api.errors import ApiError
+from aamp.api.errors import ERROR_RESPONSES, ApiError
 from aamp.identity import credentials as cred
 from aamp.identity.authz import PUBLIC_ACTIONS, allowed
 from aamp.identity.errors import AuthenticationFailed
@@ -210,8 +210,9 @@ async def _record(
 
 
 def guarded_router(**options: Any) -> APIRouter:
-    """An API module's router: every route of it runs `guard` first."""
-    return APIRouter(dependencies=[Depends(guard)], **options)
+    """An API module's router: every route of it runs `guard` first and documents the error
+    statuses (what the app gives its own routes: `create_app`)."""
+    return APIRouter(dependencies=[Depends(guard)], responses=ERROR_RESPONSES, **options)
 
 
 async def guard(request: Request) -> Actor:
