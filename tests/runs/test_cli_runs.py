@@ -12,7 +12,7 @@ import pytest
 from scripted_model import ScriptedModelServerForTests
 from test_cli import ControlPlane  # tests/api/test_cli.py: a real `aamp up` process
 
-from aamp.runs.service import artifacts_dir
+from aamp.runs.run_files import artifacts_dir
 from aamp.runs.store import RunStore
 from aamp.store import Store
 

@@ -10,7 +10,7 @@ import asyncio
 from run_helpers import make_agent, parse_sse, wait_end
 from scripted_model import ScriptedModelServerForTests
 
-from aamp.runs.service import artifacts_dir
+from aamp.runs.run_files import artifacts_dir
 
 POLICY = {
     "name": "closed",

@@ -21,7 +21,7 @@ import pytest
 from run_helpers import free_port, make_agent, parse_sse, serve_plane, wait_end
 from scripted_model import ScriptedModelServerForTests
 
-from aamp.runs.service import FRESH_SANDBOX_NOTE
+from aamp.runs.replica import FRESH_SANDBOX_NOTE
 from aamp.sandbox import procs
 
 LEASE_SECONDS = "3"

@@ -26,7 +26,7 @@ from aamp.errors import NotFound
 from aamp.identity.model import Actor, Resource
 from aamp.policy import MiB, Policy, PolicyError, Resources, problems
 from aamp.sandbox import describe_image, exec_lines, open_download, workspace_path
-from aamp.sandbox.manager import (
+from aamp.sandbox.requests import (
     DEFAULT_IDLE_SECONDS,
     DEFAULT_TTL_SECONDS,
     CreateRequest,

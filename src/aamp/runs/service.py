@@ -9,7 +9,10 @@ sandbox is destroyed, pending approvals are closed, and a final `run.finished` s
 With `egress.default: ask` the sandbox's proxy asks the same people about destinations outside
 the rules (`_egress_approver`); the run pauses, its wall clock stopped (`aamp.runs.waiting`).
 
-Steps go through `aamp.runs.steps.StepLog` (stored, audited, announced).
+Steps go through `aamp.runs.steps.StepLog` (stored, audited, announced). Its parts, each a
+module of its own: the questions put to people (`approvals.py`), this replica among others
+— leases, takeovers, cancels and lost sandboxes (`replica.py`) — and a run's files in its
+sandbox (`run_files.py`).
 
 Leases (`aamp.runs.leases`): this process is one replica (`replica`, a fresh id per start).
 It takes the lease of each run it starts, renews every lease it holds every third of
@@ -38,41 +41,38 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-import posixpath
 import secrets
-import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from aamp.agents import DocumentsTool, RagTool, guest_scripts, rag_index_path
+from aamp.agents import DocumentsTool, RagTool, rag_index_path
 from aamp.agents.browser_tool import BrowserTool
 from aamp.agents.definition import AgentDefinition
 from aamp.agents.loop import run_loop, summarise
-from aamp.agents.loop_replay import LoopState, NotResumable, replay
 from aamp.agents.model import EndpointAccess, ModelClient, ModelError
 from aamp.agents.sandbox_tools import SandboxTools
 from aamp.agents.tools import ToolSet
 from aamp.audit.record import AuditSink
 from aamp.catalog.model_endpoints import ModelEndpoint
 from aamp.config import Settings
-from aamp.egress.approvals import Answer, Approver
 from aamp.egress.registered import AddressVerdict, CheckedTransport
-from aamp.errors import AampError, Conflict, NotFound
+from aamp.errors import Conflict
 from aamp.policy import Policy
-from aamp.runs import artifacts as art
-from aamp.runs.bus import APPROVAL, CANCEL, LEASE, EventBus, Listener
+from aamp.runs.approvals import ApprovalRefused, RunApprovals
+from aamp.runs.bus import CANCEL, LEASE, EventBus, Listener
 from aamp.runs.leases import DEFAULT_LEASE_SECONDS, LeaseLost, RunLeases
+from aamp.runs.replica import HANDED_OFF, SHUT_DOWN, Replica, Takeover
+from aamp.runs.run_files import RunFiles
 from aamp.runs.steps import StepLog
 from aamp.runs.store import RunEvent, RunInfo, RunStore
 from aamp.runs.waiting import ApprovalGate, LiveRun
 from aamp.sandbox import ChannelError, ReadOnlyFile
 from aamp.sandbox.manager import CreateRequest, SandboxError, SandboxManager, UnknownSandbox
 from aamp.store import Store
-from aamp.store.timestamps import now, parse_time
+from aamp.store.timestamps import now
 from aamp.vault import SecretNotFound, Vault
 
 log = logging.getLogger("aamp.runs")
@@ -95,38 +95,11 @@ class RunRequest:
     knowledge_bases: dict[str, tuple[int, Path]] = field(default_factory=dict)
 
 
-class ApprovalRefused(Exception):
-    """An approval was denied or timed out; the message is the run's failure reason."""
-
-
-def artifacts_dir(settings: Settings, run_id: str) -> Path:
-    return settings.home / "artifacts" / run_id
-
-
-STOPPED = "the control plane stopped during the run (killed or crashed)"
-SHUT_DOWN = "the control plane shut down during the run"
-HANDED_OFF = "run.handed_off"  # the last step of a run whose replica shut down cleanly
 CANCEL_WAIT_SECONDS = 30.0  # beyond two leases, for a cancel asked of another replica
-FRESH_SANDBOX_NOTE = (
-    "[aamp] The control-plane process that ran the steps above stopped; this run goes on in a "
-    "fresh sandbox. /workspace holds the input files again; files written by the tool calls "
-    "above are gone, so write again anything you still need."
-)
-
-
-@dataclass(frozen=True)
-class Takeover:
-    """A run this replica took over: where its loop stood, and whose lease expired."""
-
-    previous: str | None  # the replica that drove it (None: it never took a lease)
-    state: LoopState
-    after_seq: int  # the run's last stored step
-    elapsed: float  # wall-clock seconds the run had run until that step
-    kb_versions: dict[str, int]  # the knowledge-base versions it had mounted
 
 
 @dataclass(eq=False, repr=False)
-class RunService:
+class RunService(RunApprovals, Replica, RunFiles):
     settings: Settings
     store: Store
     audit: AuditSink
@@ -162,151 +135,6 @@ class RunService:
         self._keeper: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
-
-    async def recover(self) -> list[str]:
-        """Start this replica's lease task; on SQLite first take over every unfinished run
-        (the installation lock makes each a dead process's: its sandbox was reaped at
-        start-up). Returns the ids taken over now."""
-        taken = []
-        if self.listener is not None:
-            self.listener.start()
-        if self.store.dialect == "sqlite":
-            while (
-                claim := await self.store.run(lambda: self.leases.claim_expired(any_age=True))
-            ) is not None:
-                await self._take_over(*claim)
-                taken.append(claim[0])
-        if self._keeper is None:
-            self._keeper = asyncio.get_running_loop().create_task(
-                self._keep_leases(), name=f"run-leases-{self.replica}"
-            )
-        return taken
-
-    async def _keep_leases(self) -> None:
-        """Every third of a lease: renew this replica's leases (dropping the runs another
-        replica took over meanwhile), then take over the runs whose lease expired."""
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._sweep_soon.wait(), self.lease_seconds / 3)
-            self._sweep_soon.clear()
-            try:
-                await self.sweep_leases()
-            except Exception:  # the store is down: try again at the next beat
-                log.exception("renewing run leases failed")
-
-    async def sweep_leases(self) -> list[str]:
-        """One beat of `_keep_leases`; returns the runs taken over."""
-        lost = await self.store.run(self.leases.renew, self.leases.held())
-        for run_id in lost:
-            task = self._tasks.get(run_id)
-            if task is not None and not task.done():
-                log.warning("run %s was taken over by another replica; stopping it here", run_id)
-                self._fenced_out.add(run_id)
-                task.cancel()
-        # The poll behind the cancel wake-ups: a notification missed only delays a cancel.
-        await self._cancel_asked_here(self.leases.held())
-        await self.fail_lost_sandboxes()
-        taken = []
-        while (claim := await self.store.run(self.leases.claim_expired)) is not None:
-            await self._take_over(*claim)
-            taken.append(claim[0])
-        return taken
-
-    async def fail_lost_sandboxes(self) -> list[str]:
-        """Fail, with the reason, every run here whose sandbox was lost with its host;
-        returns their ids."""
-        if self.sandbox_losses is None or not self._sandboxes:
-            return []
-        lost = await self.store.run(self.sandbox_losses, set(self._sandboxes.values()))
-        failed = []
-        for run_id, sandbox_id in list(self._sandboxes.items()):
-            task = self._tasks.get(run_id)
-            if sandbox_id in lost and task is not None and not task.done():
-                why = f"sandbox: {sandbox_id} was lost: {lost[sandbox_id]}"
-                self._cancel_reasons.setdefault(run_id, ("failed", why))
-                task.cancel()
-                failed.append(run_id)
-        return failed
-
-    def _cancel_asked(self, run_id: str | None) -> None:
-        """A wake-up: someone asked to cancel `run_id` (None: maybe any run) on some replica."""
-        ids = set(self._tasks) if run_id is None else {run_id} & set(self._tasks)
-        if ids:
-            task = asyncio.get_running_loop().create_task(self._cancel_asked_here(ids))
-            self._checks.add(task)
-            task.add_done_callback(self._checks.discard)
-
-    async def _cancel_asked_here(self, run_ids: set[str]) -> None:
-        """Cancel those of `run_ids` driven here that someone asked to cancel (their rows say
-        so: the wake-up alone is not trusted)."""
-        asked = await self.store.run(self.runs.cancel_requests, run_ids)
-        for run_id, by in asked.items():
-            task = self._tasks.get(run_id)
-            if task is not None and not task.done():
-                self._cancel_reasons.setdefault(run_id, ("cancelled", f"cancelled by {by}"))
-                task.cancel()
-
-    async def _take_over(self, run_id: str, previous: str | None) -> None:
-        """Go on with a run whose driver stopped, from its step log, or fail it saying why."""
-        who = f"replica {previous}" if previous else "a process that never took its lease"
-        asked = await self.store.run(self.runs.cancel_requests, {run_id})
-        if run_id in asked:
-            await self._fail_taken(run_id, f"cancelled by {asked[run_id]}", status="cancelled")
-            return
-        try:
-            run = await self.store.run(self.runs.get, run_id)
-            events = await self.store.run(self.runs.events_after, run_id, 0, 1_000_000)
-            if events and events[-1].type == HANDED_OFF:
-                who, stopped = f"replica {previous}", SHUT_DOWN
-            else:
-                stopped = STOPPED
-            state = replay((e.type, e.data) for e in events)
-            if self.rebuild is None:
-                raise NotResumable("this process cannot rebuild runs")
-            request = await self.rebuild(run)
-            mounted = {
-                str(e.data.get("name")): int(e.data.get("version") or 0)
-                for e in events
-                if e.type == "knowledge_base.mounted"
-            }
-            for name, version in mounted.items():
-                now_at = request.knowledge_bases.get(name, (None, None))[0]
-                if now_at != version:
-                    raise NotResumable(
-                        f"knowledge base {name!r} is at version {now_at} now; "
-                        f"the run searched version {version}"
-                    )
-        except (NotResumable, AampError) as exc:
-            await self._fail_taken(run_id, f"{stopped} ({who}); it cannot go on: {exc}")
-            return
-        except Exception as exc:  # e.g. an ApiError from the rebuild: its message says why
-            await self._fail_taken(
-                run_id, f"{stopped} ({who}); it cannot go on: {getattr(exc, 'message', exc)}"
-            )
-            return
-        if events and run.started_at:
-            elapsed = (parse_time(events[-1].at) - parse_time(run.started_at)).total_seconds()
-        else:
-            elapsed = 0.0
-        state.note = FRESH_SANDBOX_NOTE if state.steps else None
-        after = events[-1].seq if events else 0
-        takeover = Takeover(previous, state, after, max(0.0, elapsed), mounted)
-        self._start(request, takeover)
-
-    async def _fail_taken(self, run_id: str, reason: str, status: str = "failed") -> None:
-        fence = self.leases.fence(run_id)
-        try:
-            await self.store.run(self.runs.cancel_pending, run_id)
-            with contextlib.suppress(Conflict):
-                await self.store.run(
-                    lambda: self.runs.update(run_id, fence, status=status, reason=reason)
-                )
-            await self.emit(run_id, "run.finished", {"status": status, "reason": reason})
-            await self.store.run(self.runs.forget_inputs, run_id)
-        except LeaseLost:
-            pass  # another replica took it from this one meanwhile: it is theirs to end
-        finally:
-            await self.store.run(self.leases.release, run_id)
 
     async def shutdown(self) -> None:
         """Stop every live run and wait for its end here. On PostgreSQL each is handed to
@@ -383,103 +211,6 @@ class RunService:
         return await self.steps.emit(run_id, type_, data)
 
     # -- approvals ---------------------------------------------------------------------------
-
-    async def decide(self, approval_id: str, approve: bool, *, by: str, note: str | None) -> dict:
-        """Answer an approval in its row; the run waiting on it, on whichever replica, wakes
-        and records `approval.decided` (its driver writes its steps)."""
-        status = "approved" if approve else "denied"
-        decided = await self.store.run(lambda: self.runs.decide(approval_id, status, by, note))
-        self.bus.notify(approval_id, APPROVAL)
-        return decided
-
-    async def _answer(self, approval_id: str, timeout: int) -> Answer:
-        """Wait for the answer in the approval's row — woken when it is answered, on any
-        replica, and reading it again every lease beat anyway — or expire it after
-        `timeout` seconds."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            waiter = self.bus.waiter(approval_id, APPROVAL)  # before the read: see bus.py
-            row = await self.store.run(self.runs.get_approval, approval_id)
-            if row["status"] != "pending":
-                return Answer(row["status"], row["decided_by"] or "nobody", row["note"])
-            left = deadline - loop.time()
-            if left <= 0:
-                try:
-                    await self.store.run(lambda: self.runs.decide(approval_id, "expired", "system"))
-                except Conflict:
-                    continue  # answered just now: read that answer
-                return Answer("expired", "nobody")
-            await self.bus.wait(waiter, min(left, self.lease_seconds / 3))
-
-    async def _question(
-        self, run_id: str, kind: str, subject: dict[str, Any], timeout: int
-    ) -> tuple[str, Answer]:
-        """Put one question to the people who may answer it and pause the run until the
-        answer (approved, denied, or expired after `timeout` seconds); returns its id and
-        the answer."""
-        live = self._live.get(run_id)
-        if live is not None:
-            live.begin_wait()
-        try:
-            asked = await self.store.run(
-                lambda: self.runs.request_approval(run_id, kind, subject, self.leases.fence(run_id))
-            )
-            approval_id = asked["id"]
-            await self.emit(
-                run_id,
-                "approval.requested",
-                {"approval": approval_id, "kind": kind, "subject": subject, "timeout": timeout},
-            )
-            answer = await self._answer(approval_id, timeout)
-            decided: dict[str, Any] = {"approval": approval_id, "status": answer.status}
-            if answer.status != "expired":
-                decided |= {"by": answer.by, "note": answer.note}
-            await self.emit(run_id, "approval.decided", decided)
-        finally:
-            if live is not None:
-                live.end_wait()
-        if live is not None:
-            await self._show_waiting(run_id, live)
-        return approval_id, answer
-
-    async def _show_waiting(self, run_id: str, live: LiveRun) -> None:
-        """After a question closed: the run's status says whether it still waits for a person
-        — judged when the write runs, so questions opening and closing at once leave the right
-        one (opening one marks the run waiting in the same transaction)."""
-
-        def write() -> None:
-            status = "waiting_approval" if live.waiting else "running"
-            with contextlib.suppress(Conflict):
-                self.runs.update(run_id, self.leases.fence(run_id), status=status)
-
-        await self.store.run(write)
-
-    async def _ask(self, run_id: str, kind: str, subject: dict[str, Any], timeout: int) -> None:
-        """Pause the run until a person answers; raises `ApprovalRefused` unless approved."""
-        approval_id, answer = await self._question(run_id, kind, subject, timeout)
-        if answer.status == "expired":
-            raise ApprovalRefused(
-                f"approval_timeout: nobody answered approval {approval_id} ({kind}) "
-                f"within {timeout} s"
-            )
-        if answer.status != "approved":
-            raise ApprovalRefused(f"{kind}: {answer.by} denied approval {approval_id}")
-
-    def _egress_approver(self, run_id: str, timeout: int) -> Approver:
-        """Answers the run's sandbox's `default: ask` destinations by asking a person. A
-        denial or no answer refuses the connection (the agent sees why); the run goes on."""
-
-        async def approve(host: str, port: int) -> Answer:
-            live = self._live.get(run_id)
-            task = asyncio.current_task()
-            if live is not None and task is not None:
-                live.questions.append((f"{host}:{port}", task))
-            subject = {"host": host, "port": port}
-            _, answer = await self._question(run_id, "egress", subject, timeout)
-            return answer
-
-        return approve
 
     # -- one run -----------------------------------------------------------------------------
 
@@ -715,92 +446,3 @@ class RunService:
             return value.expose()
 
         return EndpointAccess(endpoint.name, endpoint.base_url, transport, api_key)
-
-    async def _put_inputs(
-        self, run_id: str, sandbox_id: str, inputs: tuple[tuple[str, bytes], ...]
-    ) -> None:
-        async with self.manager.use(sandbox_id) as channel:
-            await channel.run(["mkdir", "-p", "/workspace/in", "/workspace/out"], timeout=30)
-            for name, data in inputs:
-                path = posixpath.join("/workspace/in", name)
-                await channel.put(path, data, len(data))
-                await self.emit(
-                    run_id,
-                    "file.in",
-                    {"path": path, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()},
-                )
-
-    async def _give_indexes(
-        self, run_id: str, sandbox_id: str, indexes: dict[str, tuple[int, Path]], mounted: bool
-    ) -> None:
-        """Say how each knowledge base's index is in the sandbox, where only the worker reads
-        it: mounted read-only at boot (gVisor: the stored file itself, which the guest cannot
-        change), or — a driver that cannot mount files (Firecracker) — copied in now, into
-        the guest's own disk, where the guest could change its copy but never the stored
-        file; the event says which."""
-        for name, (version, path) in indexes.items():
-            about = {"name": name, "version": version, "index": path.stem}
-            if mounted:
-                about |= {"size": path.stat().st_size, "read_only": True}
-                await self.emit(run_id, "knowledge_base.mounted", about)
-                continue
-            async with self.manager.use(sandbox_id) as channel:
-                size = await channel.put_file(rag_index_path(name), path)
-            reason = "this sandbox's driver cannot mount host files read-only"
-            await self.emit(run_id, "knowledge_base.copied", about | {"size": size,
-                            "read_only": False, "reason": reason})  # fmt: skip
-
-    async def _collect(self, run_id: str, sandbox_id: str, req: RunRequest) -> list[str]:
-        """Copy /workspace/out's files out as artifacts; returns the refusals' reasons."""
-        rule = req.policy.data.outbound
-        async with self.manager.use(sandbox_id) as channel:
-            result, out, _ = await channel.run(
-                ["python3", "-c", guest_scripts.LIST, *art.ROOTS], timeout=60
-            )
-        answer = guest_scripts.answer(out) if result.exit_code == 0 else None
-        found, clashes = art.candidates(answer.get("entries") if answer else None)
-        refused: list[str] = []
-        for clash, reason in clashes:
-            refused.append(reason)
-            await self.emit(run_id, "artifact.refused", {"name": clash.name, "reason": reason})
-        used = 0
-        kept: set[str] = set()  # content hashes of registered artifacts
-        dest = artifacts_dir(self.settings, run_id)
-        for candidate in found:
-            try:
-                art.check(candidate, rule, used)
-                async with self.manager.use(sandbox_id) as channel:
-                    path, size, sha = await art.copy_out(
-                        channel, candidate, dest, rule.max_bytes - used
-                    )
-            except art.ArtifactRefused as exc:
-                refused.append(str(exc))
-                await self.emit(
-                    run_id, "artifact.refused", {"name": candidate.name, "reason": str(exc)}
-                )
-                continue
-            subject = {"name": candidate.name, "size": size, "sha256": sha}
-            if rule.needs_approval(used + size):
-                timeout = req.definition.limits.approval_timeout_seconds
-                try:
-                    await self._ask(run_id, "data.outbound", subject, timeout)
-                except BaseException:
-                    if sha not in kept:  # data nobody approved does not stay on the host
-                        path.unlink(missing_ok=True)
-                    raise
-            kept.add(sha)
-            used += size
-            await self.store.run(
-                self.runs.add_artifact, run_id, candidate.name, size, sha, self.leases.fence(run_id)
-            )
-            await self.emit(run_id, "artifact", subject)
-        return refused
-
-    def artifact_path(self, run_id: str, name: str) -> tuple[Path, dict[str, Any]]:
-        for item in self.runs.artifacts(run_id):
-            if item["name"] == name:
-                return artifacts_dir(self.settings, run_id) / item["sha256"], item
-        raise NotFound(f"run {run_id} has no artifact {name!r}")
-
-    def forget_artifacts(self, run_id: str) -> None:
-        shutil.rmtree(artifacts_dir(self.settings, run_id), ignore_errors=True)

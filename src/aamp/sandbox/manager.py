@@ -6,7 +6,9 @@ whatever an earlier host process left behind. It is the single place where sandb
 events are recorded. With a placer (`placer.py`: the fleet's placement, set by `aamp.server`)
 each sandbox's host is chosen, and its capacity reserved, before it boots, and given back
 when it is destroyed. A manager with no drivers runs no sandbox itself (a replica started
-with `aamp up --role api`): its placer puts every one on a registered host.
+with `aamp up --role api`): its placer puts every one on a registered host. Its parts, each a
+module of its own: what a sandbox is asked for and the errors (`requests.py`), a live sandbox
+(`live.py`), the warm pools (`pool_fill.py`), events to the process log (`log_sinks.py`).
 
 Usage::
 
@@ -29,28 +31,20 @@ import secrets
 import shutil
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Unpack
 
-from aamp.audit import AuditSink, EventFields
+from aamp.audit import AuditSink
 from aamp.config import Settings
 from aamp.egress.approvals import Approver
 from aamp.egress.installation import InstallationListeners
-from aamp.egress.ledger import EgressEvent
-from aamp.egress.proxy import EgressContext, EgressProxy
+from aamp.egress.proxy import EgressContext
 from aamp.egress.recent import EgressView, RecentEgress
 from aamp.egress.resolver import Resolver, SystemResolver
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import ServiceSet
-from aamp.errors import AampError
 from aamp.policy import (
-    DEFAULT_IDLE_SECONDS,
-    DEFAULT_TTL_SECONDS,
-    MAX_TTL_SECONDS,
     Policy,
     Resources,
 )
-from aamp.sandbox.channel.errors import ChannelError
 from aamp.sandbox.channel.guest_channel import GuestChannel
 from aamp.sandbox.driver import (
     SANDBOX_ID_RE,
@@ -61,153 +55,28 @@ from aamp.sandbox.driver import (
     SandboxSpec,
 )
 from aamp.sandbox.images import BuiltImage, ImageBuildError, ImageStore
+from aamp.sandbox.live import Sandbox
+from aamp.sandbox.log_sinks import LogEgressSink, LogRecorder
 from aamp.sandbox.placer import Placer, SandboxElsewhere
+from aamp.sandbox.pool_fill import WarmPools
+from aamp.sandbox.requests import (
+    CreateRequest,
+    InvalidRequest,
+    SandboxError,
+    SandboxStopped,
+    SandboxUnavailable,
+    UnknownSandbox,
+    block_everything,
+)
 from aamp.sandbox.runtime_dir import RuntimeDir, RuntimeDirBusy
 from aamp.sandbox.warm_pool import DEFAULT_MAX_WARM, BootKey, PoolTargets, boot_key
 
 log = logging.getLogger("aamp.sandbox")
 
 GUEST_READY_TIMEOUT = 30.0
-# A pool is refilled this long after a hand-out, not at once: a sandbox's boot takes the CPU
-# for a while, which on a small host would slow the handed-out sandbox's first commands.
-REFILL_DELAY = 0.5
 
 
-class SandboxError(AampError, code="sandbox_error"):
-    """A request about sandboxes cannot be served; `code` is stable, the message is for people."""
-
-
-class UnknownSandbox(SandboxError, code="unknown_sandbox", status=404):
-    """No live sandbox has this id (never made, or destroyed since)."""
-
-
-class InvalidRequest(SandboxError, code="invalid_request"):
-    """A create request this host cannot serve (an unknown image or driver, a bad lifetime)."""
-
-
-class SandboxStopped(SandboxError, code="sandbox_stopped", status=410):
-    """The sandbox stopped by itself (a limit, a crash); the message says why."""
-
-
-class SandboxUnavailable(SandboxError, code="sandbox_unavailable", status=503):
-    """A sandbox could not be started (the driver failed, or the guest did not come up)."""
-
-
-class LogRecorder:
-    """Writes lifecycle events to the process log; for use without an audit log (tests, tools).
-    Has the signature of `aamp.audit.AuditSink.record`, which the control plane passes in."""
-
-    async def record(self, **event: Unpack[EventFields]) -> None:
-        fields = ("actor", "action", "resource", "decision", "reason", "details")
-        log.info("%s %s %s %s %s %s", *(event.get(name) for name in fields))
-
-
-class LogEgressSink:
-    """Writes egress ledger events to the process log; for use without an audit log."""
-
-    async def record(self, event: EgressEvent) -> None:
-        log.info("egress %s", event.to_json())
-
-
-def block_everything() -> EgressRules:
-    return EgressRules.from_lists("block")
-
-
-@dataclass(frozen=True)
-class CreateRequest:
-    image: str = "base"
-    driver: str | None = None
-    ttl: float = DEFAULT_TTL_SECONDS
-    idle: float = DEFAULT_IDLE_SECONDS
-    resources: Resources = field(default_factory=Resources)
-    # What the sandbox may reach through its egress proxy; nothing unless a policy says so.
-    egress: EgressRules = field(default_factory=block_everything)
-    # The services whose credentials the proxy injects for this sandbox.
-    services: ServiceSet = field(default_factory=ServiceSet)
-    # A policy's `packages:` (`name==version`), installed from the wheelhouse in a derived
-    # layer of the image (`ImageStore.with_packages`).
-    packages: tuple[str, ...] = ()
-    # Host files shown read-only in the guest (`ReadOnlyFile`); only drivers that can
-    # (`can_mount_files`), and never from the warm pool: they are bound in at boot.
-    read_only_files: tuple[ReadOnlyFile, ...] = ()
-
-    def portable(self) -> bool:
-        """Whether a host on another machine can serve it: the link carries its egress rules
-        and its plain-HTTP services (their credentials asked for call by call:
-        `aamp.fleet.host_outbox`), not yet `default: ask` (its approvals are put to a person
-        by the replica's run), HTTPS services (the host's guests would have to trust the
-        host's own egress CA), packages or host files (docs/deployment.md)."""
-        return (
-            self.egress.default != "ask"
-            and all(not s.tls for s in self.services)
-            and not self.packages
-            and not self.read_only_files
-        )
-
-    def __post_init__(self) -> None:
-        for name in ("ttl", "idle"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise InvalidRequest(f"{name} must be a number of seconds, got {value!r}")
-            if not 0 < value <= MAX_TTL_SECONDS:
-                raise InvalidRequest(
-                    f"{name} must be between 1 and {MAX_TTL_SECONDS} seconds, got {value}"
-                )
-
-
-@dataclass
-class Sandbox:
-    id: str
-    image: str
-    image_hash: str
-    driver: str
-    resources: Resources
-    handle: SandboxHandle
-    channel: GuestChannel
-    egress: EgressProxy
-    # A request's own lifetime replaces these when the sandbox is handed out to it.
-    ttl: float = DEFAULT_TTL_SECONDS
-    idle: float = DEFAULT_IDLE_SECONDS
-    created_at: float = field(default_factory=time.time)
-    started_monotonic: float = field(default_factory=time.monotonic)
-    active_uses: int = 0
-    last_used: float = field(default_factory=time.monotonic)
-    warm: bool = False  # handed out from a warm pool (booted before it was asked for)
-    packages: tuple[str, ...] = ()  # from the wheelhouse, in the image's derived layer
-    host: str | None = None  # the fleet host it was placed on (None: no placer)
-
-    def expiry_reason(self, now: float) -> str | None:
-        if now - self.started_monotonic >= self.ttl:
-            return "ttl"
-        last = max(self.last_used, self.channel.last_activity)
-        if self.active_uses == 0 and now - last >= self.idle:
-            return "idle"
-        return None
-
-    def describe(self) -> dict[str, object]:
-        age = time.monotonic() - self.started_monotonic
-        return {
-            "id": self.id,
-            "image": self.image,
-            "image_hash": self.image_hash,
-            "packages": list(self.packages),
-            "driver": self.driver,
-            "created_at": self.created_at,
-            "ttl_seconds": self.ttl,
-            "idle_seconds": self.idle,
-            "expires_in": max(0.0, self.ttl - age),
-            "warm": self.warm,
-            "host": self.host,
-            "resources": {
-                "cpus": self.resources.cpus,
-                "memory_bytes": self.resources.memory_bytes,
-                "pids": self.resources.pids,
-                "disk_bytes": self.resources.disk_bytes,
-            },
-        }
-
-
-class SandboxManager:
+class SandboxManager(WarmPools):
     def __init__(
         self,
         settings: Settings,
@@ -594,74 +463,6 @@ class SandboxManager:
 
     # -- warm pool -------------------------------------------------------------------------
 
-    async def _take_from_pool(self, key: BootKey, image_hash: str) -> Sandbox | None:
-        """A warm sandbox booted exactly as `key` says, never used, or None (then booted
-        cold); the pool is refilled behind it, and the key learned (`PoolTargets`)."""
-        for dropped in self.pool_targets.requested(key):
-            await self._drain(dropped)
-        pool = self._pools.get(key) or []
-        taken: Sandbox | None = None
-        while pool and taken is None:
-            sandbox = pool.pop(0)
-            if sandbox.image_hash == image_hash and sandbox.channel.connected:
-                taken = sandbox
-                taken.warm = True
-            else:
-                # Awaited, not left to a loose task: shutdown must never miss one.
-                await self._teardown(sandbox, reason="stale")
-        if self.pool_targets.target(key):
-            self._refill_pool(key, delay=REFILL_DELAY if taken is not None else 0.0)
-        return taken
-
-    async def _drain(self, key: BootKey) -> None:
-        """Stop keeping `key` warm: its filling stops, its unused sandboxes go."""
-        task = self._pool_fill.pop(key, None)
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        for sandbox in self._pools.pop(key, []):
-            await self._teardown(sandbox, reason="pool no longer wanted")
-
-    def _refill_pool(self, key: BootKey, *, delay: float = 0.0) -> None:
-        running = self._pool_fill.get(key)
-        if running is not None and not running.done():
-            return
-        self._pool_fill[key] = asyncio.get_running_loop().create_task(
-            self._fill(key, delay), name=f"pool-{key.image}"
-        )
-
-    async def _fill(self, key: BootKey, delay: float = 0.0) -> None:
-        if delay:
-            await asyncio.sleep(delay)
-        pool = self._pools.setdefault(key, [])
-        while len(pool) < self.pool_targets.target(key):
-            try:
-                image = self.images.get(key.image)
-                if key.packages:
-                    image = await asyncio.to_thread(self.images.with_packages, image, key.packages)
-                sandbox = await self._boot(key.driver, image, key.resources)
-            except (SandboxError, ImageBuildError, ValueError, LookupError) as exc:
-                # LookupError: not built; ValueError: the wheelhouse lacks a package
-                log.warning("warm pool for %s could not start a sandbox: %s", key.image, exc)
-                return
-            try:
-                # Pooled once its whole guest agent answers: whatever the guest still starts
-                # after its first hello (gVisor's first stage starts the Python agent later)
-                # is done before a hand-out, never alongside the handed-out one's commands.
-                await sandbox.channel.health()
-            except BaseException as exc:  # cancelled (shutdown, drain) too: nothing left over
-                await self._teardown(sandbox, reason="its guest agent did not answer")
-                if not isinstance(exc, ChannelError | OSError):
-                    raise
-                log.warning("warm pool for %s: a new sandbox did not answer: %s", key.image, exc)
-                return
-            sandbox.packages = key.packages
-            if self._pools.get(key) is not pool:  # drained while this one booted
-                await self._teardown(sandbox, reason="pool no longer wanted")
-                return
-            pool.append(sandbox)
-
     async def keep_warm(self, name: str, policy: Policy | None) -> None:
         """Keep the stored policy `name`'s `warm` sandboxes ready, booted as its sandboxes
         are (None: it was deleted); a pool it no longer needs goes, unused sandboxes beyond
@@ -705,10 +506,6 @@ class SandboxManager:
         if sandbox_id in self._elsewhere:
             return
         self.get(sandbox_id).egress.approvals.approver = approver
-
-    def pool_status(self) -> dict[str, int]:
-        """Warm sandboxes ready, by pool (named by its image for a default-resources pool)."""
-        return {key.label(self.default_driver): len(pool) for key, pool in self._pools.items()}
 
     # -- the host's clock ------------------------------------------------------------------
 
