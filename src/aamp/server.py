@@ -26,6 +26,8 @@ from aamp.egress.services import VaultSecretReader
 from aamp.fleet import (
     FleetPlacer,
     FleetUpkeep,
+    HostCollectors,
+    HostCredentials,
     HostRegistry,
     LocalHost,
     Placement,
@@ -33,6 +35,7 @@ from aamp.fleet import (
 )
 from aamp.fleet.link_ca import LinkCA
 from aamp.fleet.links import HostLinks
+from aamp.fleet.local_link import LocalLink
 from aamp.fleet.registry import DEFAULT_HEARTBEAT_SECONDS, DEFAULT_LOST_SECONDS
 from aamp.identity import Directory, LoginThrottle
 from aamp.identity.bootstrap import ensure_cli_token, ensure_first_admin
@@ -94,7 +97,9 @@ def build_fleet(
 ) -> tuple[HostRegistry, FleetUpkeep, HostLinks]:
     """The host registry and this replica's fleet task, which heartbeats this process's own
     sandbox host (`AAMP_FLEET_HOST_ID`, default `local`; none with role `api`) every
-    AAMP_FLEET_HEARTBEAT_SECONDS and marks lost the hosts silent for AAMP_FLEET_LOST_SECONDS."""
+    AAMP_FLEET_HEARTBEAT_SECONDS and marks lost the hosts silent for AAMP_FLEET_LOST_SECONDS.
+    With AAMP_FLEET_LINK_LISTEN (HOST:PORT; AAMP_FLEET_LINK_ADVERTISE, what others dial) that
+    host serves a link."""
     heartbeat = _seconds(settings, "AAMP_FLEET_HEARTBEAT_SECONDS", DEFAULT_HEARTBEAT_SECONDS)
     lost = _seconds(settings, "AAMP_FLEET_LOST_SECONDS", DEFAULT_LOST_SECONDS)
     if heartbeat * 2 > lost:
@@ -103,13 +108,24 @@ def build_fleet(
             f"AAMP_FLEET_HEARTBEAT_SECONDS ({heartbeat:g}), or one late heartbeat loses a host"
         )
     registry = HostRegistry(store, lost_after=lost)
-    local = None
-    if role != "api":
-        host_id = check_host_id(settings.env.get("AAMP_FLEET_HOST_ID", "").strip() or "local")
-        local = LocalHost(registry, manager, host_id)
     # Every sandbox this process makes is placed, its capacity reserved: on its own host, or
     # on a host with a link (`aamp host serve`), reached with this replica's certificate.
     links = HostLinks(LinkCA.of(settings), audit)
+    # Several replicas: each one's own host serves a link too, so any replica reaches its
+    # sandboxes; one machine alone sets none (no TLS, as before).
+    listen = settings.env.get("AAMP_FLEET_LINK_LISTEN", "").strip()
+    advertise = settings.env.get("AAMP_FLEET_LINK_ADVERTISE", "").strip() or None
+    if advertise and not listen:
+        raise ValueError("AAMP_FLEET_LINK_ADVERTISE needs AAMP_FLEET_LINK_LISTEN")
+    local = None
+    if role != "api":
+        host_id = check_host_id(settings.env.get("AAMP_FLEET_HOST_ID", "").strip() or "local")
+        link = LocalLink(links.ca, manager, host_id, listen, advertise) if listen else None
+        local = LocalHost(registry, manager, host_id, link=link)
+    elif listen:
+        raise ValueError(
+            "AAMP_FLEET_LINK_LISTEN serves this replica's own host; `--role api` has none"
+        )
     manager.placer = FleetPlacer(Placement(registry), local.host_id if local else None, links)
     return registry, FleetUpkeep(registry, audit, local, heartbeat), links
 
@@ -170,6 +186,14 @@ def build_control_plane(
     # whichever replica marked the host.
     cp.runs.sandbox_losses = manager.placer.lost
     fleet.after_sweep.append(cp.runs.fail_lost_sandboxes)
+    # The hosts on other machines: their egress records into this audit chain, their
+    # credential asks decided here (`aamp.fleet.collector`).
+    credentials = HostCredentials(
+        store, lambda name: cp.catalog.get_service(name).secrets, vault, audit
+    )
+    collectors = HostCollectors(hosts, links, manager.placer.host_id, credentials, audit, vault)
+    fleet.after_sweep.append(collectors.sync)
+    fleet.after_stop.append(collectors.stop)
     return cp, password
 
 

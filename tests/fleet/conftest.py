@@ -7,4 +7,4 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / d) for d in ("api", "agents", "runs")]
 
-from db_fixtures import settings, store  # noqa: E402, F401  (fixtures)
+from db_fixtures import audit, settings, store  # noqa: E402, F401  (fixtures)

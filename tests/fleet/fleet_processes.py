@@ -154,9 +154,10 @@ class Fleet:
         self.replicas: list[tuple[subprocess.Popen[bytes], str, int]] = []
         self.hosts: dict[str, HostProcess] = {}
 
-    def replica(self, host_id: str) -> httpx.Client:
+    def replica(self, host_id: str, **env: str) -> httpx.Client:
+        """A replica whose own host is `host_id`; `env` adds settings."""
         runtime, port = f"/run/aamp-t{secrets.token_hex(4)}", free_port()
-        proc = serve_plane(self.home, runtime, port, AAMP_FLEET_HOST_ID=host_id, **self.env)
+        proc = serve_plane(self.home, runtime, port, AAMP_FLEET_HOST_ID=host_id, **self.env, **env)
         self.replicas.append((proc, runtime, port))
         token = (self.home / "cli-token").read_text().strip()
         return httpx.Client(

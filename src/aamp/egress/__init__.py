@@ -23,7 +23,9 @@ __all__, __getattr__ = surface(
     registered: AddressVerdict CheckedTransport ConnectionRefused RegisteredUrl UrlError
         resolve_and_check
     resolver: DnsServerResolver ResolveError Resolver StaticResolver SystemResolver
+        egress_resolver
     rules: EgressRules
-    services: Auth Basic Bearer Header SecretReader Service ServiceSet VaultSecretReader
+    services: Auth Basic Bearer Header SecretReader Service ServiceError ServiceSet
+        VaultSecretReader
     """,
 )

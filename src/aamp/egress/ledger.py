@@ -123,13 +123,17 @@ class JsonLinesSink:
 class AuditEgressSink:
     """The egress ledger as audit records: one `egress.connect` per attempt, allowed or
     refused, with the rule that decided and the bytes each way. `audit` is an
-    `aamp.audit.AuditSink`; it returns once the record is durable."""
+    `aamp.audit.AuditSink`; it returns once the record is durable. `host` names the sandbox
+    host on another machine whose proxy decided (its events reach the chain over the link)."""
 
-    def __init__(self, audit: Any):
+    def __init__(self, audit: Any, host: str | None = None):
         self._audit = audit
+        self._host = host
 
     async def record(self, event: EgressEvent) -> None:
         details = event.to_dict()
+        if self._host is not None:  # `host` is the destination's
+            details["sandbox_host"] = self._host
         await self._audit.record(
             actor=f"sandbox:{event.sandbox_id}",
             action=f"egress.{event.kind}",

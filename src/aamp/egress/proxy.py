@@ -36,7 +36,7 @@ import socket
 import ssl
 import stat
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,13 +78,16 @@ class EgressStats:
 @dataclass
 class EgressContext:
     """What every sandbox's proxy on one host shares (the sandbox manager holds it): how names
-    resolve, where the ledger goes, credential injection (`secrets` and `ca`, as
-    `EgressProxy` takes them), how service upstreams are verified, and the installation's own
+    resolve, where the ledger goes, credential injection (`secrets`, or `secrets_for` each
+    sandbox, and `ca`), how service upstreams are verified, and the installation's own
     listeners, which no sandbox reaches."""
 
     resolver: Resolver
     sink: EgressSink
     secrets: SecretReader | None = None
+    # Or each sandbox's own reader (a host on another machine asks the control plane for one
+    # sandbox's credentials: `aamp.fleet.host_outbox.LinkSecrets`).
+    secrets_for: Callable[[str], SecretReader] | None = None
     ca: InstallationCA | None = None
     upstream_tls: ssl.SSLContext | None = None
     listeners: InstallationListeners | None = None
@@ -92,6 +95,10 @@ class EgressContext:
     def proxy(self, sandbox_id: str, socket_path: Path, rules: EgressRules) -> EgressProxy:
         """A proxy for one sandbox, not yet started."""
         return EgressProxy(sandbox_id, socket_path, rules, self)
+
+    def secrets_of(self, sandbox_id: str) -> SecretReader | None:
+        """The reader of `sandbox_id`'s credentials: its own, or the one every proxy shares."""
+        return self.secrets_for(sandbox_id) if self.secrets_for else self.secrets
 
 
 class EgressProxy:
@@ -127,7 +134,7 @@ class EgressProxy:
         self.sandbox_id = sandbox_id
         self.socket_path = Path(socket_path)
         self.limits = limits = limits or ProxyLimits()
-        self._secrets = context.secrets
+        self._secrets = context.secrets_of(sandbox_id)
         self._ca = context.ca
         self._sink = context.sink
         # `default: ask` destinations; a run sets `approvals.approver` to put them to a person.

@@ -21,12 +21,15 @@ import asyncio
 import ipaddress
 import socket
 from collections.abc import Iterable, Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import dns.asyncresolver
 import dns.exception
 import dns.rdatatype
 import dns.resolver
+
+if TYPE_CHECKING:
+    from aamp.config import Settings
 
 from aamp.policy.addresses import IPAddress
 from aamp.policy.hosts import HostError, normalize_host
@@ -137,3 +140,12 @@ class DnsServerResolver:
         if not addresses:
             raise ResolveError(f"{name} has no A or AAAA records")
         return addresses
+
+
+def egress_resolver(settings: Settings) -> Resolver:
+    """Names are resolved on the host: by this host's resolver, or by the DNS servers in
+    AAMP_EGRESS_DNS (comma-separated addresses), as air-gapped sites often need. The sandbox
+    manager holds it (`manager.resolver`); the egress proxies and runs' model-endpoint
+    connections both resolve with it."""
+    servers = [s.strip() for s in settings.env.get("AAMP_EGRESS_DNS", "").split(",") if s.strip()]
+    return DnsServerResolver(servers) if servers else SystemResolver()

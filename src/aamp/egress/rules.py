@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from aamp.policy.addresses import IPAddress, classify
 from aamp.policy.hosts import DEFAULTS, Default, Host, HostError, HostPattern, normalize_host
@@ -73,6 +74,28 @@ class EgressRules:
     @classmethod
     def from_policy(cls, egress: EgressPolicy) -> EgressRules:
         return cls.from_lists(egress.default, egress.allow, egress.deny, egress.max_bytes_out)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The rule text, as `from_dict` (and a policy's `egress:`) takes it."""
+        return {
+            "default": self.default,
+            "allow": [p.text for p in self.allow],
+            "deny": [p.text for p in self.deny],
+            "max_bytes_out": self.max_bytes_out,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> EgressRules:
+        """Rules from `to_dict`'s form, checked as rule text is (`HostError` if wrong)."""
+        if not isinstance(data, dict) or set(data) - {"default", "allow", "deny", "max_bytes_out"}:
+            raise HostError("egress rules must be an object of default, allow, deny, max_bytes_out")
+        cap = data.get("max_bytes_out")
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int)):
+            raise HostError("max_bytes_out must be a whole number of bytes")
+        lists = [data.get(k, []) for k in ("allow", "deny")]
+        if not all(isinstance(x, list) for x in lists):
+            raise HostError("allow and deny must be lists of rules")
+        return cls.from_lists(data.get("default", "block"), *lists, max_bytes_out=cap)
 
     def decide(self, host: str | Host, port: int) -> Decision:
         """Judge one destination. Never raises: a host that cannot be judged is refused."""

@@ -9,8 +9,12 @@ through the store (docs/deployment.md).
 - `FleetUpkeep`, `LocalHost` (`upkeep.py`) — each replica's heartbeat of its own host and
   its sweep for lost ones;
 - `serve_host` (`host_serve.py`) — `aamp host serve`: a sandbox host on another machine;
+  `LocalLink` (`local_link.py`) — the link of a replica's own host, for the other replicas;
 - `LinkCA` (`link_ca.py`), `HostLinks` (`links.py`) — the mutual-TLS link between replicas
-  and hosts: its CA and certificates, and each replica's clients to the hosts.
+  and hosts: its CA and certificates, and each replica's clients to the hosts;
+- `HostOutbox` (`host_outbox.py`) — a host's egress records and credential asks, waiting for
+  a replica; `HostCollectors` (`collector.py`) — each replica's collection of them, and
+  `HostCredentials` (`credentials.py`) — the one decision on a host's credential ask.
 
 Names load on first use (`aamp.surface`).
 """
@@ -28,5 +32,9 @@ __all__, __getattr__ = surface(
     links: HostLinks LinkNotProven
     link_ca: LinkCA
     host_serve: serve_host
+    host_outbox: HostOutbox LinkEgressSink LinkSecrets
+    credentials: HostCredentials
+    collector: HostCollectors
+    local_link: LocalLink
     """,
 )

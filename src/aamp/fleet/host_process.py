@@ -36,6 +36,7 @@ from pathlib import Path
 import httpx
 
 from aamp.errors import AampError
+from aamp.fleet.host_outbox import HostOutbox
 from aamp.fleet.link_server import link_app, link_server
 from aamp.fleet.upkeep import images_present, machine_facts
 from aamp.sandbox.manager import SandboxManager
@@ -84,9 +85,12 @@ def _check_private(key: Path) -> None:
 
 
 class SandboxHost:
-    def __init__(self, config: HostConfig, manager: SandboxManager) -> None:
+    def __init__(
+        self, config: HostConfig, manager: SandboxManager, outbox: HostOutbox | None = None
+    ) -> None:
         self.config = config
         self.manager = manager
+        self.outbox = outbox  # egress records and credential asks, collected by replicas
         self.epoch = 0
         self.interval = 3.0
         self.heartbeat_secret = ""
@@ -176,7 +180,9 @@ class SandboxHost:
     async def serve(self) -> None:
         cert, key, ca = self.config.cert_paths()
         await self.manager.start()  # reaps what an earlier process left
-        app = link_app(self.manager, lambda: self.epoch, self.config.host_id, lambda: self.proof)
+        app = link_app(
+            self.manager, lambda: self.epoch, self.config.host_id, lambda: self.proof, self.outbox
+        )
         server = link_server(app, cert, key, ca, self.config.listen_host, self.config.listen_port)
         # uvicorn catches SIGTERM while its server runs and raises it again once the server
         # has stopped, with the default handler back: that killed the host before it had

@@ -2,7 +2,8 @@
 host's credentials from `--cert-dir`, then `SandboxHost.serve` until stopped.
 
 The host keeps no audit log of its own: its sandboxes' lifecycle goes to its process log,
-and the control plane audits every request it sends over the link.
+the control plane audits every request it sends over the link, and its egress proxies'
+records reach the control plane's audit chain through the link (`host_outbox.py`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import logging
 from pathlib import Path
 
 from aamp.config import Settings
+from aamp.egress.ca import InstallationCA, ca_dir
+from aamp.fleet.host_outbox import HostOutbox, LinkEgressSink, LinkSecrets
 from aamp.fleet.host_process import HostConfig, HostStartError, SandboxHost
 from aamp.fleet.links import check_address
 from aamp.fleet.registry import check_host_id
@@ -39,13 +42,27 @@ def host_config(args: argparse.Namespace, settings: Settings) -> HostConfig:
     )
 
 
-def host_manager(settings: Settings) -> SandboxManager:
+def host_manager(settings: Settings, outbox: HostOutbox) -> SandboxManager:
     """This machine's sandbox manager, built as `aamp up` builds its own (`configured_manager`:
-    the same settings read the same way, the warm pools included)."""
+    the same settings read the same way, the warm pools included). Its egress proxies' records
+    and credential asks go to the control plane through `outbox`; the egress CA is the host's
+    own (its key under this host's home), which only guests of images built here trust."""
     drivers = available_drivers(settings)
     if not drivers:
         raise HostStartError("no isolation driver works on this host; run `aamp doctor`")
-    return configured_manager(settings, drivers)
+    manager: SandboxManager
+
+    def secrets_for(sandbox_id: str) -> LinkSecrets:
+        return LinkSecrets(outbox, sandbox_id, lambda: manager.get(sandbox_id).egress.services)
+
+    manager = configured_manager(
+        settings,
+        drivers,
+        egress_sink=LinkEgressSink(outbox),
+        secrets_for=secrets_for,
+        ca=InstallationCA.load_or_create(ca_dir(settings)),
+    )
+    return manager
 
 
 def serve_host(args: argparse.Namespace, settings: object) -> int:
@@ -53,7 +70,8 @@ def serve_host(args: argparse.Namespace, settings: object) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per heartbeat
     config = host_config(args, settings)
-    host = SandboxHost(config, host_manager(settings))
+    outbox = HostOutbox()
+    host = SandboxHost(config, host_manager(settings, outbox), outbox)
     print(f"aamp sandbox host {config.host_id}: link on {config.advertise}", flush=True)
     try:
         asyncio.run(host.serve())

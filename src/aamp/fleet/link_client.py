@@ -200,6 +200,10 @@ class LinkClient:
             "ttl": request.ttl,
             "idle": request.idle,
             "resources": dataclasses.asdict(request.resources),
+            # What its host's egress proxy enforces; a service's credential is asked for
+            # call by call over the link (`host_outbox.py`), never sent here.
+            "egress": request.egress.to_dict(),
+            "services": [s.to_dict() for s in request.services],
             "epoch": epoch,
             "actor": actor,
         }

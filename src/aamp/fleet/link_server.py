@@ -1,5 +1,8 @@
 """The host's end of the link: what a control-plane replica may ask of the sandboxes this host
-runs — create, describe, list, destroy, exec, files in and out, the browser.
+runs — create (with its egress rules and services, never a secret), describe, list, destroy,
+exec, files in and out, the browser — and what it collects from the host (`collect`: egress
+records for the audit chain, credential asks, which it answers at `asks/{id}`;
+`host_outbox.py`).
 
 Served over TLS with the host's link certificate, and only to clients holding a replica's
 certificate from the installation's link CA (`link_ca.py`; the handshake refuses anyone
@@ -30,12 +33,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from aamp.egress.rules import EgressRules
+from aamp.egress.services import Service, ServiceError, ServiceSet
 from aamp.errors import AampError
+from aamp.fleet.host_outbox import HostOutbox
 from aamp.policy import Resources
+from aamp.policy.hosts import HostError
 from aamp.sandbox.channel.errors import ChannelError, GuestError, GuestTimeout
 from aamp.sandbox.channel.exec_stream import exec_lines
 from aamp.sandbox.held_download import open_download
-from aamp.sandbox.manager import CreateRequest, SandboxManager
+from aamp.sandbox.manager import CreateRequest, SandboxManager, block_everything
 
 MAX_BODY = 24 * 1024 * 1024
 
@@ -55,9 +62,11 @@ def link_app(
     epoch: Callable[[], int],
     host_id: str,
     proof: Callable[[], str | None],
+    outbox: HostOutbox | None = None,
 ) -> Starlette:
     """The link's routes over `manager`; `epoch()` is the host's current life, `proof()` the
-    nonce of its registration in flight (None between registrations)."""
+    nonce of its registration in flight (None between registrations), `outbox` what its
+    egress proxies have for the control plane (`host_outbox.py`; None: nothing)."""
 
     async def hello(request: Request) -> Response:
         # Only replicas get here (the handshake): one checking a registration compares
@@ -77,6 +86,14 @@ def link_app(
                 status_code=409,
             )
         resources = Resources(**body.get("resources", {}))
+        try:
+            egress = EgressRules.from_dict(body.get("egress", block_everything().to_dict()))
+            services = ServiceSet(Service.from_dict(d) for d in body.get("services", []))
+        except (HostError, ServiceError) as exc:
+            raise _Refused(400, "invalid_request", f"egress: {exc}") from None
+        if services and outbox is None and manager.secrets is None:
+            # A host's proxies ask over the link (`outbox`); a replica's own read its vault.
+            raise _Refused(400, "invalid_request", "this host cannot inject service credentials")
         sandbox = await manager.create(
             CreateRequest(
                 image=body["image"],
@@ -84,10 +101,27 @@ def link_app(
                 ttl=body["ttl"],
                 idle=body["idle"],
                 resources=resources,
+                egress=egress,
+                services=services,
             ),
             actor=str(body.get("actor", "system")),
+            placed_on=host_id,  # the replica that sent it placed it and records it
         )
         return JSONResponse(sandbox.describe(), status_code=201)
+
+    async def collect(request: Request) -> Response:
+        body = await _json(request)
+        if outbox is None:  # a replica's own host: its proxies write their records there
+            return JSONResponse({"items": [], "idle": True})
+        ack = [str(i) for i in body.get("ack", [])][:1000]
+        items = await outbox.collect(ack, float(body.get("wait", 0)))
+        return JSONResponse({"items": items})
+
+    async def answer(request: Request) -> Response:
+        body = await _json(request)
+        if outbox is None or not outbox.answer(request.path_params["ask_id"], body):
+            raise _Refused(404, "unknown_ask", "no such credential ask waits")
+        return Response(status_code=204)
 
     async def listing(request: Request) -> Response:
         return JSONResponse([s.describe() for s in manager.list()])
@@ -183,6 +217,8 @@ def link_app(
     return Starlette(
         routes=[
             Route("/link/hello", guarded(hello)),
+            Route("/link/collect", guarded(collect), methods=["POST"]),
+            Route("/link/asks/{ask_id:str}", guarded(answer), methods=["POST"]),
             Route("/link/sandboxes", guarded(create), methods=["POST"]),
             Route("/link/sandboxes", guarded(listing), methods=["GET"]),
             Route(sb, guarded(describe), methods=["GET"]),

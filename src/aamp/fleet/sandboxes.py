@@ -6,11 +6,12 @@ capacity back and forgets the row.
 The candidates are the hosts this replica can drive: the one in its own process (none for
 `aamp up --role api`), and the hosts on other machines that registered a link (`aamp host
 serve`; `link_client.py`); with none to ask, a create is refused (503 `no_capacity`) saying
-that no host is available. A
-create a remote host cannot serve yet — one with egress rules, services, packages or host
-files, which the link does not carry (docs/deployment.md) — is placed on the replica's own
-host only. A sandbox placed on a remote host is booted there over the link and recorded
-here; any replica then reaches it through the link (`find`), never the guest directly.
+that no host is available. A create a remote host cannot serve yet (`CreateRequest.portable`:
+`default: ask`, HTTPS services, packages or host files; docs/deployment.md) is placed on the
+replica's own host only; egress rules and plain-HTTP services travel with the create (their
+credentials never: the host asks for them call by call, `credentials.py`). A sandbox placed on
+a remote host is booted there over the link and recorded here; any replica then reaches it
+through the link (`find`), never the guest directly.
 
 When a host is marked lost (`HostRegistry.mark_lost`) its rows become `lost` with the reason;
 `lost` tells the run service which of its runs' sandboxes are gone and why. A remote host's
@@ -23,6 +24,7 @@ token, epoch and heartbeat secret: `HostRegistry.heartbeat`) reaches it.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 from dataclasses import dataclass
@@ -138,7 +140,7 @@ class FleetPlacer:
         info = await link.create(request, reservation.placed.epoch, actor)
         sandbox = RemoteSandbox(info, link)
         try:
-            await self.placed(reservation, sandbox.id)
+            await self.placed(reservation, sandbox.id, request.services.names)
         except BaseException:
             # Unreachable now: the host's next report destroys it (it has no record here).
             with contextlib.suppress(Exception):
@@ -146,7 +148,11 @@ class FleetPlacer:
             raise
         return sandbox
 
-    async def placed(self, reservation: object, sandbox_id: str) -> str:
+    async def placed(
+        self, reservation: object, sandbox_id: str, services: tuple[str, ...] = ()
+    ) -> str:
+        """Record the sandbox on its host, with the services its create was granted (the
+        only ones its host may ask credentials for: `credentials.py`)."""
         assert isinstance(reservation, Reservation)
         placed, need = reservation.placed, reservation.need
 
@@ -167,6 +173,7 @@ class FleetPlacer:
                         millicpus=need.millicpus,
                         memory_mb=need.memory_mb,
                         created_at=now(),
+                        services=json.dumps(list(services)),
                     )
                 )
 
@@ -271,7 +278,11 @@ class FleetPlacer:
                 rows = s.execute(
                     select(SandboxRow.id, SandboxRow.host_id, HostRow.link_address)
                     .join(HostRow, HostRow.id == SandboxRow.host_id)
-                    .where(SandboxRow.state == "live", HostRow.link_address.is_not(None))
+                    .where(
+                        SandboxRow.state == "live",
+                        HostRow.link_address.is_not(None),
+                        SandboxRow.host_id != self.host_id,  # this process lists its own
+                    )
                 ).all()
             out: dict[str, tuple[str, set[str]]] = {}
             for r in rows:

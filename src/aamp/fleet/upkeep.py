@@ -1,21 +1,21 @@
-"""`FleetUpkeep`: each replica's one fleet task — heartbeat the host this process runs (if
-any) and mark lost the hosts whose heartbeats stopped.
+"""`FleetUpkeep`: each replica's one fleet task — heartbeat the host this process runs (if any)
+and mark lost the hosts whose heartbeats stopped.
 
-`aamp up` on one machine runs its own sandbox host in the same process: `LocalHost`
-registers it (host id `local` by default, `AAMP_FLEET_HOST_ID`) with the same
-`HostRegistry.register` a remote host's request reaches, under a token made at start-up and
-kept only in memory. Its heartbeat is taken in the same tick, just before the lost-host
-sweep, so a busy event loop delays both alike and never makes a replica mark its own host
-lost. Each host marked lost is audited (`host.lost`, actor `system`). Then, at every tick,
+`aamp up` on one machine runs its own sandbox host in the same process: `LocalHost` registers
+it (host id `local` by default, `AAMP_FLEET_HOST_ID`) with the same `HostRegistry.register` a
+remote host's request reaches, under a token made at start-up and kept only in memory — with
+its link's address when it serves one (`local_link.py`, `AAMP_FLEET_LINK_LISTEN`), so that
+other replicas reach its sandboxes. Its heartbeat is taken in the same tick, just before the
+lost-host sweep, so a busy event loop delays both alike and never makes a replica mark its own
+host lost. Each host marked lost is audited (`host.lost`, actor `system`). Then, at every tick,
 every `after_sweep` callback runs (the run service fails the runs it drives whose sandboxes
-were lost, a cheap look-up of its own runs' sandboxes): every tick, not only when this
-replica marked a host, so a replica learns of a host another replica marked lost within one
-heartbeat instead of at its next lease renewal.
+were lost, a cheap look-up of its own runs' sandboxes): every tick, not only when this replica
+marked a host, so a replica learns of a host another replica marked lost within one heartbeat
+instead of at its next lease renewal.
 
-A local host that was marked lost meanwhile (this process stalled longer than the lost
-timeout) has its heartbeat refused with `StaleEpoch`: it destroys every sandbox it still
-runs — they are lost to everyone else already — and registers again, as a new life, before
-it takes new work.
+A local host that was marked lost meanwhile (this process stalled longer than the lost timeout)
+has its heartbeat refused with `StaleEpoch`: it destroys every sandbox it still runs — they are
+lost to everyone else already — and registers again, as a new life, before it takes new work.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from aamp.audit import AuditSink
 from aamp.errors import AampError, NotFound
+from aamp.fleet.local_link import LocalLink
 from aamp.fleet.registry import HostFacts, HostInfo, HostRegistry, StaleEpoch
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.manager import SandboxManager
@@ -70,6 +71,8 @@ class LocalHost:
     token: str = ""
     epoch: int = 0
     heartbeat_secret: str = ""
+    # Its link, for other replicas (`local_link.py`; None: only this process reaches it).
+    link: LocalLink | None = None
 
     def register(self) -> HostInfo:
         """(Blocking.) Make sure the host row exists with a fresh token, then register."""
@@ -79,7 +82,10 @@ class LocalHost:
         except NotFound:  # not there yet: add it
             _, self.token = self.registry.add(self.host_id, by="system")
         info, self.heartbeat_secret = self.registry.register(
-            self.host_id, self.token, machine_facts(self.manager)
+            self.host_id,
+            self.token,
+            machine_facts(self.manager),
+            self.link.address if self.link is not None else None,
         )
         self.epoch = info.epoch
         return info
@@ -107,11 +113,15 @@ class FleetUpkeep:
         self.local = local
         self.interval = interval
         self.after_sweep: list[Callable[[], Awaitable[object]]] = []
+        self.after_stop: list[Callable[[], Awaitable[object]]] = []  # once the clock stopped
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         if self.local is not None:
-            await self.registry.store.run(self.local.register)
+            local = self.local
+            if local.link is not None:  # serving before the address is registered
+                await local.link.start(lambda: local.epoch)
+            await self.registry.store.run(local.register)
         self._task = asyncio.create_task(self._loop(), name="fleet-upkeep")
 
     async def stop(self) -> None:
@@ -120,6 +130,10 @@ class FleetUpkeep:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        for callback in self.after_stop:
+            await callback()
+        if self.local is not None and self.local.link is not None:
+            await self.local.link.stop()
 
     async def tick(self) -> list[HostInfo]:
         """One heartbeat of the local host and one sweep; the hosts this sweep marked lost."""

@@ -40,7 +40,7 @@ __all__, __getattr__ = surface(
     channel.workspace: PathEscapeError workspace_path
     driver: SANDBOX_ID_RE Driver DriverError DriverStatus ReadOnlyFile SandboxHandle SandboxSpec
         SnapshotUnsupported
-    configured: configured_manager egress_resolver parse_pool
+    configured: configured_manager parse_pool
     debian_mirror: DEFAULT_APT_DIR mirror_url read_apt_sources
     drivers: available_drivers choose_default_driver probe_all
     firecracker: FirecrackerDriver
@@ -54,7 +54,7 @@ __all__, __getattr__ = surface(
     image_builds: ImageBuild ImageBuilds describe_image
     held_download: HeldDownload open_download
     manager: DEFAULT_IDLE_SECONDS DEFAULT_TTL_SECONDS CreateRequest InvalidRequest SandboxError
-        SandboxManager SandboxStopped SandboxUnavailable UnknownSandbox
+        SandboxManager SandboxStopped SandboxUnavailable UnknownSandbox block_everything
     guest_worker: run_worker
     rag_worker: MAX_INDEX_BYTES BadIndex SearchWorker WorkerFailed call check_index_header
     wheelhouse: MAX_WHEEL_BYTES Wheel Wheelhouse WheelhouseError

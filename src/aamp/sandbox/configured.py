@@ -15,13 +15,15 @@ so it is refused.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from aamp.audit import AuditSink
 from aamp.config import Settings
 from aamp.egress.ca import InstallationCA
 from aamp.egress.installation import InstallationListeners
 from aamp.egress.ledger import EgressSink
 from aamp.egress.proxy import EgressContext
-from aamp.egress.resolver import DnsServerResolver, Resolver, SystemResolver
+from aamp.egress.resolver import egress_resolver
 from aamp.egress.services import SecretReader
 from aamp.sandbox.driver import Driver
 from aamp.sandbox.drivers import choose_default_driver
@@ -43,15 +45,6 @@ def parse_pool(spec: str) -> dict[str, int]:
     return pool
 
 
-def egress_resolver(settings: Settings) -> Resolver:
-    """Names are resolved on the host: by this host's resolver, or by the DNS servers in
-    AAMP_EGRESS_DNS (comma-separated addresses), as air-gapped sites often need. The sandbox
-    manager holds it (`manager.resolver`); the egress proxies and runs' model-endpoint
-    connections both resolve with it."""
-    servers = [s.strip() for s in settings.env.get("AAMP_EGRESS_DNS", "").split(",") if s.strip()]
-    return DnsServerResolver(servers) if servers else SystemResolver()
-
-
 def configured_manager(
     settings: Settings,
     drivers: dict[str, Driver],
@@ -59,6 +52,7 @@ def configured_manager(
     recorder: AuditSink | None = None,
     egress_sink: EgressSink | None = None,
     secrets: SecretReader | None = None,
+    secrets_for: Callable[[str], SecretReader] | None = None,
     ca: InstallationCA | None = None,
 ) -> SandboxManager:
     """The sandbox manager of this process over `drivers` (none: it runs no sandbox)."""
@@ -87,6 +81,7 @@ def configured_manager(
             egress_resolver(settings),
             egress_sink or LogEgressSink(),
             secrets=secrets,
+            secrets_for=secrets_for,
             ca=ca,
             listeners=InstallationListeners.of(settings),
         ),

@@ -122,11 +122,14 @@ class CreateRequest:
     read_only_files: tuple[ReadOnlyFile, ...] = ()
 
     def portable(self) -> bool:
-        """Whether a host on another machine can serve it: the link carries no egress rules,
-        services, packages or host files yet (docs/deployment.md)."""
+        """Whether a host on another machine can serve it: the link carries its egress rules
+        and its plain-HTTP services (their credentials asked for call by call:
+        `aamp.fleet.host_outbox`), not yet `default: ask` (its approvals are put to a person
+        by the replica's run), HTTPS services (the host's guests would have to trust the
+        host's own egress CA), packages or host files (docs/deployment.md)."""
         return (
-            self.egress == block_everything()
-            and not list(self.services)
+            self.egress.default != "ask"
+            and all(not s.tls for s in self.services)
             and not self.packages
             and not self.read_only_files
         )
@@ -356,8 +359,11 @@ class SandboxManager:
         return found is not None and found.mounts_files
 
     async def create(
-        self, request: CreateRequest, *, actor: str = "system"
+        self, request: CreateRequest, *, actor: str = "system", placed_on: str | None = None
     ) -> Sandbox | SandboxElsewhere:
+        """A new sandbox, placed by this manager's placer — or, with `placed_on`, one another
+        replica already placed on this host (`placed_on`, its id) and sent over the host's
+        link: booted here, recorded by that replica, given back when destroyed here."""
         driver_name = request.driver or self.default_driver
         if not self.drivers:  # runs none here: the host it is placed on checks driver and image
             return await self._create_elsewhere(driver_name, request, actor)
@@ -377,7 +383,7 @@ class SandboxManager:
             raise InvalidRequest(str(exc)) from None
         except ImageBuildError as exc:
             raise SandboxUnavailable(f"the image with packages could not be built: {exc}") from None
-        placer = self.placer
+        placer = self.placer if placed_on is None else None
         reservation = (
             await placer.reserve(
                 driver_name, request.image, request.resources, anywhere=request.portable()
@@ -399,6 +405,7 @@ class SandboxManager:
                     driver_name, image, request.resources, request.read_only_files
                 )
             sandbox.packages = request.packages
+            sandbox.host = placed_on
             if placer is not None:
                 sandbox.host = await placer.placed(reservation, sandbox.id)
         except BaseException:
@@ -641,15 +648,16 @@ class SandboxManager:
 
     def egress_view(self, sandbox_id: str) -> EgressView:
         """The sandbox's egress events from now on, as its proxy decided them (none for a
-        sandbox on another host, which may reach nothing: `CreateRequest.portable`)."""
+        sandbox on another host: its proxy's events go to the audit chain over the link,
+        not through this process)."""
         if sandbox_id not in self._elsewhere:
             self.get(sandbox_id)
         return self.recent_egress.view(sandbox_id)
 
     def set_egress_approver(self, sandbox_id: str, approver: Approver | None) -> None:
         """Who answers this sandbox's `egress.default: ask` destinations (a run puts them to
-        a person); with none they are refused. A sandbox on another host may reach nothing
-        (`CreateRequest.portable`), so it has nothing to ask."""
+        a person); with none they are refused. A sandbox on another host has no `ask`
+        rules (`CreateRequest.portable`), so it has nothing to ask."""
         if sandbox_id in self._elsewhere:
             return
         self.get(sandbox_id).egress.approvals.approver = approver

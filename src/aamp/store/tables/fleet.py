@@ -66,6 +66,9 @@ class SandboxRow(Base):
     owner: Mapped[str | None] = mapped_column(String(256), nullable=True)
     agent: Mapped[str | None] = mapped_column(String(64), nullable=True)
     policy: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # The services its create was granted (a JSON list of names): the only ones its host is
+    # ever given a credential for (`fleet/credentials.py`).
+    services: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     __table_args__ = (
         CheckConstraint("state IN (" + ", ".join(f"'{s}'" for s in SANDBOX_STATES) + ")", "state"),

@@ -1,0 +1,177 @@
+"""`HostCollectors`: each replica's collection from the sandbox hosts on other machines, over
+their links (which only replicas dial, so a host hands things over when asked:
+`host_outbox.py`).
+
+One task per linked host that is not lost, kept in step with the registry at every fleet
+tick (`sync`). Each long-polls the host's `collect` and, for every item:
+
+- an egress event: written to the audit chain (`AuditEgressSink`, the same records a local
+  proxy writes, naming the host), then acknowledged in the next poll — so the host's proxy
+  learns it is durable;
+- a secret-use record: written through the vault (`secret.use`, actor the host);
+- a credential ask: decided by `HostCredentials` (the one decision, recorded) and answered at
+  once, beside the poll.
+
+A host is untrusted for what it reports: an event or use record naming a sandbox not placed
+on that host is not written as the sandbox's; one `host.report_refused` (deny) records it.
+Every replica collects from every host; an item goes to one of them (the host offers it again
+only if not acknowledged in time), so a record is written at least once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from sqlalchemy import select
+
+from aamp.audit import AuditSink
+from aamp.egress.ledger import AuditEgressSink, EgressEvent
+from aamp.errors import AampError
+from aamp.fleet.credentials import HostCredentials
+from aamp.fleet.link_client import LinkClient
+from aamp.fleet.links import HostLinks
+from aamp.fleet.registry import HostRegistry
+from aamp.store.tables import HostRow, SandboxRow
+from aamp.vault import Vault
+
+log = logging.getLogger("aamp.fleet.collect")
+POLL_SECONDS = 20.0
+RETRY_SECONDS = 2.0
+
+
+class HostCollectors:
+    def __init__(
+        self,
+        registry: HostRegistry,
+        links: HostLinks,
+        own_host: str,
+        credentials: HostCredentials,
+        audit: AuditSink,
+        vault: Vault,
+    ) -> None:
+        self.registry, self.links, self.own_host = registry, links, own_host
+        self.credentials, self.audit, self.vault = credentials, audit, vault
+        self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+
+    def _hosts(self) -> set[tuple[str, str]]:
+        with self.registry.store.session() as s:
+            rows = s.execute(
+                select(HostRow.id, HostRow.link_address).where(
+                    HostRow.link_address.is_not(None), HostRow.state != "lost"
+                )
+            ).all()
+        return {(r.id, r.link_address) for r in rows if r.id != self.own_host}
+
+    async def sync(self) -> None:
+        """Collect from exactly the linked hosts that are not lost (and not this replica's)."""
+        wanted = await self.registry.store.run(self._hosts)
+        for key in [k for k in self._tasks if k not in wanted or self._tasks[k].done()]:
+            await self._stop(key)
+        for key in wanted - set(self._tasks):
+            link = self.links.client(*key)
+            self._tasks[key] = asyncio.create_task(self._collect(link), name=f"collect-{key[0]}")
+
+    async def _stop(self, key: tuple[str, str]) -> None:
+        task = self._tasks.pop(key)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+    async def stop(self) -> None:
+        for key in list(self._tasks):
+            await self._stop(key)
+
+    async def _collect(self, link: LinkClient) -> None:
+        ack: list[str] = []
+        answering: set[asyncio.Task[None]] = set()
+        sink = AuditEgressSink(self.audit, host=link.host_id)
+        try:
+            while True:
+                try:
+                    answer = await link.request(
+                        "POST",
+                        "/link/collect",
+                        json={"ack": ack, "wait": POLL_SECONDS},
+                        timeout=POLL_SECONDS + 30,
+                    )
+                    items = answer.json()["items"]
+                    if answer.json().get("idle") is True:
+                        # Nothing is ever collected here (a replica's own host): ask seldom,
+                        # holding no request open on its link.
+                        await asyncio.sleep(POLL_SECONDS)
+                except (AampError, ValueError, KeyError, TypeError) as exc:
+                    # Unreachable, or an answer that is not one: the host offers it again.
+                    log.debug("collecting from host %s: %s", link.host_id, exc)
+                    ack = []  # offered again by the host once due
+                    await asyncio.sleep(RETRY_SECONDS)
+                    continue
+                ack = []
+                refused: list[str] = []
+                for item in items if isinstance(items, list) else []:
+                    if not isinstance(item, dict) or not isinstance(item.get("body"), dict):
+                        continue
+                    if item.get("kind") == "ask":
+                        task = asyncio.create_task(self._answer(link, item))
+                        answering.add(task)
+                        task.add_done_callback(answering.discard)
+                    elif await self._write(link.host_id, item, sink, refused):
+                        ack.append(str(item.get("id")))
+                if refused:
+                    await self._report_refused(link.host_id, refused)
+        finally:
+            for task in answering:
+                task.cancel()
+
+    async def _answer(self, link: LinkClient, item: dict[str, Any]) -> None:
+        try:
+            answer = await self.credentials.decide(link.host_id, item["body"])
+            await link.request("POST", f"/link/asks/{item.get('id')}", json=answer)
+        except Exception:  # the host's ask times out and its request is refused there
+            log.exception("answering a credential ask of host %s", link.host_id)
+
+    def _placed_here(self, host_id: str, sandbox_id: object) -> bool:
+        if not isinstance(sandbox_id, str) or len(sandbox_id) > 64:
+            return False
+        with self.registry.store.session() as s:
+            row = s.get(SandboxRow, sandbox_id)
+            return row is not None and row.host_id == host_id
+
+    async def _write(
+        self, host_id: str, item: dict[str, Any], sink: AuditEgressSink, refused: list[str]
+    ) -> bool:
+        """Write one record (True: acknowledge it); a malformed one is dropped (True too,
+        recorded as refused) — offering it again would not make it right."""
+        body, kind = item["body"], item.get("kind")
+        sandbox_id = body.get("sandbox_id" if kind == "egress" else "sandbox")
+        if kind not in ("egress", "secret_use") or not await self.registry.store.run(
+            self._placed_here, host_id, sandbox_id
+        ):
+            refused.append(f"{kind} of {str(sandbox_id)[:64]}")
+            return True
+        try:
+            if kind == "egress":
+                event = EgressEvent(**{**body, "secrets": tuple(body.get("secrets", ()))})
+                await sink.record(event)
+            else:
+                await self.vault.record_use(
+                    f"service:{str(body['service'])[:64]}",
+                    purpose=str(body["purpose"])[:500],
+                    details={**dict(body["details"]), "sandbox": sandbox_id, "host": host_id},
+                    actor=f"host:{host_id}",
+                )
+        except (TypeError, KeyError, ValueError):
+            refused.append(f"malformed {kind} of {sandbox_id}")
+        return True
+
+    async def _report_refused(self, host_id: str, refused: list[str]) -> None:
+        await self.audit.record(
+            actor=f"host:{host_id}",
+            action="host.report_refused",
+            resource=f"host:{host_id}",
+            decision="deny",
+            reason=f"host {host_id} handed over {len(refused)} records not of its own sandboxes",
+            details={"records": refused[:50]},
+        )

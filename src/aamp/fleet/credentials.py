@@ -1,0 +1,87 @@
+"""`HostCredentials`: the one decision on a sandbox host's ask for a service credential, made
+by a replica for the host whose link it dialled (so the host is proven by its certificate).
+
+An ask names a sandbox, a service and one secret of it. It is granted only if the sandbox is
+recorded live on exactly that host, in the host's current life, the service is among those
+its create was granted (`sandboxes.services`, recorded with its placement), and the secret is
+one the service's current definition uses. Granted, the value is read through the vault's one
+reader (`Vault.reveal`, which audits `secret.reveal` with the host, sandbox and service in its
+purpose before it returns the value); refused, `secret.refused` is recorded (deny) with the
+rule, and the host is told the rule only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from aamp.audit import AuditSink
+from aamp.errors import NotFound
+from aamp.store import Store
+from aamp.store.tables import HostRow, SandboxRow
+from aamp.vault import Vault
+
+MAX_NAME = 64
+
+
+class HostCredentials:
+    def __init__(
+        self,
+        store: Store,
+        service_secrets: Callable[[str], tuple[str, ...]],
+        vault: Vault,
+        audit: AuditSink,
+    ) -> None:
+        """`service_secrets(name)` (blocking): the secret names a service's current
+        definition uses, `NotFound` if there is no such service (the catalog's)."""
+        self.store, self.service_secrets, self.vault, self.audit = (
+            store,
+            service_secrets,
+            vault,
+            audit,
+        )
+
+    def refusal(self, host_id: str, sandbox_id: str, service: str, secret: str) -> str | None:
+        """(Blocking.) Why `host_id` may not have `secret` of `service` for `sandbox_id`;
+        None if it may."""
+        with self.store.session() as s:
+            row = s.get(SandboxRow, sandbox_id)
+            if row is None or row.host_id != host_id:
+                return f"sandbox {sandbox_id} is not placed on host {host_id}"
+            host = s.get(HostRow, host_id)
+            if row.state != "live" or host is None or host.epoch != row.host_epoch:
+                return f"sandbox {sandbox_id} is not live on host {host_id}'s current life"
+            granted = json.loads(row.services or "[]")
+        if service not in granted:
+            return f"service {service} is not granted to sandbox {sandbox_id}"
+        try:
+            used = self.service_secrets(service)
+        except NotFound:
+            return f"service {service} no longer exists"
+        if secret not in used:
+            return f"service {service} does not use secret {secret}"
+        return None
+
+    async def decide(self, host_id: str, ask: dict[str, Any]) -> dict[str, str]:
+        """The answer to one ask of `host_id`: `{"value": ...}` or `{"refused": rule}`."""
+        names = [ask.get(k) for k in ("sandbox", "service", "secret")]
+        if not all(isinstance(n, str) and 0 < len(n) <= MAX_NAME for n in names):
+            why: str | None = "a credential ask names a sandbox, a service and a secret"
+            sandbox_id = service = secret = "?"
+        else:
+            sandbox_id, service, secret = names  # type: ignore[assignment]
+            why = await self.store.run(self.refusal, host_id, sandbox_id, service, secret)
+        if why is not None:
+            await self.audit.record(
+                actor=f"host:{host_id}",
+                action="secret.refused",
+                resource=f"service:{service}",
+                decision="deny",
+                reason=why,
+                details={"sandbox": sandbox_id, "secret": secret, "host": host_id},
+            )
+            return {"refused": why}
+        purpose = f"host {host_id}: sandbox {sandbox_id}: service {service} (egress credential)"
+        value = await self.vault.reveal(secret, purpose=purpose, actor=f"host:{host_id}")
+        return {"value": value.expose()}

@@ -1,0 +1,257 @@
+"""Run under `unshare -n` by test_remote_egress.py: a control-plane replica (SQLite, its own
+host drained), a real remote sandbox host h1 (`aamp host serve`, its own process), and a
+second host h2 in this process (the real host code, over a real manager) whose outbox this
+probe writes to as a hostile host would. Fake upstreams listen on 10.77.0.5, an address put
+on this namespace's loopback: nothing leaves the machine.
+
+h1 runs a sandbox whose policy allows 10.77.0.5:8081 and grants the plain-HTTP service crm
+(10.77.0.5:8080, bearer crm_token). The guest calls both and 10.77.0.5:8082 (no rule); then
+h1's home, runtime directory and log are searched for the secret's value. h2 asks for crm's
+secret for h1's sandbox and for its own sandbox, whose policy does not grant crm. Prints the
+JSON report last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import http.server
+import json
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "runs")]
+
+import httpx  # noqa: E402
+from fleet_processes import HostProcess, free_port, write_credentials  # noqa: E402
+from run_helpers import serve_plane  # noqa: E402
+
+from aamp.config import Settings  # noqa: E402
+from aamp.egress.ledger import EgressEvent  # noqa: E402
+from aamp.fleet.host_outbox import HostOutbox  # noqa: E402
+from aamp.fleet.host_process import HostConfig, SandboxHost  # noqa: E402
+from aamp.fleet.host_serve import host_manager  # noqa: E402
+
+UPSTREAM = "10.77.0.5"
+SECRET = "crm-" + secrets.token_hex(16)
+SEEN: list[dict[str, str]] = []
+
+
+class Echo(http.server.BaseHTTPRequestHandler):
+    """Answers with what it was sent (the proxy scrubs the credential from what comes back)."""
+
+    def do_GET(self) -> None:
+        seen = {k.lower(): v for k, v in self.headers.items()}
+        SEEN.append({**seen, "port": str(self.server.server_address[1])})
+        data = json.dumps(
+            {"port": self.server.server_address[1], "auth": seen.get("authorization")}
+        )
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data.encode())
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def upstreams() -> None:
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    subprocess.run(["ip", "addr", "add", f"{UPSTREAM}/32", "dev", "lo"], check=True)
+    for port in (8080, 8081, 8082):
+        server = http.server.ThreadingHTTPServer((UPSTREAM, port), Echo)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+
+
+def holding(root: Path, needle: bytes) -> list[str]:
+    """Regular files under `root` whose bytes contain `needle`."""
+    found = []
+    for path in [root, *root.rglob("*")] if root.is_dir() else [root]:
+        try:
+            if path.is_file() and not path.is_symlink() and needle in path.read_bytes():
+                found.append(str(path))
+        except OSError:
+            continue
+    return found
+
+
+async def exec_(client: httpx.AsyncClient, sandbox_id: str, script: str) -> str:
+    r = await client.post(f"/v1/sandboxes/{sandbox_id}/exec", json={"argv": ["sh", "-c", script]})
+    assert r.status_code == 200, r.text
+    lines = [json.loads(line) for line in r.text.splitlines()]
+    return b"".join(base64.b64decode(x["data"]) for x in lines if "data" in x).decode()
+
+
+async def wait_for(check, timeout: float = 120.0) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(int(timeout * 5)):
+        if await check():
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError("timed out")
+
+
+async def audit(client: httpx.AsyncClient, **filters: str) -> list[dict]:
+    r = await client.get("/v1/audit", params={**filters, "limit": 1000})
+    assert r.status_code == 200, r.text
+    return r.json()["records"]
+
+
+def policy(name: str, services: list[str]) -> str:
+    return (
+        f"name: {name}\nimage: base\negress:\n  default: block\n"
+        f'  allow: ["{UPSTREAM}:8081"]\nservices: {json.dumps(services)}\n'
+    )
+
+
+async def main(settings_json: str) -> dict:
+    upstreams()
+    given = json.loads(settings_json)
+    root = Path(given["AAMP_HOME"]).parent
+    home, port = root / "home", free_port()
+    runtime = given["AAMP_RUNTIME_DIR"]
+    fleet = {"AAMP_FLEET_HEARTBEAT_SECONDS": "1", "AAMP_FLEET_LOST_SECONDS": "30"}
+    replica = serve_plane(home, runtime, port, AAMP_FLEET_HOST_ID="rep-a", **fleet)
+    token = (home / "cli-token").read_text().strip()
+    base = f"http://127.0.0.1:{port}"
+    client = httpx.AsyncClient(base_url=base, headers={"authorization": f"Bearer {token}"},
+                               timeout=120)  # fmt: skip
+    report: dict = {}
+    h1: HostProcess | None = None
+    h2_task: asyncio.Task[None] | None = None
+    try:
+        assert (await client.post("/v1/hosts/rep-a/drain")).status_code == 200
+        r = await client.put("/v1/secrets/crm_token", json={"value": SECRET})
+        assert r.status_code == 200, r.text
+        service = {"upstream": f"http://{UPSTREAM}:8080", "auth": "bearer",
+                   "secrets": ["crm_token"]}  # fmt: skip
+        assert (await client.put("/v1/services/crm", json=service)).status_code in (200, 201)
+
+        # -- h1: a real `aamp host serve` ------------------------------------------------
+        added = (await client.post("/v1/hosts", json={"id": "h1"})).json()
+        h1 = HostProcess("h1", write_credentials(root / "creds-h1", added), root / "host-h1",
+                         f"/run/aamp-t{secrets.token_hex(4)}", free_port(), base)  # fmt: skip
+        h1.start()
+
+        async def active(host_id: str) -> bool:
+            hosts = (await client.get("/v1/hosts")).json()
+            return any(h["id"] == host_id and h["state"] == "active" for h in hosts)
+
+        await wait_for(lambda: active("h1"))
+        r = await client.post("/v1/sandboxes", json={"policy_document": policy("p1", ["crm"])})
+        assert r.status_code == 201, r.text
+        s1 = r.json()
+        report["s1"], report["s1_host"] = s1["id"], s1["host"]
+        report["guest"] = await exec_(
+            client,
+            s1["id"],
+            f"curl -sS http://{UPSTREAM}:8080/whoami; echo;"
+            f" curl -sS http://{UPSTREAM}:8081/rule; echo;"
+            f" curl -s -o /dev/null -w '%{{http_code}}' http://{UPSTREAM}:8082/none",
+        )
+        report["upstream_auth"] = {s["port"]: s.get("authorization") for s in SEEN}
+        report["secret_is"] = f"Bearer {SECRET}"
+
+        async def recorded() -> bool:
+            return len(await audit(client, actor=f"sandbox:{s1['id']}")) >= 3
+
+        await wait_for(recorded, 60)
+        report["egress"] = [
+            {k: r[k] for k in ("action", "decision", "reason", "resource")}
+            | {"host": r["details"].get("sandbox_host"), "service": r["details"]["service"]}
+            for r in await audit(client, actor=f"sandbox:{s1['id']}")
+        ]
+        report["reveals"] = [
+            {"actor": r["actor"], "reason": r["reason"]}
+            for r in await audit(client, action="secret.reveal")
+        ]
+        # The search sees what is there: the sandbox's state files and the log naming it.
+        report["h1_sandbox_seen"] = [
+            bool(
+                holding(Path(h1.runtime), s1["id"].encode())
+                or list(Path(h1.runtime).rglob(s1["id"]))
+            ),
+            bool(holding(h1.log, s1["id"].encode())),
+        ]
+        report["secret_on_h1_disk"] = (
+            holding(h1.home, SECRET.encode())
+            + holding(Path(h1.runtime), SECRET.encode())
+            + holding(h1.log, SECRET.encode())
+        )
+
+        # -- h2: a host in this process, asking for what is not its own ---------------------
+        added = (await client.post("/v1/hosts", json={"id": "h2"})).json()
+        cert_dir = write_credentials(root / "creds-h2", added)
+        h2_settings = Settings.from_env({
+            "AAMP_HOME": str(root / "host-h2"),
+            "AAMP_RUNTIME_DIR": f"/run/aamp-t{secrets.token_hex(4)}",
+            "AAMP_IMAGE_DIR": given["AAMP_IMAGE_DIR"],
+        })  # fmt: skip
+        outbox = HostOutbox()
+        h2_port = free_port()
+        config = HostConfig("h2", base, added["token"], cert_dir, "127.0.0.1", h2_port,
+                            f"127.0.0.1:{h2_port}")  # fmt: skip
+        h2 = SandboxHost(config, host_manager(h2_settings, outbox), outbox)
+        h2_task = asyncio.create_task(h2.serve())
+        await wait_for(lambda: active("h2"))
+        assert (await client.post("/v1/hosts/h1/drain")).status_code == 200
+        r = await client.post("/v1/sandboxes", json={"policy_document": policy("p2", [])})
+        assert r.status_code == 201, r.text
+        s2 = r.json()
+        report["s2_host"] = s2["host"]
+        report["h2_asks"] = {
+            "other_host_sandbox": await outbox.ask(s1["id"], "crm", "crm_token"),
+            "not_granted": await outbox.ask(s2["id"], "crm", "crm_token"),
+            "no_such_sandbox": await outbox.ask("sb-000000000000", "crm", "crm_token"),
+        }
+        # A record of another host's sandbox is not written as that sandbox's.
+        forged = EgressEvent(s1["id"], time.time(), 1, "http", UPSTREAM, 8080, UPSTREAM,
+                             "allowed", "forged", "forged", 200, 0, 0, 0.0)  # fmt: skip
+        await outbox.record("egress", forged.to_dict())
+        report["forged"] = {
+            "written": [r for r in await audit(client, actor=f"sandbox:{s1['id']}")
+                        if r["reason"] == "forged"],
+            "refused": [(r["actor"], r["decision"])
+                        for r in await audit(client, action="host.report_refused")],
+        }  # fmt: skip
+        report["refusals"] = [
+            {"actor": r["actor"], "reason": r["reason"], "sandbox": r["details"]["sandbox"]}
+            for r in await audit(client, action="secret.refused")
+        ]
+        for s in (s1, s2):
+            assert (await client.delete(f"/v1/sandboxes/{s['id']}")).status_code == 204
+        report["secret_on_h1_disk_after"] = holding(h1.home, SECRET.encode()) + holding(
+            Path(h1.runtime), SECRET.encode()
+        )
+        report["uses"] = [
+            {"actor": r["actor"], "sandbox": r["details"].get("sandbox")}
+            for r in await audit(client, action="secret.use")
+        ]
+        report["verify"] = (await client.get("/v1/audit/verify")).json()
+    except BaseException:
+        print(json.dumps(report, default=str), file=sys.stderr)
+        if h1 is not None:
+            print(h1.log.read_text()[-3000:], file=sys.stderr)
+        kept = [r for r in await audit(client) if r["action"].split(".")[0] in ("egress", "secret")]
+        print(json.dumps(kept, default=str)[-3000:], file=sys.stderr)
+        raise
+    finally:
+        if h2_task is not None:
+            h2_task.cancel()
+            await asyncio.gather(h2_task, return_exceptions=True)
+        if h1 is not None:
+            h1.stop()
+        await client.aclose()
+        replica.kill()
+        replica.wait()
+    return report
+
+
+if __name__ == "__main__":
+    os.environ.pop("AAMP_DATABASE_URL", None)
+    print(json.dumps(asyncio.run(main(sys.argv[1]))))

@@ -1,0 +1,61 @@
+"""A sandbox host on another machine serves sandboxes with egress rules and services: real
+processes (a replica on SQLite, `aamp host serve`), real gVisor, in a network namespace whose
+loopback carries the fake upstreams (`remote_egress_probe.py`).
+
+- the host's proxy enforces the policy's rules (allowed, refused) and injects the service's
+  credential, asked for over the link for that sandbox; the guest never sees the value;
+- the host's egress events are in the control plane's audit chain, naming the host; the
+  credential's reveal names the host, the sandbox and the service; its use is recorded;
+- nothing on the host's disk (home, runtime directory, log) holds the secret;
+- a host asking for a sandbox it does not run, for a service its sandbox was not granted, or
+  for no sandbox at all, is refused, and each refusal is recorded; an egress record it hands
+  over for another host's sandbox is not written as that sandbox's (`host.report_refused`);
+- the audit chain verifies.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+PROBE = Path(__file__).with_name("remote_egress_probe.py")
+
+
+def test_remote_host_rules_services_and_audit(tmp_path: Path, base_image) -> None:
+    if os.geteuid() != 0 or shutil.which("runsc") is None:
+        pytest.skip("sandbox hosts need root and runsc here")
+    from netns_probe_run import run_probe  # tests/netns_probe_run.py
+
+    report = run_probe(PROBE, tmp_path / "home", [], timeout=600)
+    assert report["s1_host"] == "h1" and report["s2_host"] == "h2", report
+    guest = report["guest"].splitlines()
+    assert '"port": 8080' in guest[0] and '"port": 8081' in guest[1], guest
+    assert report["secret_is"].split()[1] not in report["guest"]  # scrubbed from the answer
+    assert guest[2] == "403", guest
+    assert report["upstream_auth"]["8080"] == report["secret_is"], report["upstream_auth"]
+    assert report["upstream_auth"]["8081"] is None
+    assert "8082" not in report["upstream_auth"]
+    egress = {e["resource"]: e for e in report["egress"]}
+    assert len(report["egress"]) == 3 and all(e["host"] == "h1" for e in report["egress"])
+    call, ruled, refused = (egress[f"host:10.77.0.5:{p}"] for p in (8080, 8081, 8082))
+    assert (call["decision"], call["reason"], call["service"]) == ("allow", "service: crm", "crm")
+    assert (ruled["decision"], ruled["reason"]) == ("allow", "allow[0] 10.77.0.5:8081")
+    assert (refused["decision"], refused["reason"]) == ("deny", "ip-literal")
+    reveals = report["reveals"]
+    assert [r["actor"] for r in reveals] == ["host:h1"], reveals
+    assert "sandbox sb-" in reveals[0]["reason"] and "service crm" in reveals[0]["reason"]
+    assert report["h1_sandbox_seen"] == [True, True]
+    assert report["secret_on_h1_disk"] == [] and report["secret_on_h1_disk_after"] == []
+    asks = report["h2_asks"]
+    assert set(asks["other_host_sandbox"]) == {"refused"}, asks
+    assert "not placed on host h2" in asks["other_host_sandbox"]["refused"]
+    assert "not granted" in asks["not_granted"]["refused"], asks
+    assert "not placed on host h2" in asks["no_such_sandbox"]["refused"], asks
+    refusals = report["refusals"]
+    assert len(refusals) == 3 and {r["actor"] for r in refusals} == {"host:h2"}, refusals
+    assert {"actor": "host:h1", "sandbox": report["s1"]} in report["uses"], report["uses"]
+    assert report["forged"] == {"written": [], "refused": [["host:h2", "deny"]]}, report["forged"]
+    assert report["verify"]["ok"], report["verify"]
