@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import multiprocessing
 import os
@@ -123,6 +124,10 @@ def _proxy_main(sock_path: str, tls_port: int, workdir: str, ready) -> None:
                 services=ServiceSet([service]),
             )
             await proxy.start()
+            # As `aamp up` does (server.py): what start-up built lives as long as the process,
+            # out of the cyclic GC's sight, whose collections otherwise walk all of it.
+            gc.collect()
+            gc.freeze()
             ready.set()
             await asyncio.Event().wait()
 

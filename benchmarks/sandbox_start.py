@@ -8,8 +8,9 @@ Prints a table (median and p95) and writes benchmarks/results/sandbox_start.json
   beside the aamp sample it is compared with (the ratios are also given per pair);
 - aamp cold: create a sandbox (boot, guest agent ready) and run `python3 -c pass` in it;
 - aamp warm pool: take a pre-started sandbox and run `true` in it;
-- a run's sandbox: a policy's request (its own resources and egress rules), cold, and from the
-  pool learned for its boot key (`AAMP_WARM_POOL_LEARN`), each followed by `true`;
+- a run's sandbox: a policy's request (its own resources and egress rules), cold, from the
+  pool learned for its boot key (`AAMP_WARM_POOL_LEARN`), and from the pool its stored
+  policy's `warm: 1` configures, each followed by `true`;
 - host memory per idle sandbox: RSS and PSS of all its host processes (runsc sandbox + gofer);
 - N sandboxes started at once: wall time, and whether all answered.
 Needs root, runsc and a built base image (`aamp image build base`).
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from aamp.config import Settings
 from aamp.egress.rules import EgressRules
-from aamp.policy import Resources
+from aamp.policy import Resources, parse_policy
 from aamp.sandbox import procs
 from aamp.sandbox.gvisor import GVisorDriver
 from aamp.sandbox.images import ImageStore
@@ -178,7 +179,17 @@ async def aamp_figures(
         egress=EgressRules.from_lists("block", allow=["example.test"]),
     )
     label = boot_key("gvisor", "base", run_request.resources).label("gvisor")
-    for kind, learn in (("run_cold", 0), ("run_warm", 1)):
+    # The same policy stored with `warm: 1`: its pool is configured, not learned.
+    stored = parse_policy(
+        "name: bench\nimage: base\nresources: {pids: 128, memory: 512MiB}\n"
+        "egress: {allow: [example.test]}\nwarm: 1\n"
+    )
+    assert stored.resources == run_request.resources
+    for kind, learn, configured in (
+        ("run_cold", 0, False),
+        ("run_warm", 1, False),
+        ("run_configured", 0, True),
+    ):
         manager = SandboxManager(
             settings, ImageStore(settings), drivers, "gvisor", learn_pools=learn
         )
@@ -186,9 +197,11 @@ async def aamp_figures(
         try:
             if learn:  # the first request teaches the manager the policy's boot key
                 await manager.destroy((await manager.create(run_request)).id)
+            if configured:
+                await manager.keep_warm(stored.name, stored)
             samples, beside = [], []
             for _ in range(runs):
-                while learn and manager.pool_status().get(label, 0) < 1:
+                while (learn or configured) and manager.pool_status().get(label, 0) < 1:
                     await asyncio.sleep(0.02)
                 if not learn:
                     beside.append(raw.do_true())
@@ -197,7 +210,7 @@ async def aamp_figures(
                 async with manager.use(sb.id) as channel:
                     result, _, _ = await channel.run(["true"])
                 samples.append(time.perf_counter() - started)
-                assert result.exit_code == 0 and sb.warm == bool(learn)
+                assert result.exit_code == 0 and sb.warm == bool(learn or configured)
                 await manager.destroy(sb.id)
             out[kind] = samples
             if not learn:
@@ -239,10 +252,11 @@ def main() -> int:
         ("aamp warm pool: create + true", summary(figures["warm"])),
         ("a run's sandbox, cold: create + true", summary(figures["run_cold"])),
         ("a run's sandbox, learned pool: create + true", summary(figures["run_warm"])),
+        ("a run's sandbox, policy warm: 1: create + true", summary(figures["run_configured"])),
     ]
-    print(f"\n{'figure':46} {'median':>10} {'p95':>10}   n")
+    print(f"\n{'figure':48} {'median':>10} {'p95':>10}   n")
     for name, s in rows:
-        print(f"{name:46} {s['median_ms']:8.1f}ms {s['p95_ms']:8.1f}ms  {s['n']}")
+        print(f"{name:48} {s['median_ms']:8.1f}ms {s['p95_ms']:8.1f}ms  {s['n']}")
     ratio = rows[2][1]["median_ms"] / rows[1][1]["median_ms"]
     paired = paired_ratio(figures["cold"], raw_run)
     run_paired = paired_ratio(figures["run_cold"], figures["do_true_beside_run"])
@@ -267,6 +281,7 @@ def main() -> int:
         "aamp_warm": summary(figures["warm"]),
         "run_sandbox_cold": summary(figures["run_cold"]),
         "run_sandbox_warm": summary(figures["run_warm"]),
+        "run_sandbox_configured": summary(figures["run_configured"]),
         "cold_vs_raw_ratio": ratio,
         "cold_vs_raw_paired_ratio": paired,
         "run_cold_vs_do_true_paired_ratio": run_paired,

@@ -496,10 +496,10 @@ async def test_a_route_without_a_rule_is_denied_even_to_an_admin(plane) -> None:
 def test_an_app_with_a_route_outside_the_guard_is_not_built() -> None:
     """A plain Starlette route (FastAPI's own docs routes are such) never passes the guard,
     and an API route without a rule would only ever be denied: neither is built."""
-    from fastapi import FastAPI
+    from fastapi import APIRouter, FastAPI
 
     from aamp.api.app import _check_every_route_is_guarded
-    from aamp.api.guard import rule
+    from aamp.api.guard import guarded_router, rule
 
     async def page(_: object) -> None:
         return None
@@ -512,8 +512,18 @@ def test_an_app_with_a_route_outside_the_guard_is_not_built() -> None:
     unruled.get("/v1/x")(page)
     with pytest.raises(RuntimeError, match="/v1/x is not behind the guard"):
         _check_every_route_is_guarded(unruled)
+    # A ruled route whose dependencies lack the guard (a plain router's routes added to the
+    # app, as `create_app` adds the modules' routes) would answer without a decision.
+    unguarded = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    plain = APIRouter()
+    plain.get("/v1/x")(rule("health.read")(page))
+    unguarded.router.routes.extend(plain.routes)
+    with pytest.raises(RuntimeError, match="/v1/x is not behind the guard"):
+        _check_every_route_is_guarded(unguarded)
     ruled = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
-    ruled.get("/v1/x")(rule("health.read")(page))
+    module = guarded_router()
+    module.get("/v1/x")(rule("health.read")(page))
+    ruled.router.routes.extend(module.routes)
     _check_every_route_is_guarded(ruled)
 
 

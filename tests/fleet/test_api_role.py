@@ -127,11 +127,16 @@ def test_role_api_places_every_sandbox_on_a_registered_host(
         assert api.get(f"/v1/sandboxes/{sandbox['id']}").status_code == 404
         assert host_state(api, "h1")["used_sandboxes"] == 0
 
-        # -- what a remote host cannot take yet says so ----------------------------------
+        # -- egress rules travel with the create; what a remote host cannot take yet says so --
         inline = {"policy_document": "name: wide\nimage: base\negress: {default: allow}\n"}
         r = api.post("/v1/sandboxes", json=inline)
+        assert r.status_code == 201, r.text
+        assert r.json()["host"] == "h1"
+        assert api.delete(f"/v1/sandboxes/{r.json()['id']}").status_code == 204
+        asking = {"policy_document": "name: asks\nimage: base\negress: {default: ask}\n"}
+        r = api.post("/v1/sandboxes", json=asking)
         assert r.status_code == 503, r.text
-        assert "does not take egress rules" in r.json()["message"]
+        assert "does not take `egress.default: ask`" in r.json()["message"]
         assert host_state(api, "h1")["used_sandboxes"] == 0
 
         # -- SIGTERM: the replica stops cleanly (uvicorn exits by the signal it caught) --

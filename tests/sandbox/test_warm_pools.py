@@ -17,11 +17,11 @@ from aamp.egress.proxy import EgressContext
 from aamp.egress.resolver import SystemResolver
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import Bearer, Service, ServiceSet
-from aamp.policy import Resources
+from aamp.policy import Resources, parse_policy
 from aamp.sandbox.gvisor import GVisorDriver
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.manager import CreateRequest, LogEgressSink, SandboxManager
-from aamp.sandbox.warm_pool import PoolTargets, boot_key
+from aamp.sandbox.warm_pool import PoolTargets, WarmTotalExceeded, boot_key
 from aamp.sandbox.wheelhouse import Wheelhouse
 
 pytestmark = pytest.mark.usefixtures("base_image")
@@ -79,9 +79,9 @@ async def wait_for_pool(m: SandboxManager, label: str, size: int) -> None:
     assert m.pool_status().get(label, 0) == size
 
 
-async def test_two_policies_two_users_one_pool(settings, tmp_path):
-    events = EventsForTests()
-    m = gvisor_manager(
+def services_manager(settings, tmp_path, events: EventsForTests, **options) -> SandboxManager:
+    """A manager that can give sandboxes services (a CA; secrets that are never read)."""
+    return gvisor_manager(
         settings,
         recorder=events,
         egress=EgressContext(
@@ -90,8 +90,13 @@ async def test_two_policies_two_users_one_pool(settings, tmp_path):
             secrets=UnreadSecretsForTests(),
             ca=InstallationCA.load_or_create(tmp_path / "ca"),
         ),
-        learn_pools=1,
+        **options,
     )
+
+
+async def test_two_policies_two_users_one_pool(settings, tmp_path):
+    events = EventsForTests()
+    m = services_manager(settings, tmp_path, events, learn_pools=1)
     crm = Service("crm-api", "https://crm.test", Bearer("crm_token"))
     erp = Service("erp", "https://erp.test", Bearer("erp_token"))
     first, second = policy("a.test", crm), policy("b.test", erp)
@@ -131,6 +136,100 @@ async def test_two_policies_two_users_one_pool(settings, tmp_path):
         assert m._pools[boot_key("gvisor", "base", RESOURCES)][0].id not in {a.id, b.id}
     finally:
         await m.shutdown()
+
+
+FETCH = (
+    "import urllib.request, sys\n"
+    "try:\n"
+    "    urllib.request.urlopen(sys.argv[1], timeout=20)\n"
+    "except Exception as exc:\n"
+    "    print(getattr(exc, 'code', exc))\n"
+)
+
+
+async def refused_hosts(m: SandboxManager, sandbox_id: str, url: str) -> list[tuple[str, str]]:
+    """From inside the guest, ask the egress proxy for `url`; the (host, rule) it refused."""
+    view = m.egress_view(sandbox_id)
+    mark = view.mark()
+    async with m.use(sandbox_id) as channel:
+        await channel.run(["python3", "-c", FETCH, url])
+    deadline = time.monotonic() + 10
+    while not view.since(mark) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return [(e.host, e.rule) for e in view.since(mark) if e.decision == "refused"]
+
+
+async def test_two_stored_policies_two_users_one_configured_pool(settings, tmp_path):
+    """Two stored policies that boot alike, each with `warm: 1`, share one pool of two; two
+    users each get one of its sandboxes at once, never used before, each with exactly its
+    own policy's rules and services: the guest of one is refused the other's host."""
+    events = EventsForTests()
+    m = services_manager(settings, tmp_path, events)
+    shape = "image: base\nresources: {pids: 128}\nwarm: 1\n"
+    alpha = parse_policy(f"name: alpha\negress: {{allow: [a.test]}}\n{shape}")
+    beta = parse_policy(f"name: beta\negress: {{allow: [b.test]}}\n{shape}")
+    crm = Service("crm-api", "https://crm.test", Bearer("crm_token"))
+    erp = Service("erp", "https://erp.test", Bearer("erp_token"))
+    first, second = policy("a.test", crm), policy("b.test", erp)  # what each policy makes
+    assert first.egress == EgressRules.from_policy(alpha.egress)
+    assert second.egress == EgressRules.from_policy(beta.egress)
+    key = boot_key("gvisor", "base", RESOURCES)
+    await m.start()
+    try:
+        await m.keep_warm("alpha", alpha)
+        await m.keep_warm("beta", beta)
+        assert m.pool_targets.target(key) == 2
+        await wait_for_pool(m, key.label("gvisor"), 2)
+        pooled = {s.id for s in m._pools[key]}
+        assert not pooled & {s.id for s in m.list()}  # unreachable until handed out
+
+        a = await m.create(first, actor="user:alice")
+        async with m.use(a.id) as channel:
+            await channel.run(["sh", "-c", "echo alice > /tmp/left-by-alice"])
+        b = await m.create(second, actor="user:bob")
+        assert a.warm and b.warm and {a.id, b.id} == pooled
+        assert b.egress.rules == second.egress and b.egress.services.names == ("erp",)
+        assert a.egress.rules == first.egress and a.egress.services.names == ("crm-api",)
+        async with m.use(b.id) as channel:
+            result, _, _ = await channel.run(["test", "!", "-e", "/tmp/left-by-alice"])
+        assert result.exit_code == 0
+        # From the untrusted side: each guest reaches its own policy's host only.
+        assert await refused_hosts(m, b.id, "http://a.test/") == [("a.test", "default: block")]
+        assert await refused_hosts(m, a.id, "http://b.test/") == [("b.test", "default: block")]
+        created = [e for e in events.events if e["action"] == "sandbox.create"]
+        assert [(e["actor"], e["details"]["warm"]) for e in created] == [
+            ("user:alice", True),
+            ("user:bob", True),
+        ]
+        # Refilled behind the hand-outs with sandboxes nobody used; a policy deleted gives
+        # its share back, the last one drains the pool.
+        await wait_for_pool(m, key.label("gvisor"), 2)
+        assert not {s.id for s in m._pools[key]} & {a.id, b.id}
+        await m.keep_warm("alpha", None)
+        assert m.pool_targets.target(key) == 1 and len(m._pools[key]) == 1
+        await m.keep_warm("beta", None)
+        assert m.pool_status().get(key.label("gvisor")) is None
+    finally:
+        await m.shutdown()
+
+
+def test_policies_warm_counts_add_up_within_the_bound():
+    key = boot_key("gvisor", "base", RESOURCES)
+    other = boot_key("gvisor", "browser", Resources())
+    targets = PoolTargets({boot_key("gvisor", "base", Resources()): 2}, bound=6)
+    assert targets.keep("alpha", key, 2) == [key]
+    assert targets.keep("beta", key, 1) == [key] and targets.target(key) == 3
+    assert set(targets.keep("beta", other, 1)) == {key, other}
+    assert (targets.target(key), targets.target(other)) == (2, 1)
+    targets.check({"alpha": 2, "beta": 2})  # 2 + 4: at the bound
+    with pytest.raises(WarmTotalExceeded) as refused:
+        targets.check({"alpha": 3, "beta": 2})
+    assert str(refused.value) == (
+        "7 sandboxes would be kept warm (AAMP_WARM_POOL 2, policy alpha 3, policy beta 2), "
+        "over AAMP_WARM_POOL_MAX (6); lower a policy's warm or raise AAMP_WARM_POOL_MAX"
+    )
+    with pytest.raises(WarmTotalExceeded, match="AAMP_WARM_POOL 2"):
+        PoolTargets({key: 2}, bound=1)
 
 
 async def test_a_packages_layer_has_its_own_pool(tmp_path, base_image):

@@ -14,7 +14,16 @@ from aamp.agents.versions import AgentVersions
 from aamp.api.body import Body
 from aamp.api.context import ControlPlane
 from aamp.api.errors import ApiError
-from aamp.api.guard import actor_of, check, cp_of, json_body, record_change, record_refusal, rule
+from aamp.api.guard import (
+    actor_of,
+    check,
+    cp_of,
+    guarded_router,
+    json_body,
+    record_change,
+    record_refusal,
+    rule,
+)
 from aamp.catalog import KnowledgeBases
 from aamp.errors import NotFound
 from aamp.identity.directory import GrantInfo
@@ -93,7 +102,7 @@ async def _grant_subject(request: Request, _: ControlPlane, __: Actor) -> Resour
 
 
 def router() -> APIRouter:
-    r = APIRouter(prefix="/v1", tags=["agents"])
+    r = guarded_router(prefix="/v1", tags=["agents"])
 
     @r.get("/agents", response_model=list[AgentInfo])
     @rule("agent.list")

@@ -71,6 +71,7 @@ def create_app(cp: ControlPlane) -> FastAPI:
         try:
             await cp.manager.start()
             try:
+                await catalog.keep_policies_warm(cp)  # after the manager started
                 await cp.fleet.start()  # registers this process's own host, if it runs one
                 if cp.runs is not None:
                     await cp.runs.recover()  # after the manager reaped their sandboxes
@@ -135,7 +136,9 @@ def create_app(cp: ControlPlane) -> FastAPI:
         hosts,
         knowledge_bases,
     ):
-        app.include_router(module.router())
+        # The routes themselves, not an included router: FastAPI matches an included router's
+        # routes again at each level (three passes a request), the app's own routes once.
+        app.router.routes.extend(module.router().routes)
     install_error_handlers(
         app,
         {
@@ -165,7 +168,10 @@ def _check_every_route_is_guarded(app: FastAPI) -> None:
     a mount) or that has no rule: such a route would answer without a decision on record.
     (Routes of included routers are walked too: FastAPI keeps them inside the router.)"""
     for route in iter_route_contexts(app.routes):
-        guarded = isinstance(route.original_route, APIRoute)
+        original = route.original_route
+        guarded = isinstance(original, APIRoute) and any(
+            d.call is guard for d in original.dependant.dependencies
+        )
         if not guarded or getattr(route.endpoint, RULE_ATTR, None) is None:
             where = route.path or repr(route.original_route)
             raise RuntimeError(f"route {where} is not behind the guard with a rule (@rule)")

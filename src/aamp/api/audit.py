@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from sqlalchemy import select
 
 from aamp.api.errors import ApiError
-from aamp.api.guard import cp_of, rule
+from aamp.api.guard import cp_of, guarded_router, rule
 from aamp.audit import ShownRecord, verify_installation
 from aamp.store import Store
 from aamp.store.tables import AuditRecordRow
@@ -58,7 +58,7 @@ def _query(store: Store, filters: dict[str, Any], after: int, limit: int) -> lis
 
 
 def router() -> APIRouter:
-    r = APIRouter(prefix="/v1", tags=["audit"])
+    r = guarded_router(prefix="/v1", tags=["audit"])
 
     @r.get("/audit", response_model=AuditPageOut)
     @rule("audit.read")

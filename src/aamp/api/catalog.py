@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 from aamp.api.body import Body
 from aamp.api.context import ControlPlane
 from aamp.api.errors import ApiError
-from aamp.api.guard import cp_of, record_change, record_refusal, rule
+from aamp.api.guard import cp_of, guarded_router, record_change, record_refusal, rule
 from aamp.catalog.catalog import (
     MAX_POLICY_BYTES,
     Service,
@@ -52,6 +52,7 @@ class PolicyOut(BaseModel):
     image: str
     services: list[str]
     packages: list[str]
+    warm: int
     created_at: str
     created_by: str
     updated_at: str
@@ -138,8 +139,19 @@ async def delete_unless_in_use(
     await record_change(request, action, resource, details or {})
 
 
+async def keep_policies_warm(cp: ControlPlane) -> None:
+    """At start, every stored policy's `warm` sandboxes are kept ready; policies asking for
+    more than the installation keeps (AAMP_WARM_POOL_MAX lowered since) refuse the start,
+    named, rather than some of them being ignored."""
+    stored = await cp.store.run(cp.catalog.list_policies)
+    cp.manager.pool_targets.check({p.name: p.policy.warm for p in stored})
+    for p in stored:
+        if p.policy.warm:
+            await cp.manager.keep_warm(p.name, p.policy)
+
+
 def router() -> APIRouter:
-    r = APIRouter(prefix="/v1")
+    r = guarded_router(prefix="/v1")
 
     @r.get("/policies", response_model=list[PolicyOut], tags=["policies"])
     @rule("policy.list")
@@ -176,10 +188,12 @@ def router() -> APIRouter:
                 cp.images.check_packages(policy.image, policy.packages)
             except WheelhouseError as exc:
                 raise PolicyError([("", str(exc))]) from None
-            return cp.catalog.put_policy(name, text, fmt, by=by)
+            check_warm = cp.manager.pool_targets.check
+            return cp.catalog.put_policy(name, text, fmt, by=by, check_warm=check_warm)
 
         stored = await cp.store.run(write)
         await record_change(request, "policy.written", f"policy:{name}", {"format": fmt})
+        await cp.manager.keep_warm(name, stored.policy)
         return stored.to_dict()
 
     @r.delete("/policies/{name}", status_code=204, tags=["policies"])
@@ -188,6 +202,7 @@ def router() -> APIRouter:
         """Delete a policy; refused (409, on record) while an agent is granted it."""
         cp = cp_of(request)
         await delete_unless_in_use(request, "policy", name, lambda: cp.catalog.delete_policy(name))
+        await cp.manager.keep_warm(name, None)
 
     @r.get("/services", response_model=list[Service], tags=["services"])
     @rule("service.list")

@@ -1,18 +1,20 @@
 """The one guard every route goes through: authenticate, find the resource, ask `allowed`,
 record the decision in the audit log, and refuse or proceed.
 
-It is installed as an app-wide FastAPI dependency, so no route can leave it out (and
-`create_app` refuses to build an app with a route outside it). A route declares what it does
-with `@rule(action, resolver)`; a route without a rule is denied (and the authorisation
-matrix test fails for it). The resolver finds the resource with every fact a refusal depends
-on (what is granted to the agent, whether a version is published, whether only an admin may
-ask this), and may leave what it found on `request.state` for the route to use unchanged; so
-the decision recorded here is the final one — a route may still reject bad input or a missing
-thing (400/404/422), but never refuses on its own after an "allow". The decision — allow or
-deny, its reason, and the grant that allowed it — is durable in the audit log before the
-route runs. A refused credential is recorded with whom it names when that is known (the user
-and token of a revoked or expired token, a disabled user, a session whose CSRF token is
-missing), never as `anonymous`.
+It is every route's first dependency: each API module's router is a `guarded_router`, whose
+routes `create_app` adds to the app itself (not as included routers, which FastAPI matches
+again level by level on every request), and the app's own routes have it app-wide; no route can
+leave it out (`create_app` refuses to build an app with a route whose dependencies lack it). A
+route declares what it does with `@rule(action, resolver)`; a route without a rule is denied
+(and the authorisation matrix test fails for it). The resolver finds the resource with every
+fact a refusal depends on (what is granted to the agent, whether a version is published,
+whether only an admin may ask this), and may leave what it found on `request.state` for the
+route to use unchanged; so the decision recorded here is the final one — a route may still
+reject bad input or a missing thing (400/404/422), but never refuses on its own after an
+"allow". The decision — allow or deny, its reason, and the grant that allowed it — is durable
+in the audit log before the route runs. A refused credential is recorded with whom it names
+when that is known (the user and token of a revoked or expired token, a disabled user, a
+session whose CSRF token is missing), never as `anonymous`.
 
 Credentials: `Authorization: Bearer <API token>`, or the UI's session cookie; with a cookie,
 unsafe methods must also carry the session's CSRF token in `X-CSRF-Token`. An unsafe request
@@ -44,10 +46,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from fastapi import Request
+from fastapi import APIRouter, Depends, Request
 
 from aamp.api.context import ControlPlane
-from aamp.api.errors import ApiError
+from aamp.api.errors import ERROR_RESPONSES, ApiError
 from aamp.identity import credentials as cred
 from aamp.identity.authz import PUBLIC_ACTIONS, allowed
 from aamp.identity.errors import AuthenticationFailed
@@ -205,6 +207,12 @@ async def _record(
         request_id=request_id(request),
         details=details,
     )
+
+
+def guarded_router(**options: Any) -> APIRouter:
+    """An API module's router: every route of it runs `guard` first and documents the error
+    statuses (what the app gives its own routes: `create_app`)."""
+    return APIRouter(dependencies=[Depends(guard)], responses=ERROR_RESPONSES, **options)
 
 
 async def guard(request: Request) -> Actor:

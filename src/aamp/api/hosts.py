@@ -21,7 +21,7 @@ from fastapi import APIRouter, Header, Path, Request, Response
 from pydantic import BaseModel, Field
 
 from aamp.api.body import Body
-from aamp.api.guard import cp_of, record_change, request_id, rule
+from aamp.api.guard import cp_of, guarded_router, record_change, request_id, rule
 from aamp.errors import AampError
 from aamp.fleet import FleetPlacer, HostFacts, HostInfo, HostRefused, HostRegistry, check_host_id
 from aamp.fleet.links import LinkNotProven
@@ -149,7 +149,7 @@ async def _host_record(
 
 
 def router() -> APIRouter:
-    r = APIRouter(prefix="/v1", tags=["hosts"])
+    r = guarded_router(prefix="/v1", tags=["hosts"])
 
     @r.get("/hosts")
     @rule("host.list")

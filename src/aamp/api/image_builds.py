@@ -23,7 +23,7 @@ from fastapi.responses import StreamingResponse
 
 from aamp.api.body import Body
 from aamp.api.errors import ApiError
-from aamp.api.guard import actor_of, cp_of, record_refusal, request_id, rule
+from aamp.api.guard import actor_of, cp_of, guarded_router, record_refusal, request_id, rule
 from aamp.egress.ca import ca_cert_path
 from aamp.sandbox import BuiltImage, ImageBuild, ImageBuilds
 
@@ -41,7 +41,7 @@ def _event(event: str, data: dict[str, Any], event_id: int | None = None) -> byt
 
 
 def router() -> APIRouter:
-    r = APIRouter(prefix="/v1", tags=["images"])
+    r = guarded_router(prefix="/v1", tags=["images"])
 
     @r.post("/images/{name}/build", status_code=202)
     @rule("image.build")

@@ -14,7 +14,7 @@ from pydantic import Field
 from aamp.api.body import Body
 from aamp.api.catalog import delete_unless_in_use
 from aamp.api.errors import ApiError
-from aamp.api.guard import cp_of, record_change, rule
+from aamp.api.guard import cp_of, guarded_router, record_change, rule
 from aamp.catalog import MAX_DOCUMENT_BYTES, Document, KnowledgeBaseError, KnowledgeBases
 from aamp.policy.model import NAME_RE
 
@@ -34,7 +34,7 @@ def _kbs(request: Request) -> KnowledgeBases:
 
 
 def router() -> APIRouter:
-    r = APIRouter(prefix="/v1", tags=["knowledge-bases"])
+    r = guarded_router(prefix="/v1", tags=["knowledge-bases"])
 
     @r.get("/knowledge-bases")
     @rule("knowledge_base.list")

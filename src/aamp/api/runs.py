@@ -29,7 +29,16 @@ from aamp.agents.versions import AgentVersion, AgentVersions, missing_version
 from aamp.api.body import Body
 from aamp.api.context import ControlPlane
 from aamp.api.errors import ApiError
-from aamp.api.guard import actor_of, check, cp_of, json_body, record_change, request_id, rule
+from aamp.api.guard import (
+    actor_of,
+    check,
+    cp_of,
+    guarded_router,
+    json_body,
+    record_change,
+    request_id,
+    rule,
+)
 from aamp.api.sandboxes import sandbox_from
 from aamp.catalog import KnowledgeBases
 from aamp.catalog.catalog import AgentNeeds
@@ -297,7 +306,7 @@ async def rebuilt_request(cp: ControlPlane, run: RunInfo) -> RunRequest:
 
 
 def router() -> APIRouter:
-    r = APIRouter(prefix="/v1", tags=["runs"])
+    r = guarded_router(prefix="/v1", tags=["runs"])
 
     @r.get("/agents/{agent_id}/inbound", response_model=InboundOut)
     @rule("run.inbound", _run_inbound)

@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 from aamp.api.body import Body
 from aamp.api.context import ControlPlane, SandboxOwner
 from aamp.api.errors import ApiError
-from aamp.api.guard import actor_of, check, cp_of, json_body, request_id, rule
+from aamp.api.guard import actor_of, check, cp_of, guarded_router, json_body, request_id, rule
 from aamp.catalog.catalog import AgentNeeds, Service, parse_policy_document
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import ServiceSet
@@ -194,6 +194,9 @@ async def _create_request(cp: ControlPlane, body: SandboxIn, plan: SandboxPlan) 
             policy = parse_policy_document(body.policy_document, "yaml")
         except PolicyError as exc:
             raise ApiError(422, "invalid_policy", str(exc)) from None
+        if policy.warm:
+            message = "warm: only a stored policy keeps sandboxes warm (PUT /v1/policies/NAME)"
+            raise ApiError(422, "invalid_policy", message)
         services = []
         for name in policy.services:
             try:
@@ -219,7 +222,7 @@ async def _create_request(cp: ControlPlane, body: SandboxIn, plan: SandboxPlan) 
 
 
 def router() -> APIRouter:
-    r = APIRouter(prefix="/v1", tags=["sandboxes"])
+    r = guarded_router(prefix="/v1", tags=["sandboxes"])
 
     @r.get("/images")
     @rule("image.list")

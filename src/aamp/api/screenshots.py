@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 from aamp.agents.browser_tool import BrowserTool
 from aamp.api.body import Body
 from aamp.api.errors import ApiError
-from aamp.api.guard import cp_of, rule
+from aamp.api.guard import cp_of, guarded_router, rule
 from aamp.api.sandboxes import audit_sandbox, sandbox_resource
 
 BROWSER_IMAGE = "browser"
@@ -44,7 +44,7 @@ class ScreenshotOut(BaseModel):
 
 
 def router() -> APIRouter:
-    r = APIRouter(prefix="/v1", tags=["sandboxes"])
+    r = guarded_router(prefix="/v1", tags=["sandboxes"])
 
     @r.post("/sandboxes/{sandbox_id}/screenshot", response_model=ScreenshotOut)
     @rule("sandbox.browser", sandbox_resource)

@@ -14,7 +14,7 @@ from pydantic import Field
 
 from aamp.api.body import Body
 from aamp.api.errors import ApiError
-from aamp.api.guard import actor_of, cp_of, request_id, rule
+from aamp.api.guard import actor_of, cp_of, guarded_router, request_id, rule
 from aamp.vault import MAX_VALUE_BYTES, SecretMetadata
 
 Name = Annotated[str, Path(min_length=1, max_length=64)]
@@ -30,7 +30,7 @@ class SecretOut(SecretMetadata):
 
 
 def router() -> APIRouter:
-    r = APIRouter(prefix="/v1", tags=["secrets"])
+    r = guarded_router(prefix="/v1", tags=["secrets"])
 
     async def _with_usage(request: Request, metas: list) -> list[dict[str, object]]:  # type: ignore[type-arg]
         cp = cp_of(request)

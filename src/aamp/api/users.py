@@ -10,7 +10,15 @@ from pydantic import BaseModel, Field
 
 from aamp.api.body import Body
 from aamp.api.context import ControlPlane
-from aamp.api.guard import SESSION_COOKIE, actor_of, cp_of, record_change, request_id, rule
+from aamp.api.guard import (
+    SESSION_COOKIE,
+    actor_of,
+    cp_of,
+    guarded_router,
+    record_change,
+    request_id,
+    rule,
+)
 from aamp.identity.directory import SESSION_HOURS, USERNAME_RE, TokenInfo
 from aamp.identity.errors import AuthenticationFailed
 from aamp.identity.model import Actor, Resource
@@ -93,7 +101,7 @@ def _address(request: Request) -> str:
 
 
 def router() -> APIRouter:
-    r = APIRouter(prefix="/v1")
+    r = guarded_router(prefix="/v1")
 
     @r.post("/session", response_model=SessionOut, tags=["identity"])
     @rule("session.create")

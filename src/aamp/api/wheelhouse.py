@@ -14,7 +14,7 @@ from pydantic import Field
 
 from aamp.api.body import Body
 from aamp.api.errors import ApiError
-from aamp.api.guard import cp_of, record_change, rule
+from aamp.api.guard import cp_of, guarded_router, record_change, rule
 from aamp.sandbox.wheelhouse import MAX_WHEEL_BYTES, Wheel, Wheelhouse, WheelhouseError
 
 WHEEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,250}\.whl$"
@@ -44,7 +44,7 @@ async def _record(request: Request, action: str, wheels: list[Wheel]) -> None:
 
 
 def router() -> APIRouter:
-    r = APIRouter(prefix="/v1", tags=["wheelhouse"])
+    r = guarded_router(prefix="/v1", tags=["wheelhouse"])
 
     @r.get("/wheelhouse")
     @rule("wheelhouse.list")

@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sqlalchemy import delete, select
+from sqlalchemy import text as sql
 
 from aamp.catalog.model_endpoints import (
     ModelEndpoint,
@@ -44,6 +45,9 @@ from aamp.store.timestamps import now
 from aamp.values import Shown
 from aamp.vault.vault import NAME_RE as SECRET_NAME_RE
 
+# Names "the policies' warm counts" among PostgreSQL advisory locks: two policy writes that
+# each fit the bound alone must not both pass it.
+WARM_LOCK_KEY = 0x61616D7077
 RESOURCE_KINDS = ("policy", "service", "image", "model-endpoint", "knowledge-base")
 AUTH_KINDS = ("bearer", "basic", "header")
 # How many secrets each auth kind takes: bearer a token, basic a username and a password,
@@ -72,6 +76,7 @@ class StoredPolicy:
             "image": self.policy.image,
             "services": list(self.policy.services),
             "packages": list(self.policy.packages),
+            "warm": self.policy.warm,
             "created_at": self.created_at,
             "created_by": self.created_by,
             "updated_at": self.updated_at,
@@ -184,11 +189,34 @@ class Catalog:
 
     # -- policies -----------------------------------------------------------------------
 
-    def put_policy(self, name: str, source: str, fmt: str, *, by: str) -> StoredPolicy:
+    def put_policy(
+        self,
+        name: str,
+        source: str,
+        fmt: str,
+        *,
+        by: str,
+        check_warm: Callable[[dict[str, int]], None] | None = None,
+    ) -> StoredPolicy:
+        """Create or replace a policy. `check_warm` is given every stored policy's `warm`
+        with this one's (under the write lock, so two writes cannot both pass it) and
+        raises `ValueError` when they ask for more warm sandboxes than the installation
+        keeps; that refusal names the policy's `warm` field."""
         policy = parse_policy_document(source, fmt)
         _check_policy_name(name, policy)
         stamp = now()
         with self.store.write_session() as s:
+            if check_warm is not None and policy.warm:
+                if s.get_bind().dialect.name == "postgresql":  # SQLite: BEGIN IMMEDIATE
+                    s.execute(sql("SELECT pg_advisory_xact_lock(:k)"), {"k": WARM_LOCK_KEY})
+                warm = {
+                    row.name: self._policy(row).policy.warm
+                    for row in s.scalars(select(PolicyRow).where(PolicyRow.name != name))
+                }
+                try:
+                    check_warm({**warm, name: policy.warm})
+                except ValueError as exc:
+                    raise PolicyError([("warm", str(exc))]) from None
             row = locked_or_new(
                 s,
                 PolicyRow.name,

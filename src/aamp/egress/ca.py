@@ -39,6 +39,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from aamp.config import Settings
+from aamp.egress.tls_socket import harden
 
 CA_DIRNAME = "ca"
 CA_KEY = "ca.key"
@@ -118,11 +119,11 @@ def load_pem_chain(ctx: ssl.SSLContext, pem: bytes, scratch_dir: Path) -> None:
 _SNI_ATTR = "aamp_client_sni"
 
 
-def _record_sni(ssl_object: ssl.SSLObject, server_name: str | None, _ctx: ssl.SSLContext) -> None:
+def _record_sni(ssl_object: ssl.SSLSocket, server_name: str | None, _ctx: ssl.SSLContext) -> None:
     setattr(ssl_object, _SNI_ATTR, server_name)
 
 
-def client_sni(ssl_object: ssl.SSLObject | None) -> str | None:
+def client_sni(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> str | None:
     """The server name a client sent in its TLS hello (None if it sent none)."""
     return getattr(ssl_object, _SNI_ATTR, None)
 
@@ -289,8 +290,8 @@ class InstallationCA:
     def server_context(self, host: str) -> ssl.SSLContext:
         """A server-side TLS context presenting a leaf for `host` (cached until near expiry).
 
-        HTTP/1.1 only (ALPN), TLS 1.2 or newer. The server name the client sent (SNI) is kept
-        on the connection's SSL object; read it with `client_sni`."""
+        HTTP/1.1 only (ALPN), TLS 1.2 or newer, no renegotiation. The server name the client
+        sent (SNI) is kept on the connection's SSL object; read it with `client_sni`."""
         now = _now()
         with self._lock:
             leaf = self._leaves.get(host)
@@ -301,6 +302,7 @@ class InstallationCA:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         ctx.set_alpn_protocols(["http/1.1"])
+        harden(ctx)
         pem = cert.public_bytes(serialization.Encoding.PEM) + self._leaf_key_pem
         load_pem_chain(ctx, pem, self.directory)
         ctx.sni_callback = _record_sni

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
+from aamp.egress import splice
 from aamp.egress.bodies import Bodies, HeldBody
 from aamp.egress.decision import Decider
 from aamp.egress.held_credentials import HeldCredentials
@@ -44,6 +46,7 @@ from aamp.egress.limits import ProxyLimits
 from aamp.egress.meter import Attempt, Meter
 from aamp.egress.scrub import BodyDecoder, Scrubber, UnsupportedEncoding
 from aamp.egress.services import Credential, CredentialError, Service
+from aamp.egress.tls_socket import TLSSocketTransport
 from aamp.egress.upstream import Connector, Upstream
 from aamp.policy.hosts import Host
 
@@ -274,7 +277,15 @@ class Forwarding:
         if decoder is not None:
             assert scrubber is not None
             await self._scrub_body(
-                upstream.reader, writer, response_head, body, down, decoder, scrubber, attempt
+                upstream.reader,
+                writer,
+                response_head,
+                body,
+                down,
+                decoder,
+                scrubber,
+                attempt,
+                upstream.writer.transport,
             )
         elif body.kind == "length":
             await bodies.copy_length(
@@ -314,6 +325,7 @@ class Forwarding:
         decoder: BodyDecoder,
         scrubber: Scrubber,
         attempt: Attempt,
+        source_transport: asyncio.BaseTransport | None = None,
     ) -> None:
         """Send the response `head`, then decode the upstream body's framing and coding,
         scrub it and send it `down` (chunked, or until close for an HTTP/1.0 guest).
@@ -340,8 +352,10 @@ class Forwarding:
                 ready.append(b"\r\n")
             body_ready = True
 
-        def send() -> None:
+        def send() -> bool:
             nonlocal body_ready
+            if not body_ready:
+                return False
             size = sum(len(p) for p in ready)
             if size <= _JOINED_WRITE:
                 sink.write(b"".join(ready))
@@ -350,13 +364,23 @@ class Forwarding:
             meter.count(attempt, size, up=False)
             ready.clear()
             body_ready = False
+            return True
 
         try:
+            if (
+                body.kind == "length"
+                and not decoder.decoding
+                and isinstance(source_transport, TLSSocketTransport)
+                and isinstance(sink.transport, TLSSocketTransport)
+            ):
+                await _relay_length(
+                    source, source_transport, sink, body.length, scrubber, add, send
+                )
+                body = Framing("length", 0)  # all of it went; the decoder saw nothing
             async for piece in self.bodies.pieces(source, body):
                 for decoded in decoder.feed(piece):
                     add(scrubber.feed_pieces(decoded))
-                    if body_ready:
-                        send()
+                    if send():
                         await sink.drain()
             add((scrubber.feed(decoder.flush()),))
         except UnsupportedEncoding as exc:
@@ -364,4 +388,42 @@ class Forwarding:
         add((scrubber.flush(),))
         if chunked:
             ready.append(b"0\r\n\r\n")
+        body_ready = True
         send()
+
+
+async def _relay_length(
+    source: asyncio.StreamReader,
+    transport: TLSSocketTransport,
+    sink: asyncio.StreamWriter,
+    length: int,
+    scrubber: Scrubber,
+    add: Callable[[tuple[bytes | memoryview, ...]], None],
+    send: Callable[[], bool],
+) -> None:
+    """Scrub and send a `length`-byte upstream body straight from the upstream transport's
+    receive buffer (`TLSSocketTransport.tap`): no StreamReader, no read(), the guest's
+    transport joining each write into its own buffer. The same scrubber and `send` (meter
+    included) as the read path; while the guest's write buffer is over its high mark the
+    upstream is not read (`drain`), so a slow guest holds back the upstream, not memory."""
+    high = sink.transport.get_write_buffer_limits()[1]  # type: ignore[attr-defined]
+    guest = sink.transport
+
+    def deliver(view: memoryview) -> bool:
+        add(scrubber.feed_pieces(view))  # type: ignore[arg-type]
+        send()  # consumes `view` now: the buffer is read into again after this returns
+        return guest.get_write_buffer_size() <= high
+
+    with splice.reading_paused(source, transport):
+        ahead = splice.read_ahead(source)
+        if ahead:  # what the reader holds already goes first, the same way
+            data = bytes(ahead[:length])
+            del ahead[: len(data)]
+            length -= len(data)
+            deliver(memoryview(data))
+        while length:
+            await sink.drain()
+            try:
+                length = await transport.tap(length, deliver)
+            finally:
+                transport.untap()  # cancelled (the proxy closing): nothing more is delivered

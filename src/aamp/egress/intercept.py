@@ -2,9 +2,11 @@
 
 When the guest CONNECTs to a granted service's exact (host, port), the proxy — after the same
 rules decision, host-side resolution and address check as any tunnel — answers 200, then
-becomes the TLS server itself (`StreamWriter.start_tls`, server side) with a leaf for that host
-minted by the installation CA. From then on the connection is read by the proxy's one request
-loop and one strict HTTP/1.1 parser, exactly like plain HTTP, except that:
+becomes the TLS server itself with a leaf for that host minted by the installation CA: the
+guest's socket moves onto a `tls_socket.TLSSocketTransport` (OpenSSL on the socket, not
+asyncio's memory-BIO layer; the same streams on top). From then on the connection is read by
+the proxy's one request loop and one strict HTTP/1.1 parser, exactly like plain HTTP, except
+that:
 
 - the target is origin-form (`GET /path`), and the Host header must name the CONNECT host and
   port, and the TLS server name (SNI) must name it too; otherwise 421 with rule
@@ -45,6 +47,8 @@ from typing import TYPE_CHECKING
 from aamp.egress.ca import InstallationCA, client_sni
 from aamp.egress.http1 import Refusal, RequestHead, clean, parse_authority, split_origin
 from aamp.egress.rules import Decision
+from aamp.egress.splice import flushed
+from aamp.egress.tls_socket import detach_socket, handshake, harden, take_over
 from aamp.policy.hosts import Host, HostError, normalize_host
 
 if TYPE_CHECKING:
@@ -62,11 +66,11 @@ CREDENTIAL_RULE = "services: credential unavailable"
 def upstream_tls_context(cafile: Path | str | None = None) -> ssl.SSLContext:
     """How the proxy verifies service upstreams: the system trust store, or `cafile` only.
 
-    Certificate and host name are always verified; HTTP/1.1 only (ALPN)."""
+    Certificate and host name are always verified; HTTP/1.1 only (ALPN); no renegotiation."""
     ctx = ssl.create_default_context(cafile=str(cafile) if cafile is not None else None)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.set_alpn_protocols(["http/1.1"])
-    return ctx
+    return harden(ctx)
 
 
 def tls_server_name(host: Host) -> str:
@@ -103,7 +107,7 @@ class Intercepted:
 
 
 def intercepted(
-    host: Host, port: int, service: str, ssl_object: ssl.SSLObject | None
+    host: Host, port: int, service: str, ssl_object: ssl.SSLObject | ssl.SSLSocket | None
 ) -> Intercepted:
     return Intercepted(host, port, service, client_sni(ssl_object))
 
@@ -121,6 +125,7 @@ async def start_interception(
     """Become the TLS server for `host` towards the guest (leaf from the installation CA).
 
     The upstream connection is opened by the first request inside, like plain HTTP's."""
+    writer.transport.pause_reading()  # type: ignore[attr-defined] # the hello waits in the socket
     if getattr(reader, "_buffer", b""):
         # Bytes sent before our 200 would be lost to the TLS layer: refuse, do not guess.
         raise Refusal(400, "client: malformed", "data sent before the tunnel was established")
@@ -128,13 +133,16 @@ async def start_interception(
     writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
     attempt.status = 200
     try:
-        await writer.start_tls(context, ssl_handshake_timeout=limits.header_timeout)
-    except (ssl.SSLError, ConnectionError, TimeoutError, asyncio.IncompleteReadError) as exc:
+        await flushed(writer)
+        sock = detach_socket(writer)
+        tls = await handshake(sock, context, server_side=True, timeout=limits.header_timeout)
+    except (ssl.SSLError, ConnectionError, TimeoutError, OSError) as exc:
         attempt.decision = Decision(
             False, HANDSHAKE_RULE, f"the guest's TLS handshake failed ({type(exc).__name__})"
         )
         raise ConnectionResetError("client TLS handshake failed") from None
-    return intercepted(host, port, service, writer.get_extra_info("ssl_object"))
+    take_over(reader, writer, tls, context)
+    return intercepted(host, port, service, tls)
 
 
 def tunnel_target(head: RequestHead, tunnel: Intercepted) -> tuple[Host, int, str, str]:

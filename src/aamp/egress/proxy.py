@@ -157,6 +157,7 @@ class EgressProxy:
         self._connections: set[asyncio.Task[None]] = set()
         self._records: set[asyncio.Task[None]] = set()
         self._ids = itertools.count(1)
+        self._closing = False  # close() under way: connections are cut, not flushed
         self.ledger_failures = 0
         self.audit_failures = 0  # `secret.use` records that could not be written
 
@@ -177,6 +178,7 @@ class EgressProxy:
 
     async def close(self) -> None:
         """Stop listening, cut open connections, wait until every ledger event is recorded."""
+        self._closing = True
         if self._server is not None:
             self._server.close()
             self._server = None
@@ -262,7 +264,7 @@ class EgressProxy:
             if await self._serve_requests(reader, writer, connection):
                 await self._linger(reader, writer)
         finally:
-            writer.close()
+            _end(writer, cut=self._closing)
             self._connections.discard(task)
 
     async def _serve_requests(
@@ -345,7 +347,7 @@ class EgressProxy:
             if attempt.decision is not None and not attempt.emitted:
                 self._emit(connection, attempt)
             if upstream is not None:
-                upstream.writer.close()
+                _end(upstream.writer, cut=self._closing)
             if credentials:
                 self._track(self._release(credentials))
         return False
@@ -428,3 +430,12 @@ class EgressProxy:
         except Exception:
             self.ledger_failures += 1
             log.exception("egress proxy %s: ledger sink failed", self.sandbox_id)
+
+
+def _end(writer: asyncio.StreamWriter, *, cut: bool) -> None:
+    """Close a connection; `cut` (the proxy is closing): at once, unsent bytes dropped, so a
+    peer that stopped reading cannot keep its descriptor open past the sandbox's end."""
+    if cut:
+        writer.transport.abort()
+    else:
+        writer.close()

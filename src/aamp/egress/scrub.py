@@ -172,7 +172,7 @@ class Scrubber:
 
     def _clean(self, data: bytes) -> bool:
         if not self._finders:
-            folded = data.lower()
+            folded = bytes(data).lower()
             fitting = self._needles[: bisect.bisect_right(self._lengths, len(data))]
             return not any(n in (folded if f else data) for n, f in fitting)
         return not any(finder.find_matches_as_indexes(data) for _, finder in self._finders)
@@ -268,7 +268,7 @@ class Scrubber:
             if carry and not self._clean(carry + data[:keep]):
                 return (self._feed_copy(data),)
             limit = len(data) - keep
-            self._carry = data[limit:]
+            self._carry = bytes(data[limit:])  # `data` may be a view of a reused buffer
             view = memoryview(data)[:limit]
             return (carry, view) if carry else (view,)
         return (self._feed_copy(data),)

@@ -122,7 +122,8 @@ def owned_fd(sock: socket.socket) -> Iterator[int]:
         os.close(fd)
 
 
-async def _wait(fd: int, *, write: bool) -> None:
+async def wait_ready(fd: int, *, write: bool) -> None:
+    """Wait until `fd` is readable (or writable)."""
     loop = asyncio.get_running_loop()
     future = loop.create_future()
     wake = lambda: future.done() or future.set_result(None)  # noqa: E731
@@ -166,7 +167,7 @@ async def move(
                 # whether the sender has more: then the budget is exceeded.
                 n = os.splice(src, pipe_w, size or 1, flags=_FLAGS)
             except BlockingIOError:
-                await _wait(src, write=False)
+                await wait_ready(src, write=False)
                 continue
             if n == 0:
                 if remaining is None:
@@ -181,7 +182,7 @@ async def move(
                 try:
                     moved = os.splice(pipe_r, dst, pending, flags=_FLAGS)
                 except BlockingIOError:
-                    await _wait(dst, write=True)
+                    await wait_ready(dst, write=True)
                     continue
                 pending -= moved
                 count(moved)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from typing import Any
 
@@ -31,7 +32,7 @@ from aamp.audit import AuditSink
 from aamp.egress.ledger import AuditEgressSink, EgressEvent
 from aamp.errors import AampError
 from aamp.fleet.credentials import HostCredentials
-from aamp.fleet.link_client import LinkClient
+from aamp.fleet.link_client import MAX_LIST_ANSWER, LinkClient
 from aamp.fleet.links import HostLinks
 from aamp.fleet.registry import HostRegistry
 from aamp.store.tables import HostRow, SandboxRow
@@ -91,18 +92,20 @@ class HostCollectors:
         try:
             while True:
                 try:
-                    answer = await link.request(
+                    _, body = await link.request(
                         "POST",
                         "/link/collect",
+                        MAX_LIST_ANSWER,
                         json={"ack": ack, "wait": POLL_SECONDS},
                         timeout=POLL_SECONDS + 30,
                     )
-                    items = answer.json()["items"]
-                    if answer.json().get("idle") is True:
+                    answer = json.loads(body)
+                    items = answer["items"]
+                    if answer.get("idle") is True:
                         # Nothing is ever collected here (a replica's own host): ask seldom,
                         # holding no request open on its link.
                         await asyncio.sleep(POLL_SECONDS)
-                except (AampError, ValueError, KeyError, TypeError) as exc:
+                except (AampError, ValueError, KeyError, TypeError, AttributeError) as exc:
                     # Unreachable, or an answer that is not one: the host offers it again.
                     log.debug("collecting from host %s: %s", link.host_id, exc)
                     ack = []  # offered again by the host once due

@@ -54,8 +54,8 @@ NO_HOST = (
 )
 NO_HOST_FOR_THIS = (
     "no sandbox host is available for this sandbox: this replica runs no sandboxes of its own"
-    " (aamp up --role api), and a host on another machine does not take egress rules,"
-    " services, packages or host files yet"
+    " (aamp up --role api), and a host on another machine does not take `egress.default: ask`,"
+    " HTTPS services, packages or host files yet"
 )
 
 

@@ -6,9 +6,9 @@ A policy is read whole or not at all: `parse_policy` either returns a complete, 
 definitions the same way). Unknown keys are errors (a typo such as `egres:` must not silently
 drop a boundary), duplicate YAML keys are errors (PyYAML would otherwise keep the last one),
 and every omitted section gets the safe default: egress `default: block` with no rules, the
-`base` image, no services, no packages, 15 minute ttl. An egress rule naming loopback
-(`localhost`, `*.localhost`, 127.0.0.0/8, `::1`) or the unspecified address is refused:
-inside a sandbox that is the sandbox itself.
+`base` image, no services, no packages, 15 minute ttl, no sandboxes kept warm (`warm: N`).
+An egress rule naming loopback (`localhost`, `*.localhost`, 127.0.0.0/8, `::1`) or the
+unspecified address is refused: inside a sandbox that is the sandbox itself.
 
 Usage::
 
@@ -52,6 +52,9 @@ FILE_TYPE_RE = re.compile(r"^[a-z0-9]{1,16}$")
 MAX_TTL_SECONDS = 24 * 3600
 DEFAULT_TTL_SECONDS = 15 * 60
 DEFAULT_IDLE_SECONDS = 5 * 60
+# A policy's `warm:` (sandboxes kept started ahead of its runs) is at most this; what all
+# policies ask for together is bounded by the installation (AAMP_WARM_POOL_MAX).
+MAX_WARM = 32
 
 
 class PolicyError(ValueError):
@@ -122,6 +125,14 @@ def _lifetime(value: object) -> int:
     if seconds > MAX_TTL_SECONDS:
         raise ValueError(f"must be at most {MAX_TTL_SECONDS // 3600} hours")
     return seconds
+
+
+def _warm(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"must be a whole number of sandboxes, got {value!r}")
+    if not 0 <= value <= MAX_WARM:
+        raise ValueError(f"must be between 0 and {MAX_WARM}, got {value}")
+    return value
 
 
 def _name(value: object) -> str:
@@ -233,6 +244,9 @@ class Policy:
     data: DataPolicy = Field(default_factory=DataPolicy)
     lifetime: Lifetime = Field(default_factory=Lifetime)
     resources: Resources = Field(default_factory=Resources)
+    # Sandboxes of this policy kept started ahead of its runs (booted alike, unused; its
+    # rules and services are applied when one is handed out). Only a stored policy has them.
+    warm: Annotated[int, BeforeValidator(_warm)] = 0
 
     @classmethod
     def from_yaml(cls, text: str) -> Policy:

@@ -2,8 +2,8 @@
 manager that owns every live sandbox on this host.
 
 - `SandboxManager` with `CreateRequest` — create (cold or from the warm pool), use, destroy,
-  reap (`manager.py`); `configured_manager`, the one manager built from settings, for `aamp
-  up` and `aamp host serve` alike (`configured.py`);
+  reap (`manager.py`); the pools' bound (`DEFAULT_MAX_WARM`, `WarmTotalExceeded`,
+  `warm_pool.py`);
 - `Driver` and `SandboxSpec` (and its `ReadOnlyFile`s) — the isolation contract
   (`driver.py`), `GVisorDriver`, `FirecrackerDriver`, and which of them work here
   (`drivers.py`);
@@ -58,5 +58,6 @@ __all__, __getattr__ = surface(
     guest_worker: run_worker
     rag_worker: MAX_INDEX_BYTES BadIndex SearchWorker WorkerFailed call check_index_header
     wheelhouse: MAX_WHEEL_BYTES Wheel Wheelhouse WheelhouseError
+    warm_pool: DEFAULT_MAX_WARM WarmTotalExceeded
     """,
 )

@@ -3,7 +3,7 @@ runs one — `aamp up` (the API with its own host, or `--role api` with none) an
 serve` — so each reads the same settings the same way.
 
 The settings it reads (docs/deployment.md, "Settings a host reads"): `AAMP_DRIVER` (the
-default driver), `AAMP_WARM_POOL` and `AAMP_WARM_POOL_LEARN` (the warm pools),
+default driver), `AAMP_WARM_POOL`, `AAMP_WARM_POOL_LEARN` and `AAMP_WARM_POOL_MAX` (the warm pools),
 `AAMP_EGRESS_DNS` (the egress resolver), and through `Settings` the image and runtime
 directories and the installation's listeners. What only a control plane has — its audit
 log, vault and egress CA — the caller passes in.
@@ -29,6 +29,7 @@ from aamp.sandbox.driver import Driver
 from aamp.sandbox.drivers import choose_default_driver
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.manager import LogEgressSink, SandboxManager
+from aamp.sandbox.warm_pool import DEFAULT_MAX_WARM
 
 # The driver a replica with no host of its own asks hosts for when a request names none.
 REMOTE_DEFAULT_DRIVER = "gvisor"
@@ -60,6 +61,9 @@ def configured_manager(
     learn = settings.env.get("AAMP_WARM_POOL_LEARN", "0").strip() or "0"
     if not learn.isdigit():
         raise ValueError(f"AAMP_WARM_POOL_LEARN must be a number of pools, got {learn!r}")
+    warm_max = settings.env.get("AAMP_WARM_POOL_MAX", "").strip() or str(DEFAULT_MAX_WARM)
+    if not warm_max.isdigit():
+        raise ValueError(f"AAMP_WARM_POOL_MAX must be a number of sandboxes, got {warm_max!r}")
     if drivers:
         default = choose_default_driver(settings, drivers)
     else:
@@ -77,6 +81,7 @@ def configured_manager(
         recorder=recorder,
         warm_pool=pool,
         learn_pools=int(learn),
+        warm_max=int(warm_max),
         egress=EgressContext(
             egress_resolver(settings),
             egress_sink or LogEgressSink(),

@@ -43,7 +43,14 @@ from aamp.egress.resolver import Resolver, SystemResolver
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import ServiceSet
 from aamp.errors import AampError
-from aamp.policy import DEFAULT_IDLE_SECONDS, DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS, Resources
+from aamp.policy import (
+    DEFAULT_IDLE_SECONDS,
+    DEFAULT_TTL_SECONDS,
+    MAX_TTL_SECONDS,
+    Policy,
+    Resources,
+)
+from aamp.sandbox.channel.errors import ChannelError
 from aamp.sandbox.channel.guest_channel import GuestChannel
 from aamp.sandbox.driver import (
     SANDBOX_ID_RE,
@@ -56,11 +63,14 @@ from aamp.sandbox.driver import (
 from aamp.sandbox.images import BuiltImage, ImageBuildError, ImageStore
 from aamp.sandbox.placer import Placer, SandboxElsewhere
 from aamp.sandbox.runtime_dir import RuntimeDir, RuntimeDirBusy
-from aamp.sandbox.warm_pool import BootKey, PoolTargets, boot_key
+from aamp.sandbox.warm_pool import DEFAULT_MAX_WARM, BootKey, PoolTargets, boot_key
 
 log = logging.getLogger("aamp.sandbox")
 
 GUEST_READY_TIMEOUT = 30.0
+# A pool is refilled this long after a hand-out, not at once: a sandbox's boot takes the CPU
+# for a while, which on a small host would slow the handed-out sandbox's first commands.
+REFILL_DELAY = 0.5
 
 
 class SandboxError(AampError, code="sandbox_error"):
@@ -209,11 +219,13 @@ class SandboxManager:
         egress: EgressContext | None = None,
         warm_pool: dict[str, int] | None = None,
         learn_pools: int = 0,
+        warm_max: int = DEFAULT_MAX_WARM,
         tick: float = 0.5,
     ):
         """`warm_pool` keeps IMAGE: COUNT sandboxes warm (default driver and resources);
         `learn_pools` keeps one warm for each of that many recently requested other boot keys
-        (see `warm_pool.py`). `egress` is what every sandbox's proxy shares (by default this
+        `warm_max` bounds `warm_pool`'s and the policies' (`keep_warm`) together (see
+        `warm_pool.py`). `egress` is what every sandbox's proxy shares (by default this
         host's resolver, the process log, no credential injection)."""
         # No drivers: this process runs no sandbox itself (`aamp up --role api`); its placer
         # puts every one on a registered host, and `default_driver` is what it asks them for.
@@ -245,6 +257,7 @@ class SandboxManager:
                 for image, size in (warm_pool or {}).items()
             },
             learn_pools,
+            warm_max,
         )
         self.tick = tick
         self._sandboxes: dict[str, Sandbox] = {}
@@ -597,7 +610,7 @@ class SandboxManager:
                 # Awaited, not left to a loose task: shutdown must never miss one.
                 await self._teardown(sandbox, reason="stale")
         if self.pool_targets.target(key):
-            self._refill_pool(key)
+            self._refill_pool(key, delay=REFILL_DELAY if taken is not None else 0.0)
         return taken
 
     async def _drain(self, key: BootKey) -> None:
@@ -610,15 +623,17 @@ class SandboxManager:
         for sandbox in self._pools.pop(key, []):
             await self._teardown(sandbox, reason="pool no longer wanted")
 
-    def _refill_pool(self, key: BootKey) -> None:
+    def _refill_pool(self, key: BootKey, *, delay: float = 0.0) -> None:
         running = self._pool_fill.get(key)
         if running is not None and not running.done():
             return
         self._pool_fill[key] = asyncio.get_running_loop().create_task(
-            self._fill(key), name=f"pool-{key.image}"
+            self._fill(key, delay), name=f"pool-{key.image}"
         )
 
-    async def _fill(self, key: BootKey) -> None:
+    async def _fill(self, key: BootKey, delay: float = 0.0) -> None:
+        if delay:
+            await asyncio.sleep(delay)
         pool = self._pools.setdefault(key, [])
         while len(pool) < self.pool_targets.target(key):
             try:
@@ -630,11 +645,40 @@ class SandboxManager:
                 # LookupError: not built; ValueError: the wheelhouse lacks a package
                 log.warning("warm pool for %s could not start a sandbox: %s", key.image, exc)
                 return
+            try:
+                # Pooled once its whole guest agent answers: whatever the guest still starts
+                # after its first hello (gVisor's first stage starts the Python agent later)
+                # is done before a hand-out, never alongside the handed-out one's commands.
+                await sandbox.channel.health()
+            except BaseException as exc:  # cancelled (shutdown, drain) too: nothing left over
+                await self._teardown(sandbox, reason="its guest agent did not answer")
+                if not isinstance(exc, ChannelError | OSError):
+                    raise
+                log.warning("warm pool for %s: a new sandbox did not answer: %s", key.image, exc)
+                return
             sandbox.packages = key.packages
             if self._pools.get(key) is not pool:  # drained while this one booted
                 await self._teardown(sandbox, reason="pool no longer wanted")
                 return
             pool.append(sandbox)
+
+    async def keep_warm(self, name: str, policy: Policy | None) -> None:
+        """Keep the stored policy `name`'s `warm` sandboxes ready, booted as its sandboxes
+        are (None: it was deleted); a pool it no longer needs goes, unused sandboxes beyond
+        a lowered target are destroyed."""
+        key = None
+        if policy is not None:
+            key = boot_key(self.default_driver, policy.image, policy.resources, policy.packages)
+        for changed in self.pool_targets.keep(name, key, policy.warm if policy else 0):
+            target = self.pool_targets.target(changed)
+            if not target:
+                await self._drain(changed)
+                continue
+            pool = self._pools.get(changed, [])
+            while len(pool) > target:
+                await self._teardown(pool.pop(), reason="pool made smaller")
+            if self._lifetime_task is not None:  # started: fill now (else `start` does)
+                self._refill_pool(changed)
 
     def update_egress(
         self, sandbox_id: str, rules: EgressRules, services: ServiceSet | None = None
