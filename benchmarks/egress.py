@@ -91,7 +91,7 @@ def _proxy_main(sock_path: str, tls_port: int, workdir: str, ready) -> None:
     from aamp.egress.ca import InstallationCA
     from aamp.egress.intercept import upstream_tls_context
     from aamp.egress.ledger import JsonLinesSink
-    from aamp.egress.proxy import EgressProxy
+    from aamp.egress.proxy import EgressContext, EgressProxy
     from aamp.egress.resolver import StaticResolver
     from aamp.egress.rules import EgressRules
     from aamp.egress.services import Bearer, Service, ServiceSet, VaultSecretReader
@@ -114,12 +114,14 @@ def _proxy_main(sock_path: str, tls_port: int, workdir: str, ready) -> None:
                 "sb-00000000bench",
                 Path(sock_path),
                 rules,
-                StaticResolver({"bench.test": [UPSTREAM_HOST], SERVICE_HOST: [UPSTREAM_HOST]}),
-                sink,
+                EgressContext(
+                    StaticResolver({"bench.test": [UPSTREAM_HOST], SERVICE_HOST: [UPSTREAM_HOST]}),
+                    sink,
+                    secrets=VaultSecretReader(vault),
+                    ca=InstallationCA.load_or_create(home / "ca"),
+                    upstream_tls=upstream_tls_context(Path(workdir) / "upstream-ca" / "ca.crt"),
+                ),
                 services=ServiceSet([service]),
-                secrets=VaultSecretReader(vault),
-                ca=InstallationCA.load_or_create(home / "ca"),
-                upstream_tls=upstream_tls_context(Path(workdir) / "upstream-ca" / "ca.crt"),
             )
             await proxy.start()
             # As `aamp up` does (server.py): what start-up built lives as long as the process,

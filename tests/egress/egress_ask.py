@@ -18,7 +18,7 @@ from egress_upstream import UpstreamServer
 
 from aamp.egress.approvals import Answer
 from aamp.egress.ledger import JsonLinesSink
-from aamp.egress.proxy import EgressProxy
+from aamp.egress.proxy import EgressContext, EgressProxy
 from aamp.egress.resolver import StaticResolver
 from aamp.egress.rules import EgressRules
 
@@ -67,7 +67,9 @@ async def run(args: dict) -> dict:
     sink = JsonLinesSink(workdir / "ledger.jsonl")
     approver = ScriptedApproverForTests(0.3)
     out: dict = {}
-    proxy = EgressProxy("sb-00000000a5c0", workdir / "p.sock", RULES, StaticResolver(NAMES), sink)
+    proxy = EgressProxy(
+        "sb-00000000a5c0", workdir / "p.sock", RULES, EgressContext(StaticResolver(NAMES), sink)
+    )
     async with proxy:
         sock = proxy.socket_path
         out["no-approver"] = _result(await get(sock, "http://shop.test/"))

@@ -22,7 +22,7 @@ from egress_client import exchange, read_response
 from egress_upstream import UpstreamServer
 
 from aamp.egress.ledger import JsonLinesSink
-from aamp.egress.proxy import EgressProxy, ProxyLimits
+from aamp.egress.proxy import EgressContext, EgressProxy, ProxyLimits
 from aamp.egress.resolver import DnsServerResolver, StaticResolver
 from aamp.egress.rules import EgressRules
 
@@ -330,7 +330,11 @@ async def run(args: dict) -> dict:
     sink = JsonLinesSink(workdir / "ledger.jsonl")
     limits = ProxyLimits(header_timeout=1.0)
     proxy = EgressProxy(
-        "sb-0000000000aa", workdir / "p.sock", BLOCK_RULES, StaticResolver(NAMES), sink, limits
+        "sb-0000000000aa",
+        workdir / "p.sock",
+        BLOCK_RULES,
+        EgressContext(StaticResolver(NAMES), sink),
+        limits,
     )
     await proxy.start()
     results: dict[str, dict] = {}
@@ -385,8 +389,7 @@ async def run(args: dict) -> dict:
         "sb-0000000000bb",
         workdir / "d.sock",
         BLOCK_RULES,
-        DnsServerResolver(["127.0.0.53"], timeout=2.0),
-        dns_sink,
+        EgressContext(DnsServerResolver(["127.0.0.53"], timeout=2.0), dns_sink),
     )
     async with dns_proxy:
         before = hits()

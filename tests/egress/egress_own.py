@@ -21,7 +21,7 @@ from egress_upstream import UpstreamServer
 from aamp.egress.ca import InstallationCA
 from aamp.egress.installation import InstallationListeners, Listener, announce
 from aamp.egress.ledger import JsonLinesSink
-from aamp.egress.proxy import EgressProxy
+from aamp.egress.proxy import EgressContext, EgressProxy
 from aamp.egress.resolver import StaticResolver
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import Header, Service, ServiceSet
@@ -120,9 +120,7 @@ async def run(args: dict) -> dict:
         "sb-0000000000ow",
         workdir / "p.sock",
         RULES,
-        StaticResolver(NAMES),
-        sink,
-        listeners=listeners,
+        EgressContext(StaticResolver(NAMES), sink, listeners=listeners),
     )
     # An admin's service definition whose upstream is the API: its grant cannot open it.
     secrets = SecretReaderDouble()
@@ -130,11 +128,13 @@ async def run(args: dict) -> dict:
         "sb-0000000000ox",
         workdir / "s.sock",
         EgressRules.from_lists("block"),
-        StaticResolver(NAMES),
-        sink,
-        listeners=listeners,
-        secrets=secrets,
-        ca=InstallationCA.load_or_create(workdir / "ca"),
+        EgressContext(
+            StaticResolver(NAMES),
+            sink,
+            listeners=listeners,
+            secrets=secrets,
+            ca=InstallationCA.load_or_create(workdir / "ca"),
+        ),
         services=ServiceSet(
             [Service("cp", f"http://api.test:{API_PORT}", Header("X-K", "{{secret:k}}"))]
         ),

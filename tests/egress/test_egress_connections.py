@@ -12,7 +12,7 @@ import pytest
 from egress_client import read_response
 from egress_upstream import UpstreamServer
 
-from aamp.egress.proxy import EgressProxy, ProxyLimits
+from aamp.egress.proxy import EgressContext, EgressProxy, ProxyLimits
 from aamp.egress.resolver import StaticResolver
 from aamp.egress.rules import EgressRules
 from aamp.guest.endpoint import parse_endpoint
@@ -28,7 +28,7 @@ async def proxy(sockdir, sink):
     rules = EgressRules.from_lists("block", allow=["a.test"])
     limits = ProxyLimits(idle_timeout=0.5, header_timeout=1.0)
     async with EgressProxy(
-        SANDBOX, sockdir / "egress.sock", rules, StaticResolver(NAMES), sink, limits
+        SANDBOX, sockdir / "egress.sock", rules, EgressContext(StaticResolver(NAMES), sink), limits
     ) as p:
         yield p
 
@@ -186,7 +186,7 @@ async def test_lingering_is_bounded(sockdir, sink):
     limits = ProxyLimits(linger_time=0.5)
     rules = EgressRules.from_lists("block")
     async with EgressProxy(
-        SANDBOX, sockdir / "l.sock", rules, StaticResolver(NAMES), sink, limits
+        SANDBOX, sockdir / "l.sock", rules, EgressContext(StaticResolver(NAMES), sink), limits
     ) as proxy:
         reader, writer = await asyncio.open_unix_connection(str(proxy.socket_path))
         writer.write(

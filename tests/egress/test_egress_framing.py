@@ -11,7 +11,7 @@ import pytest
 from egress_client import read_response
 from egress_upstream import RecordingUpstream, UpstreamServer
 
-from aamp.egress.proxy import EgressProxy, ProxyLimits
+from aamp.egress.proxy import EgressContext, EgressProxy, ProxyLimits
 from aamp.egress.resolver import StaticResolver
 from aamp.egress.rules import EgressRules
 
@@ -24,7 +24,7 @@ HELD = getattr(ProxyLimits(), "held_body_bytes", 64 * 1024)  # (base: no such li
 async def proxy(sockdir, sink):
     rules = EgressRules.from_lists("block", allow=["a.test"])
     async with EgressProxy(
-        SANDBOX, sockdir / "egress.sock", rules, StaticResolver(NAMES), sink
+        SANDBOX, sockdir / "egress.sock", rules, EgressContext(StaticResolver(NAMES), sink)
     ) as p:
         yield p
 

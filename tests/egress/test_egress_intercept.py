@@ -28,7 +28,7 @@ from aamp.egress.approvals import Answer
 from aamp.egress.ca import InstallationCA
 from aamp.egress.intercept import upstream_tls_context
 from aamp.egress.ledger import JsonLinesSink
-from aamp.egress.proxy import EgressProxy
+from aamp.egress.proxy import EgressContext, EgressProxy
 from aamp.egress.resolver import StaticResolver
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import Basic, Bearer, Header, Service, ServiceSet, VaultSecretReader
@@ -133,12 +133,14 @@ async def proxy(sockdir, sink, vault, ca, upstream_tls, service_upstream):
         SANDBOX,
         sockdir / "egress.sock",
         rules,
-        StaticResolver(NAMES),
-        sink,
+        EgressContext(
+            StaticResolver(NAMES),
+            sink,
+            secrets=VaultSecretReader(vault),
+            ca=ca,
+            upstream_tls=upstream_tls_context(upstream_tls[1]),
+        ),
         services=services_for(service_upstream.port),
-        secrets=VaultSecretReader(vault),
-        ca=ca,
-        upstream_tls=upstream_tls_context(upstream_tls[1]),
     )
     await p.start()
     yield p
@@ -409,12 +411,14 @@ async def test_untrusted_upstream_certificate_is_502(
         SANDBOX,
         sockdir / "e2.sock",
         EgressRules.from_lists("block", allow=["svc.test"]),
-        StaticResolver(NAMES),
-        sink,
+        EgressContext(
+            StaticResolver(NAMES),
+            sink,
+            secrets=VaultSecretReader(vault),
+            ca=ca,
+            upstream_tls=upstream_tls_context(other_ca),
+        ),
         services=services_for(service_upstream.port),
-        secrets=VaultSecretReader(vault),
-        ca=ca,
-        upstream_tls=upstream_tls_context(other_ca),
     ) as proxy:
         port = service_upstream.port
         reader, writer = await tunnel(proxy, ca, "svc.test", port)
@@ -597,13 +601,15 @@ async def test_a_granted_service_is_reachable_without_an_egress_rule_for_its_hos
     async with EgressProxy(
         SANDBOX,
         sockdir / "g.sock",
-        EgressRules.from_lists("ask"),  # svc.test is in no rule
-        StaticResolver(NAMES),
-        sink,
+        EgressRules.from_lists("ask"),
+        EgressContext(
+            StaticResolver(NAMES),
+            sink,
+            secrets=VaultSecretReader(vault),
+            ca=ca,
+            upstream_tls=upstream_tls_context(upstream_tls[1]),
+        ),
         services=services_for(port),
-        secrets=VaultSecretReader(vault),
-        ca=ca,
-        upstream_tls=upstream_tls_context(upstream_tls[1]),
     ) as proxy:
         proxy.approvals.approver = approver
         reader, writer = await tunnel(proxy, ca, "svc.test", port)

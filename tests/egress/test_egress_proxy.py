@@ -11,7 +11,7 @@ from egress_client import connect, get, read_response, send
 from egress_upstream import UpstreamServer, ws_frame, ws_read_frame
 
 from aamp.egress.ledger import JsonLinesSink
-from aamp.egress.proxy import EgressProxy, ProxyLimits
+from aamp.egress.proxy import EgressContext, EgressProxy, ProxyLimits
 from aamp.egress.resolver import StaticResolver
 from aamp.egress.rules import EgressRules
 
@@ -40,7 +40,11 @@ def sink(sockdir):
 async def proxy(sockdir, sink):
     rules = EgressRules.from_lists("block", allow=["a.test"], deny=["*.pastebin.test"])
     p = EgressProxy(
-        SANDBOX, sockdir / "egress.sock", rules, StaticResolver(NAMES), sink, ProxyLimits()
+        SANDBOX,
+        sockdir / "egress.sock",
+        rules,
+        EgressContext(StaticResolver(NAMES), sink),
+        ProxyLimits(),
     )
     await p.start()
     yield p
@@ -186,7 +190,7 @@ async def test_rules_replaced_on_a_live_proxy_apply_to_new_connections(proxy, up
 async def test_max_bytes_out_cuts_the_connection(sockdir, sink, upstream):
     rules = EgressRules.from_lists("block", allow=["a.test"], max_bytes_out=10_000)
     async with EgressProxy(
-        SANDBOX, sockdir / "cap.sock", rules, StaticResolver(NAMES), sink
+        SANDBOX, sockdir / "cap.sock", rules, EgressContext(StaticResolver(NAMES), sink)
     ) as proxy:
         response, reader, writer = await connect(proxy.socket_path, f"a.test:{upstream.port}")
         assert response.status == 200
@@ -224,7 +228,7 @@ async def test_upstream_failures_are_502_and_504(sockdir, sink):
     limits = ProxyLimits(response_timeout=0.5)
     rules = EgressRules.from_lists("block", allow=["a.test"])
     async with EgressProxy(
-        SANDBOX, sockdir / "f.sock", rules, StaticResolver(NAMES), sink, limits
+        SANDBOX, sockdir / "f.sock", rules, EgressContext(StaticResolver(NAMES), sink), limits
     ) as proxy:
         refused = await get(proxy.socket_path, f"http://a.test:{closed_port}/")
         assert (refused.status, refused.rule) == (502, "allow[0] a.test")
@@ -236,7 +240,9 @@ async def test_upstream_failures_are_502_and_504(sockdir, sink):
 
 
 async def test_socket_is_private_and_removed_on_close(sockdir, sink):
-    proxy = EgressProxy(SANDBOX, sockdir / "m.sock", EgressRules(), StaticResolver(NAMES), sink)
+    proxy = EgressProxy(
+        SANDBOX, sockdir / "m.sock", EgressRules(), EgressContext(StaticResolver(NAMES), sink)
+    )
     await proxy.start()
     mode = os.stat(proxy.socket_path).st_mode
     assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
@@ -249,8 +255,7 @@ async def test_close_records_an_open_tunnel(sockdir, sink, upstream):
         SANDBOX,
         sockdir / "t.sock",
         EgressRules.from_lists(allow=["a.test"]),
-        StaticResolver(NAMES),
-        sink,
+        EgressContext(StaticResolver(NAMES), sink),
     )
     await proxy.start()
     response, _reader, writer = await connect(proxy.socket_path, f"a.test:{upstream.port}")
@@ -290,7 +295,7 @@ async def test_200_concurrent_connections_lose_no_event_and_leak_no_fd(
     rules = EgressRules.from_lists("block", allow=["a.test"])
     sandboxes = [f"sb-00000000000{k}" for k in range(4)]
     proxies = [
-        EgressProxy(sb, sockdir / f"c{k}.sock", rules, StaticResolver(NAMES), sink)
+        EgressProxy(sb, sockdir / f"c{k}.sock", rules, EgressContext(StaticResolver(NAMES), sink))
         for k, sb in enumerate(sandboxes)
     ]
     for proxy in proxies:

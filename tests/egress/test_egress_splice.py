@@ -13,7 +13,7 @@ from egress_upstream import UpstreamServer
 
 from aamp.egress import splice
 from aamp.egress.ledger import JsonLinesSink
-from aamp.egress.proxy import EgressProxy
+from aamp.egress.proxy import EgressContext, EgressProxy
 from aamp.egress.resolver import StaticResolver
 from aamp.egress.rules import EgressRules
 
@@ -40,8 +40,7 @@ def _proxy(sockdir, sink, **rules) -> EgressProxy:
         SANDBOX,
         sockdir / "egress.sock",
         EgressRules.from_lists("block", allow=["a.test"], **rules),
-        StaticResolver(NAMES),
-        sink,
+        EgressContext(StaticResolver(NAMES), sink),
     )
 
 

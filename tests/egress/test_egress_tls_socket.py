@@ -26,7 +26,7 @@ from aamp.egress.ca import InstallationCA
 from aamp.egress.intercept import upstream_tls_context
 from aamp.egress.ledger import JsonLinesSink
 from aamp.egress.limits import ProxyLimits
-from aamp.egress.proxy import EgressProxy
+from aamp.egress.proxy import EgressContext, EgressProxy
 from aamp.egress.resolver import StaticResolver
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import Bearer, Service, ServiceSet, VaultSecretReader
@@ -119,13 +119,15 @@ def make_proxy(sockdir, sink, vault, ca, upstream_tls, port, **limits) -> Egress
         SANDBOX,
         sockdir / "egress.sock",
         EgressRules.from_lists("block", allow=[HOST]),
-        StaticResolver({HOST: ["127.0.0.10"]}),
-        sink,
+        EgressContext(
+            StaticResolver({HOST: ["127.0.0.10"]}),
+            sink,
+            secrets=VaultSecretReader(vault),
+            ca=ca,
+            upstream_tls=upstream_tls_context(upstream_tls[1]),
+        ),
         ProxyLimits(**limits),
         services=ServiceSet([Service("svc", f"https://{HOST}:{port}", Bearer("svc_token"))]),
-        secrets=VaultSecretReader(vault),
-        ca=ca,
-        upstream_tls=upstream_tls_context(upstream_tls[1]),
     )
 
 

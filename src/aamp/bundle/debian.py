@@ -46,6 +46,9 @@ class DebianError(RuntimeError):
 
 @dataclass(frozen=True)
 class Package:
+    """One binary package as a signed index lists it: the pool file is checked against this
+    `sha256` and `size` before it enters the bundle."""
+
     name: str
     version: str
     arch: str

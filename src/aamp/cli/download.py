@@ -42,6 +42,8 @@ class DownloadError(ValueError):
 
 @dataclass(frozen=True)
 class Planned:
+    """Where one listed artifact goes, and the size and SHA-256 its bytes must have there."""
+
     name: str
     size: int
     sha256: str

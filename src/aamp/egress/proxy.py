@@ -78,8 +78,8 @@ class EgressStats:
 @dataclass
 class EgressContext:
     """What every sandbox's proxy on one host shares (the sandbox manager holds it): how names
-    resolve, where the ledger goes, credential injection (`secrets` and `ca`, as
-    `EgressProxy` takes them), how service upstreams are verified, and the installation's own
+    resolve, where the ledger goes, credential injection (`secrets`, or `secrets_for` each
+    sandbox, and `ca`), how service upstreams are verified, and the installation's own
     listeners, which no sandbox reaches."""
 
     resolver: Resolver
@@ -94,34 +94,29 @@ class EgressContext:
 
     def proxy(self, sandbox_id: str, socket_path: Path, rules: EgressRules) -> EgressProxy:
         """A proxy for one sandbox, not yet started."""
-        return EgressProxy(
-            sandbox_id,
-            socket_path,
-            rules,
-            self.resolver,
-            self.sink,
-            secrets=self.secrets_for(sandbox_id) if self.secrets_for else self.secrets,
-            ca=self.ca,
-            upstream_tls=self.upstream_tls,
-            listeners=self.listeners,
-        )
+        return EgressProxy(sandbox_id, socket_path, rules, self)
+
+    def secrets_of(self, sandbox_id: str) -> SecretReader | None:
+        """The reader of `sandbox_id`'s credentials: its own, or the one every proxy shares."""
+        return self.secrets_for(sandbox_id) if self.secrets_for else self.secrets
 
 
 class EgressProxy:
     """One sandbox's egress proxy. Usage::
 
-    proxy = EgressProxy("sb-0123456789ab", sock_path, rules, StaticResolver({...}), sink)
+    context = EgressContext(StaticResolver({...}), sink)   # shared by a host's proxies
+    proxy = EgressProxy("sb-0123456789ab", sock_path, rules, context)
     await proxy.start()
     ...                                # the guest's forwarder dials sock_path
     proxy.update_rules(new_rules)      # applies to the next connection / request
     proxy.update_services(services)    # the same, for the granted services
     await proxy.close()                # stops, cuts connections, waits for the ledger
 
-    Credential injection needs `services` (a `ServiceSet`), `secrets` (a `SecretReader`, e.g.
-    `VaultSecretReader(vault)`) and `ca` (the `InstallationCA`); `upstream_tls` is how service
-    upstreams are verified (default: the system trust store, see `upstream_tls_context`).
-    `listeners` are the installation's own (`InstallationListeners.of(settings)`): never
-    reached, whatever the rules say.
+    Credential injection needs `services` (a `ServiceSet`) and, in the context, `secrets` (a
+    `SecretReader`, e.g. `VaultSecretReader(vault)`) and `ca` (the `InstallationCA`); the
+    context's `upstream_tls` is how service upstreams are verified (default: the system trust
+    store, see `upstream_tls_context`), and its `listeners` are the installation's own
+    (`InstallationListeners.of(settings)`): never reached, whatever the rules say.
     """
 
     def __init__(
@@ -129,39 +124,34 @@ class EgressProxy:
         sandbox_id: str,
         socket_path: Path,
         rules: EgressRules,
-        resolver: Resolver,
-        sink: EgressSink,
+        context: EgressContext,
         limits: ProxyLimits | None = None,
         *,
         services: ServiceSet | None = None,
-        secrets: SecretReader | None = None,
-        ca: InstallationCA | None = None,
-        upstream_tls: ssl.SSLContext | None = None,
-        listeners: InstallationListeners | None = None,
     ):
         if not isinstance(rules, EgressRules):
             raise TypeError("EgressProxy expects an EgressRules")
         self.sandbox_id = sandbox_id
         self.socket_path = Path(socket_path)
         self.limits = limits = limits or ProxyLimits()
-        self._secrets = secrets
-        self._ca = ca
-        self._sink = sink
+        self._secrets = context.secrets_of(sandbox_id)
+        self._ca = context.ca
+        self._sink = context.sink
         # `default: ask` destinations; a run sets `approvals.approver` to put them to a person.
         self.approvals = EgressApprovals()
         self._meter = meter = Meter(lambda: self._decider.rules.max_bytes_out)
         self._decider = decider = Decider(
             rules,
             ServiceSet(),
-            resolver,
-            listeners or InstallationListeners(),
+            context.resolver,
+            context.listeners or InstallationListeners(),
             self.approvals,
             meter.spent,
         )
         self.update_services(services or ServiceSet())
-        connector = Connector(limits, upstream_tls)
+        connector = Connector(limits, context.upstream_tls)
         bodies = Bodies(limits, meter)
-        self._tunnels = Tunnels(decider, connector, bodies, ca)
+        self._tunnels = Tunnels(decider, connector, bodies, context.ca)
         self._forwarding = Forwarding(decider, connector, bodies)
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
