@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import gzip
 import zlib
 
@@ -15,6 +16,7 @@ from aamp.egress.scrub import (
     SecretForms,
     UnsupportedEncoding,
 )
+from aamp.egress.secret_forms import secret_forms
 
 SECRET = b"s3cr3t-VALUE-42"
 OTHER = b"dG9rZW4="
@@ -143,3 +145,23 @@ def test_clean_pieces_are_passed_as_views_not_copies():
     second = scrubber.feed_pieces(data)
     assert bytes(second[0]) == b"y" * (len(SECRET) - 1)  # the tail held back from before
     assert second[1].obj is data
+
+
+def test_a_short_body_given_as_a_view_of_a_reused_buffer_is_scrubbed_in_every_form():
+    """The TLS tap hands the scrubber views of its receive buffer: exact-case forms (base64 of
+    a sent `user:password`) must be found in a view as in bytes, before and after the finders
+    are built, and in a piece that follows another."""
+    password = "hunter2-Correct-Horse"
+    forms = secret_forms([password], sent=["svc:" + password])
+    encoded = base64.b64encode(b"svc:" + password.encode())
+    for sizes in ([600], [20000, 20000], [40000]):
+        scrubber = Scrubber(forms)
+        buffer = bytearray(64 * 1024)
+        out = b""
+        for size in sizes:
+            buffer[:size] = (b'{"auth":"Basic ' + encoded + b'"}').ljust(size, b" ")
+            out += b"".join(bytes(p) for p in scrubber.feed_pieces(memoryview(buffer)[:size]))
+        out += scrubber.flush()
+        assert encoded not in out, sizes
+        assert password.encode() not in out
+        assert scrubber.hits == len(sizes)
