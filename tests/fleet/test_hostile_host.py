@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import io
 import json
 import os
@@ -21,6 +22,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import brotli
 import pytest
 from db_fixtures import audit  # noqa: F401  (fixture)
 from starlette.applications import Starlette
@@ -46,6 +48,8 @@ from aamp.store.tables import SandboxRow
 HOST = "evil"
 WRONG_TYPES = b'{"exit_code": "zero", "signal": null, "timed_out": false, "duration": 1}\n'
 GOOD = "sb-0123456789ab"
+# 64 MiB of spaces in a few hundred bytes: decoded, far past every cap of the link.
+BOMB = brotli.compress(b" " * 2**26, quality=1)
 HUGE = "sb-00000000000f"  # a valid id whose description is too large
 
 
@@ -74,6 +78,10 @@ def hostile_app(proof: list[str | None]) -> Starlette:
             "bad-id": JSONResponse(_describe("../../etc/passwd")),
             "other-id": JSONResponse(_describe("sb-ffffffffffff")),
             "not-json": Response(b"<html>", status_code=200),
+            "brotli-bomb": Response(BOMB, headers={"content-encoding": "br"}),
+            "gzip-bomb-404": Response(
+                gzip.compress(b" " * 2**24), 404, headers={"content-encoding": "gzip"}
+            ),
             "a-list": JSONResponse([_describe(GOOD)]),
             "status-500": JSONResponse({"code": "boom", "message": "x"}, status_code=500),
             "status-302": Response(status_code=302, headers={"location": "https://example"}),
@@ -106,6 +114,7 @@ def hostile_app(proof: list[str | None]) -> Starlette:
         lines = {
             "endless-line": _chunks(MAX_EXEC_LINE + 65536),
             "wrong-types": _one(WRONG_TYPES),
+            "brotli-bomb": _one(BOMB),
             "wrong-stream": _one(b'{"stream": "stdin", "data": "eA=="}\n'),
             "bad-base64": _one(b'{"stream": "stdout", "data": "!!!"}\n'),
             "good": _one(
@@ -113,7 +122,8 @@ def hostile_app(proof: list[str | None]) -> Starlette:
                 b'{"exit_code": 0, "signal": null, "timed_out": false, "duration": 0.1}\n'
             ),
         }
-        return StreamingResponse(lines[how], media_type="application/x-ndjson")
+        headers = {"content-encoding": "br"} if how == "brotli-bomb" else None
+        return StreamingResponse(lines[how], media_type="application/x-ndjson", headers=headers)
 
     async def browser(request: Request) -> Response:
         body = json.loads(await request.body())
@@ -199,6 +209,9 @@ async def test_a_hostile_hosts_answers_are_refused_recorded_and_the_link_goes_on
         await refuses(link.describe("bad-id"), "does not follow the id rule")
         await refuses(link.describe("other-id"), "asked for sandbox other-id")
         await refuses(link.describe("not-json"), "not JSON")
+        # A few KB that would decode to GBs: refused before a byte is decoded.
+        await refuses(link.describe("brotli-bomb"), "content-encoding 'br'")
+        await refuses(link.describe("gzip-bomb-404"), "content-encoding 'gzip'")
         await refuses(link.describe("a-list"), "not a JSON object")
         for status in ("500", "302", "418", "299", "401"):
             await refuses(link.describe(f"status-{status}"), f"status {status}")
@@ -211,6 +224,7 @@ async def test_a_hostile_hosts_answers_are_refused_recorded_and_the_link_goes_on
         await refuses(
             link.channel(GOOD).browser({"op": "x"}, timeout=5, max_answer=1000), "over 1000"
         )
+        await refuses(link.channel("brotli-bomb").exec(["true"]), "content-encoding 'br'")
         for how in ("endless-line", "wrong-types", "wrong-stream", "bad-base64"):
             session = await link.channel(how).exec(["true"])
 

@@ -97,7 +97,13 @@ class LinkClient:
     ):
         self.host_id, self.address = host_id, address
         self._http = httpx.AsyncClient(
-            base_url=f"https://{address}", verify=tls, timeout=timeout, trust_env=False
+            base_url=f"https://{address}",
+            verify=tls,
+            timeout=timeout,
+            trust_env=False,
+            # A compressed answer would be decoded before any bound could apply (a few KB of
+            # brotli is GBs): the link sends bodies as they are, and anything else is refused.
+            headers={"accept-encoding": "identity"},
         )
         self._sni = {"sni_hostname": link_name(host_id)}
         self._refused = refused
@@ -124,7 +130,7 @@ class LinkClient:
             raise await self.refuse(f"{what}: {declared} bytes announced, over {cap}")
         body = bytearray()
         try:
-            async for chunk in response.aiter_bytes():
+            async for chunk in response.aiter_raw():  # never decoded: see `stream`
                 body += chunk
                 if len(body) > cap:
                     raise await self.refuse(f"{what}: more than {cap} bytes")
@@ -177,6 +183,10 @@ class LinkClient:
             response = await self._http.send(req, stream=True)
         except httpx.HTTPError as exc:
             raise LinkError(f"host {self.host_id} at {self.address}: {exc!r}") from None
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding != "identity":
+            await response.aclose()
+            raise await self.refuse(f"{method} {path}: content-encoding {encoding[:20]!r}")
         await self._check_status(response, f"{method} {path}")
         return response
 
@@ -246,7 +256,7 @@ class LinkExecSession:
 
     def __init__(self, response: httpx.Response, link: LinkClient) -> None:
         self._response, self._link = response, link
-        self._bytes = response.aiter_bytes()
+        self._bytes = response.aiter_raw()  # never decoded: see `LinkClient.stream`
         self._buffer = bytearray()
         self.result: ExecResult | None = None
 
