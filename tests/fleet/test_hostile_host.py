@@ -51,6 +51,7 @@ GOOD = "sb-0123456789ab"
 # 64 MiB of spaces in a few hundred bytes: decoded, far past every cap of the link.
 BOMB = brotli.compress(b" " * 2**26, quality=1)
 HUGE = "sb-00000000000f"  # a valid id whose description is too large
+MANY = 600  # records in one collect answer: more than a host ever hands over
 
 
 def _describe(sandbox_id: str) -> dict[str, object]:
@@ -125,6 +126,27 @@ def hostile_app(proof: list[str | None]) -> Starlette:
         headers = {"content-encoding": "br"} if how == "brotli-bomb" else None
         return StreamingResponse(lines[how], media_type="application/x-ndjson", headers=headers)
 
+    collected = [0]
+
+    async def collect(request: Request) -> Response:
+        """What a replica collects: records it must not choke on, then too many at once."""
+        collected[0] += 1
+        if collected[0] == 1:
+            return JSONResponse(
+                {
+                    "items": [
+                        {"id": "1", "kind": "k" * 70_000, "body": {"sandbox_id": GOOD}},
+                        {"id": "2", "kind": "egress", "body": {"sandbox_id": "sb-\x00"}},
+                        {"id": "3", "kind": "egress", "body": {"sandbox_id": [1] * 9}},
+                    ]
+                }
+            )
+        if collected[0] == 2:
+            items = [{"id": str(i), "kind": "egress", "body": {}} for i in range(MANY)]
+            return JSONResponse({"items": items})
+        await asyncio.sleep(0.5)
+        return JSONResponse({"items": [], "idle": True})
+
     async def browser(request: Request) -> Response:
         body = json.loads(await request.body())
         return Response(b"{" + b" " * int(body["max_answer"]) + b"}")
@@ -138,6 +160,7 @@ def hostile_app(proof: list[str | None]) -> Starlette:
             Route(sb, describe, methods=["GET"]),
             Route(sb + "/exec", exec_, methods=["POST"]),
             Route(sb + "/browser", browser, methods=["POST"]),
+            Route("/link/collect", collect, methods=["POST"]),
         ]
     )
 
@@ -172,11 +195,15 @@ async def HostileHostDouble(
             await serving
 
 
-def _refusals(store: Store) -> list[dict]:
+def _records(store: Store, action: str) -> list[dict]:
     out = io.StringIO()
     export(store, out)
     records = [json.loads(line) for line in out.getvalue().splitlines()]
-    return [r for r in records if r.get("action") == "host.answer_refused"]
+    return [r for r in records if r.get("action") == action]
+
+
+def _refusals(store: Store) -> list[dict]:
+    return _records(store, "host.answer_refused")
 
 
 async def test_a_hostile_hosts_answers_are_refused_recorded_and_the_link_goes_on(
@@ -262,7 +289,12 @@ async def test_a_replica_serves_on_while_a_registered_host_answers_badly(
     from api_plane import running_replicas
 
     async with (
-        running_replicas(tmp_path, postgres_server, AAMP_FLEET_LOST_SECONDS="600") as (a, _),
+        running_replicas(
+            tmp_path,
+            postgres_server,
+            AAMP_FLEET_LOST_SECONDS="600",
+            AAMP_FLEET_HEARTBEAT_SECONDS="1",
+        ) as (a, _),
         a.client(a.admin_token) as admin,
     ):
         added = (await admin.post("/v1/hosts", json={"id": HOST})).json()
@@ -283,6 +315,20 @@ async def test_a_replica_serves_on_while_a_registered_host_answers_badly(
             listed = await admin.get("/v1/sandboxes")  # its list has an id against the rule
             assert listed.status_code == 200 and listed.json() == []
             assert (await admin.get("/v1/health")).status_code == 200
+            # Its collect answers: odd records are refused in one record, not a crash (a
+            # 70 KB kind, a NUL in an id, an id that is a list); too many at once are refused.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not (
+                _records(a.cp.store, "host.report_refused")
+                and any("items" in r["reason"] for r in _refusals(a.cp.store))
+            ):
+                await asyncio.sleep(0.2)
+            reported = _records(a.cp.store, "host.report_refused")
+            assert reported and reported[0]["details"]["records"][0].startswith("k" * 32 + " of")
+            assert len(reported[0]["details"]["records"]) == 3
+            assert any(f"a collect answer of {MANY} items" in r["reason"]
+                       for r in _refusals(a.cp.store))  # fmt: skip
+            assert (await admin.get("/v1/health")).status_code == 200
             await a.cp.links.close()  # what its shutdown does; the double then stops at once
-        recorded = _refusals(a.cp.store)
+        recorded = [r for r in _refusals(a.cp.store) if "collect" not in r["reason"]]
         assert [r["actor"] for r in recorded] == [f"host:{HOST}"] * 2, recorded

@@ -35,12 +35,18 @@ from aamp.fleet.credentials import HostCredentials
 from aamp.fleet.link_client import MAX_LIST_ANSWER, LinkClient
 from aamp.fleet.links import HostLinks
 from aamp.fleet.registry import HostRegistry
+from aamp.sandbox.driver import SANDBOX_ID_RE
 from aamp.store.tables import HostRow, SandboxRow
 from aamp.vault import Vault
 
 log = logging.getLogger("aamp.fleet.collect")
 POLL_SECONDS = 20.0
 RETRY_SECONDS = 2.0
+# What one collect answer may hold (a host hands over at most 500, `HostOutbox.collect`), and
+# how many of a host's credential asks are answered at once: beyond either the host is
+# misbehaving, and a replica must not let one host fill its audit log or its database.
+MAX_ITEMS = 500
+MAX_ASKS = 16
 
 
 class HostCollectors:
@@ -101,11 +107,20 @@ class HostCollectors:
                     )
                     answer = json.loads(body)
                     items = answer["items"]
+                    if isinstance(items, list) and len(items) > MAX_ITEMS:
+                        raise await link.refuse(f"a collect answer of {len(items)} items")
                     if answer.get("idle") is True:
                         # Nothing is ever collected here (a replica's own host): ask seldom,
                         # holding no request open on its link.
                         await asyncio.sleep(POLL_SECONDS)
-                except (AampError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                except (
+                    AampError,
+                    ValueError,
+                    KeyError,
+                    TypeError,
+                    AttributeError,
+                    RecursionError,
+                ) as exc:
                     # Unreachable, or an answer that is not one: the host offers it again.
                     log.debug("collecting from host %s: %s", link.host_id, exc)
                     ack = []  # offered again by the host once due
@@ -117,11 +132,14 @@ class HostCollectors:
                     if not isinstance(item, dict) or not isinstance(item.get("body"), dict):
                         continue
                     if item.get("kind") == "ask":
+                        if len(answering) >= MAX_ASKS:  # its ask times out on the host
+                            refused.append("an ask over the limit of asks at once")
+                            continue
                         task = asyncio.create_task(self._answer(link, item))
                         answering.add(task)
                         task.add_done_callback(answering.discard)
                     elif await self._write(link.host_id, item, sink, refused):
-                        ack.append(str(item.get("id")))
+                        ack.append(str(item.get("id"))[:64])
                 if refused:
                     await self._report_refused(link.host_id, refused)
         finally:
@@ -136,7 +154,7 @@ class HostCollectors:
             log.exception("answering a credential ask of host %s", link.host_id)
 
     def _placed_here(self, host_id: str, sandbox_id: object) -> bool:
-        if not isinstance(sandbox_id, str) or len(sandbox_id) > 64:
+        if not isinstance(sandbox_id, str) or not SANDBOX_ID_RE.fullmatch(sandbox_id):
             return False
         with self.registry.store.session() as s:
             row = s.get(SandboxRow, sandbox_id)
@@ -152,7 +170,7 @@ class HostCollectors:
         if kind not in ("egress", "secret_use") or not await self.registry.store.run(
             self._placed_here, host_id, sandbox_id
         ):
-            refused.append(f"{kind} of {str(sandbox_id)[:64]}")
+            refused.append(f"{str(kind)[:32]} of {str(sandbox_id)[:64]}")
             return True
         try:
             if kind == "egress":
@@ -165,7 +183,8 @@ class HostCollectors:
                     details={**dict(body["details"]), "sandbox": sandbox_id, "host": host_id},
                     actor=f"host:{host_id}",
                 )
-        except (TypeError, KeyError, ValueError):
+        except Exception:  # whatever the host sent (types, sizes the audit refuses): dropped
+            log.warning("host %s: a malformed %s record dropped", host_id, kind, exc_info=True)
             refused.append(f"malformed {kind} of {sandbox_id}")
         return True
 
