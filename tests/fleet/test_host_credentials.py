@@ -63,6 +63,7 @@ async def test_a_host_gets_only_its_own_sandboxes_granted_secrets(settings, stor
         "an ungranted service": await ask("h1", "sb-aaaaaaaaaaaa", "erp", "erp_token"),
         "no sandbox": await ask("h1", "sb-cccccccccccc"),
         "malformed": await credentials.decide("h1", {"sandbox": ["x"]}),
+        "a control character": await ask("h1", "sb-aaaaaaaaaaaa", "crm\x1b[31m"),
     }
     registry.lost_after = 0.0  # both silent from now: marked lost, their sandboxes with them
     assert sorted(h.id for h in registry.mark_lost()) == ["h1", "h2"]

@@ -66,7 +66,11 @@ class HostCredentials:
     async def decide(self, host_id: str, ask: dict[str, Any]) -> dict[str, str]:
         """The answer to one ask of `host_id`: `{"value": ...}` or `{"refused": rule}`."""
         names = [ask.get(k) for k in ("sandbox", "service", "secret")]
-        if not all(isinstance(n, str) and 0 < len(n) <= MAX_NAME for n in names):
+        # Printable too: a name with a control character could not be recorded (the audit
+        # refuses it), and every refusal must be.
+        if not all(
+            isinstance(n, str) and 0 < len(n) <= MAX_NAME and n.isprintable() for n in names
+        ):
             why: str | None = "a credential ask names a sandbox, a service and a secret"
             sandbox_id = service = secret = "?"
         else:
