@@ -250,6 +250,27 @@ async def test_socket_is_private_and_removed_on_close(sockdir, sink):
     assert not proxy.socket_path.exists()
 
 
+async def test_a_stale_socket_is_replaced_and_any_other_file_is_left_alone(sockdir, sink):
+    def proxy() -> EgressProxy:
+        context = EgressContext(StaticResolver(NAMES), sink)
+        return EgressProxy(SANDBOX, sockdir / "m.sock", EgressRules(), context)
+
+    stale = proxy()
+    await stale.start()
+    stale._server.close()  # type: ignore[union-attr]  # a crash leaves the file behind
+    fresh = proxy()
+    await fresh.start()
+    assert stat.S_ISSOCK(os.stat(fresh.socket_path).st_mode)
+    await fresh.close()
+    await stale.close()
+
+    fresh.socket_path.write_text("not a socket")
+    with pytest.raises(ValueError, match="not a socket; refusing to replace it"):
+        await proxy().start()
+    await proxy().close()
+    assert fresh.socket_path.read_text() == "not a socket"
+
+
 async def test_close_records_an_open_tunnel(sockdir, sink, upstream):
     proxy = EgressProxy(
         SANDBOX,

@@ -31,10 +31,8 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import socket
 import ssl
-import stat
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -58,6 +56,7 @@ from aamp.egress.rules import Decision, EgressRules
 from aamp.egress.services import SecretReader, ServiceSet
 from aamp.egress.tunnel import Tunnels
 from aamp.egress.upstream import Connector, Upstream
+from aamp.unix_socket import listen_private, remove_socket
 
 __all__ = ["MAX_BYTES_RULE", "EgressContext", "EgressProxy", "EgressStats", "ProxyLimits"]
 
@@ -164,17 +163,12 @@ class EgressProxy:
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        path = self.socket_path
-        with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISSOCK(path.lstat().st_mode):
-                path.unlink()  # a stale socket from a previous host process
-        self._server = await asyncio.start_unix_server(
+        self._server = await listen_private(
+            self.socket_path,
             self._serve,
-            path=str(path),
             limit=self.limits.max_head_bytes,
             backlog=self.limits.max_connections,
         )
-        os.chmod(path, 0o600)
 
     async def close(self) -> None:
         """Stop listening, cut open connections, wait until every ledger event is recorded."""
@@ -188,8 +182,7 @@ class EgressProxy:
             await asyncio.gather(*self._connections, return_exceptions=True)
         await self.approvals.close()
         await self.flush()
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
+        remove_socket(self.socket_path)
 
     async def flush(self) -> None:
         """Wait until every event handed to the sink so far is recorded."""

@@ -9,10 +9,8 @@ any failure becomes a channel error that drops that connection alone.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import stat
 import time
 from pathlib import Path
 from types import TracebackType
@@ -26,6 +24,7 @@ from aamp.sandbox.channel.errors import (
     GuestUnavailable,
 )
 from aamp.sandbox.channel.messages import parse_hello
+from aamp.unix_socket import listen_private, remove_socket
 
 log = logging.getLogger(__name__)
 
@@ -141,19 +140,9 @@ class ConnectionPool:
 
     async def start(self) -> None:
         """Listen on the socket (mode 0600), replacing a stale socket file left behind."""
-        path = self.socket_path
-        try:
-            st = path.lstat()
-        except FileNotFoundError:
-            pass
-        else:
-            if not stat.S_ISSOCK(st.st_mode):
-                raise ValueError(f"{path} exists and is not a socket; refusing to replace it")
-            path.unlink()
-        self._server = await asyncio.start_unix_server(
-            self._on_connect, path=str(path), limit=wire.MAX_PAYLOAD + wire.HEADER_SIZE
+        self._server = await listen_private(
+            self.socket_path, self._on_connect, limit=wire.MAX_PAYLOAD + wire.HEADER_SIZE
         )
-        os.chmod(path, 0o600)
 
     async def close(self) -> None:
         """Stop listening, drop every connection and remove the socket file. Idempotent."""
@@ -165,9 +154,7 @@ class ConnectionPool:
             conn.close(abort=True)
         if self._handshakes:  # they end at once: their connections were just aborted
             await asyncio.wait(set(self._handshakes), timeout=1.0)
-        with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISSOCK(self.socket_path.lstat().st_mode):
-                self.socket_path.unlink()
+        remove_socket(self.socket_path)
 
     @property
     def connected(self) -> bool:
