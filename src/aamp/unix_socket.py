@@ -35,8 +35,11 @@ async def listen_private(path: Path, serve: Serve, **options: Any) -> asyncio.Se
     return server
 
 
-def remove_socket(path: Path) -> None:
-    """Remove the socket file at `path` if there is one; a file of another kind stays."""
+def stop_listening(server: asyncio.AbstractServer | None, path: Path) -> None:
+    """Stop `server` listening (None: it is not) and remove the socket file at `path`, if there
+    is one; a file of another kind stays."""
+    if server is not None:
+        server.close()
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(path.lstat().st_mode):
             path.unlink()

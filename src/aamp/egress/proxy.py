@@ -56,7 +56,7 @@ from aamp.egress.rules import Decision, EgressRules
 from aamp.egress.services import SecretReader, ServiceSet
 from aamp.egress.tunnel import Tunnels
 from aamp.egress.upstream import Connector, Upstream
-from aamp.unix_socket import listen_private, remove_socket
+from aamp.unix_socket import listen_private, stop_listening
 
 __all__ = ["MAX_BYTES_RULE", "EgressContext", "EgressProxy", "EgressStats", "ProxyLimits"]
 
@@ -173,16 +173,14 @@ class EgressProxy:
     async def close(self) -> None:
         """Stop listening, cut open connections, wait until every ledger event is recorded."""
         self._closing = True
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        stop_listening(self._server, self.socket_path)
+        self._server = None
         for task in list(self._connections):
             task.cancel()
         if self._connections:
             await asyncio.gather(*self._connections, return_exceptions=True)
         await self.approvals.close()
         await self.flush()
-        remove_socket(self.socket_path)
 
     async def flush(self) -> None:
         """Wait until every event handed to the sink so far is recorded."""

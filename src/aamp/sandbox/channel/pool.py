@@ -24,7 +24,7 @@ from aamp.sandbox.channel.errors import (
     GuestUnavailable,
 )
 from aamp.sandbox.channel.messages import parse_hello
-from aamp.unix_socket import listen_private, remove_socket
+from aamp.unix_socket import listen_private, stop_listening
 
 log = logging.getLogger(__name__)
 
@@ -147,14 +147,12 @@ class ConnectionPool:
     async def close(self) -> None:
         """Stop listening, drop every connection and remove the socket file. Idempotent."""
         self._closed = True
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        stop_listening(self._server, self.socket_path)
+        self._server = None
         for conn in list(self._conns):
             conn.close(abort=True)
         if self._handshakes:  # they end at once: their connections were just aborted
             await asyncio.wait(set(self._handshakes), timeout=1.0)
-        remove_socket(self.socket_path)
 
     @property
     def connected(self) -> bool:
