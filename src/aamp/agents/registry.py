@@ -38,6 +38,7 @@ def _agent(row: AgentRow) -> AgentInfo:
     return value_of(AgentInfo, row)
 
 
+@dataclass(frozen=True)
 class AgentRegistry:
     """Usage::
 
@@ -46,8 +47,7 @@ class AgentRegistry:
     await store.run(agents.get, agent.id)      # NotFound if there is none
     """
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    store: Store
 
     def create(self, name: str, *, owner: str) -> AgentInfo:
         matching(

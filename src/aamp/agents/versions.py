@@ -51,9 +51,9 @@ def _version(row: AgentVersionRow) -> AgentVersion:
     return value_of(AgentVersion, row, definition=definition_from_dict(json.loads(row.definition)))
 
 
+@dataclass(frozen=True)
 class AgentVersions:
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    store: Store
 
     def save_draft(self, agent_id: str, definition: AgentDefinition, *, by: str) -> AgentVersion:
         """Replace the draft, or start one as the version after the newest."""

@@ -183,9 +183,9 @@ def _refuse_if_in_use(s: Any, kind: str, name: str, naming: list[str] | None = N
     raise Conflict(f"{kind} {name} is in use by {', '.join(users)}; {' and '.join(steps)} first")
 
 
+@dataclass(frozen=True)
 class Catalog:
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    store: Store
 
     # -- policies -----------------------------------------------------------------------
 

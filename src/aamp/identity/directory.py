@@ -106,6 +106,7 @@ def _token(row: ApiTokenRow, username: str) -> TokenInfo:
     return value_of(TokenInfo, row, username=username)
 
 
+@dataclass(frozen=True)
 class Directory:
     """Usage::
 
@@ -115,8 +116,7 @@ class Directory:
     actor = directory.actor_for_token(secret)     # AuthenticationFailed if not usable
     """
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    store: Store
 
     # -- users --------------------------------------------------------------------------
 

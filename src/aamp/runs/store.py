@@ -109,9 +109,9 @@ def _approval(row: RunApprovalRow) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
 class RunStore:
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    store: Store
 
     # -- runs ------------------------------------------------------------------------------
 
