@@ -134,6 +134,22 @@ class _Leaf:
     not_after: dt.datetime
 
 
+def _key_usage(*, signs_certificates: bool) -> x509.KeyUsage:
+    """What a key may do: the CA's signs certificates (and CRLs) only, a leaf's signs its TLS
+    handshakes only."""
+    return x509.KeyUsage(
+        digital_signature=not signs_certificates,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=signs_certificates,
+        crl_sign=signs_certificates,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
 class InstallationCA:
     """The CA's key and certificate, and the leaf contexts minted from them. Usage::
 
@@ -202,20 +218,7 @@ class InstallationCA:
             .not_valid_before(now - LEAF_BACKDATE)
             .not_valid_after(now + CA_VALIDITY)
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=False,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            .add_extension(_key_usage(signs_certificates=True), critical=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
             .sign(key, hashes.SHA256())
         )
@@ -265,20 +268,7 @@ class InstallationCA:
             .not_valid_after(now + LEAF_VALIDITY)
             .add_extension(x509.SubjectAlternativeName([san]), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            .add_extension(_key_usage(signs_certificates=False), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .add_extension(
                 x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(self._ski),
