@@ -15,7 +15,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from sqlalchemy import delete, select
@@ -183,9 +183,46 @@ def _refuse_if_in_use(s: Any, kind: str, name: str, naming: list[str] | None = N
     raise Conflict(f"{kind} {name} is in use by {', '.join(users)}; {' and '.join(steps)} first")
 
 
+def _entry(s: Any, table: Any, name: str, stamp: str, by: str) -> Any:
+    """The row of `table` (policies, services, model endpoints) named `name`, locked for the
+    write; a new one, created at `stamp` by `by`, when there is none."""
+    return locked_or_new(
+        s, table.name, name, lambda: table(name=name, created_at=stamp, created_by=by)
+    )
+
+
+T = TypeVar("T")  # what an entry's row is shown as
+
+
 @dataclass(frozen=True)
 class Catalog:
     store: Store
+
+    # Policies, services and model endpoints are each a table of entries keyed by name; these
+    # read and delete an entry of any of them, `value` turning its row into what is shown.
+
+    def _all(self, table: Any, value: Callable[[Any], T]) -> list[T]:
+        with self.store.session() as s:
+            return [value(r) for r in s.scalars(select(table).order_by(table.name))]
+
+    def _find(self, table: Any, name: str, value: Callable[[Any], T]) -> T | None:
+        with self.store.session() as s:
+            row = s.get(table, name)
+            return value(row) if row is not None else None
+
+    def _delete_unused(
+        self,
+        table: Any,
+        kind: str,
+        name: str,
+        naming: Callable[[Any], list[str]] | None = None,
+    ) -> None:
+        """Delete entry `name` unless agents are granted it or (`naming(session)`: who names
+        it) something names it; else `Conflict`, naming them."""
+        with self.store.write_session() as s:
+            existing(s, table, name, f"no {kind.replace('-', ' ')} named {name!r}")
+            _refuse_if_in_use(s, kind, name, naming(s) if naming is not None else None)
+            s.execute(delete(table).where(table.name == name))
 
     # -- policies -----------------------------------------------------------------------
 
@@ -217,12 +254,7 @@ class Catalog:
                     check_warm({**warm, name: policy.warm})
                 except ValueError as exc:
                     raise PolicyError([("warm", str(exc))]) from None
-            row = locked_or_new(
-                s,
-                PolicyRow.name,
-                name,
-                lambda: PolicyRow(name=name, created_at=stamp, created_by=by),
-            )
+            row = _entry(s, PolicyRow, name, stamp, by)
             row.source, row.format, row.updated_at, row.updated_by = source, fmt, stamp, by
             s.flush()
             return self._policy(row)
@@ -232,13 +264,10 @@ class Catalog:
         return value_of(StoredPolicy, row, policy=parse_policy_document(row.source, row.format))
 
     def list_policies(self) -> list[StoredPolicy]:
-        with self.store.session() as s:
-            return [self._policy(r) for r in s.scalars(select(PolicyRow).order_by(PolicyRow.name))]
+        return self._all(PolicyRow, self._policy)
 
     def find_policy(self, name: str) -> StoredPolicy | None:
-        with self.store.session() as s:
-            row = s.get(PolicyRow, name)
-            return self._policy(row) if row is not None else None
+        return self._find(PolicyRow, name, self._policy)
 
     def get_policy(self, name: str) -> StoredPolicy:
         return found(self.find_policy(name), f"no policy named {name!r}")
@@ -253,10 +282,7 @@ class Catalog:
 
     def delete_policy(self, name: str) -> None:
         """Delete a policy no agent is granted (else `Conflict`, naming them)."""
-        with self.store.write_session() as s:
-            existing(s, PolicyRow, name, f"no policy named {name!r}")
-            _refuse_if_in_use(s, "policy", name)
-            s.execute(delete(PolicyRow).where(PolicyRow.name == name))
+        self._delete_unused(PolicyRow, "policy", name)
 
     # -- services -----------------------------------------------------------------------
 
@@ -291,12 +317,7 @@ class Catalog:
             raise InvalidInput(f"header_name: only auth header takes a header name, not {auth}")
         stamp = now()
         with self.store.write_session() as s:
-            row = locked_or_new(
-                s,
-                ServiceRow.name,
-                name,
-                lambda: ServiceRow(name=name, created_at=stamp, created_by=by),
-            )
+            row = _entry(s, ServiceRow, name, stamp, by)
             row.upstream, row.auth_kind, row.header_name = origin, auth, header_name
             row.secret_names = json.dumps(list(secrets))
             row.updated_at, row.updated_by = stamp, by
@@ -310,26 +331,19 @@ class Catalog:
         )
 
     def list_services(self) -> list[Service]:
-        with self.store.session() as s:
-            rows = s.scalars(select(ServiceRow).order_by(ServiceRow.name))
-            return [self._service(r) for r in rows]
+        return self._all(ServiceRow, self._service)
 
     def get_service(self, name: str) -> Service:
-        with self.store.session() as s:
-            row = existing(s, ServiceRow, name, f"no service named {name!r}")
-            return self._service(row)
+        return found(self._find(ServiceRow, name, self._service), f"no service named {name!r}")
 
     def delete_service(self, name: str) -> None:
         """Delete a service no policy names and no agent is granted (else `Conflict`)."""
-        with self.store.write_session() as s:
-            existing(s, ServiceRow, name, f"no service named {name!r}")
-            naming = [
-                f"policy:{row.name}"
-                for row in s.scalars(select(PolicyRow).order_by(PolicyRow.name))
-                if name in self._policy(row).policy.services
-            ]
-            _refuse_if_in_use(s, "service", name, naming)
-            s.execute(delete(ServiceRow).where(ServiceRow.name == name))
+
+        def naming(s: Any) -> list[str]:
+            rows = s.scalars(select(PolicyRow).order_by(PolicyRow.name))
+            return [f"policy:{r.name}" for r in rows if name in self._policy(r).policy.services]
+
+        self._delete_unused(ServiceRow, "service", name, naming)
 
     def secret_usage(self) -> dict[str, list[str]]:
         """secret name -> the services and model endpoints that use it (the "where used" of
@@ -363,12 +377,7 @@ class Catalog:
         served = check_models(models)
         stamp = now()
         with self.store.write_session() as s:
-            row = locked_or_new(
-                s,
-                ModelEndpointRow.name,
-                name,
-                lambda: ModelEndpointRow(name=name, created_at=stamp, created_by=by),
-            )
+            row = _entry(s, ModelEndpointRow, name, stamp, by)
             row.base_url, row.api_key_secret = url.url, secret
             row.models = json.dumps(list(served))
             row.confirmed, row.confirmed_at, row.confirmed_by = True, stamp, by
@@ -403,24 +412,17 @@ class Catalog:
         )
 
     def list_model_endpoints(self) -> list[ModelEndpoint]:
-        with self.store.session() as s:
-            rows = s.scalars(select(ModelEndpointRow).order_by(ModelEndpointRow.name))
-            return [self._endpoint(r) for r in rows]
+        return self._all(ModelEndpointRow, self._endpoint)
 
     def find_model_endpoint(self, name: str) -> ModelEndpoint | None:
-        with self.store.session() as s:
-            row = s.get(ModelEndpointRow, name)
-            return self._endpoint(row) if row is not None else None
+        return self._find(ModelEndpointRow, name, self._endpoint)
 
     def get_model_endpoint(self, name: str) -> ModelEndpoint:
         return found(self.find_model_endpoint(name), f"no model endpoint named {name!r}")
 
     def delete_model_endpoint(self, name: str) -> None:
         """Delete a model endpoint no agent is granted (else `Conflict`, naming them)."""
-        with self.store.write_session() as s:
-            existing(s, ModelEndpointRow, name, f"no model endpoint named {name!r}")
-            _refuse_if_in_use(s, "model-endpoint", name)
-            s.execute(delete(ModelEndpointRow).where(ModelEndpointRow.name == name))
+        self._delete_unused(ModelEndpointRow, "model-endpoint", name)
 
     # -- what agents are granted --------------------------------------------------------
 
