@@ -22,6 +22,7 @@ from aamp.api.errors import ApiError
 from aamp.api.guard import cp_of, guarded_router, record_change, record_refusal, rule
 from aamp.catalog.catalog import (
     MAX_POLICY_BYTES,
+    Catalog,
     Service,
     StoredPolicy,
     parse_policy_document,
@@ -150,20 +151,37 @@ async def keep_policies_warm(cp: ControlPlane) -> None:
             await cp.manager.keep_warm(p.name, p.policy)
 
 
+def _readable(
+    r: APIRouter,
+    kind: str,
+    plural: str,
+    shown: Any,
+    list_all: Callable[[Catalog], Callable[[], list[Any]]],
+    get_one: Callable[[Catalog], Callable[[str], Any]],
+) -> None:
+    """The two routes that read a kind of catalog entry (`kind` as the actions say it, e.g.
+    `model_endpoint`; `plural` as the routes' names do): `GET /v1/{plural}` lists every entry
+    (`{kind}.list`) with the catalog's `list_all(catalog)`, `GET /v1/{plural}/{name}` answers
+    one (`{kind}.read`) with its `get_one(catalog)`."""
+    path, tags = f"/{plural.replace('_', '-')}", [plural.replace("_", " ")]
+
+    @r.get(path, response_model=list[shown], tags=tags, name=f"list_{plural}")
+    @rule(f"{kind}.list")
+    async def list_entries(request: Request) -> list[dict[str, object]]:
+        cp = cp_of(request)
+        return [entry.to_dict() for entry in await cp.store.run(list_all(cp.catalog))]
+
+    @r.get(f"{path}/{{name}}", response_model=shown, tags=tags, name=f"get_{kind}")
+    @rule(f"{kind}.read")
+    async def get_entry(name: Name, request: Request) -> dict[str, object]:
+        cp = cp_of(request)
+        return (await cp.store.run(get_one(cp.catalog), name)).to_dict()
+
+
 def router() -> APIRouter:
     r = guarded_router(prefix="/v1")
 
-    @r.get("/policies", response_model=list[PolicyOut], tags=["policies"])
-    @rule("policy.list")
-    async def list_policies(request: Request) -> list[dict[str, object]]:
-        cp = cp_of(request)
-        return [p.to_dict() for p in await cp.store.run(cp.catalog.list_policies)]
-
-    @r.get("/policies/{name}", response_model=PolicyOut, tags=["policies"])
-    @rule("policy.read")
-    async def get_policy(name: Name, request: Request) -> dict[str, object]:
-        cp = cp_of(request)
-        return (await cp.store.run(cp.catalog.get_policy, name)).to_dict()
+    _readable(r, "policy", "policies", PolicyOut, lambda c: c.list_policies, lambda c: c.get_policy)
 
     @r.put(
         "/policies/{name}", response_model=PolicyOut, tags=["policies"], openapi_extra=POLICY_BODY
@@ -204,17 +222,7 @@ def router() -> APIRouter:
         await delete_unless_in_use(request, "policy", name, lambda: cp.catalog.delete_policy(name))
         await cp.manager.keep_warm(name, None)
 
-    @r.get("/services", response_model=list[Service], tags=["services"])
-    @rule("service.list")
-    async def list_services(request: Request) -> list[dict[str, object]]:
-        cp = cp_of(request)
-        return [s.to_dict() for s in await cp.store.run(cp.catalog.list_services)]
-
-    @r.get("/services/{name}", response_model=Service, tags=["services"])
-    @rule("service.read")
-    async def get_service(name: Name, request: Request) -> dict[str, object]:
-        cp = cp_of(request)
-        return (await cp.store.run(cp.catalog.get_service, name)).to_dict()
+    _readable(r, "service", "services", Service, lambda c: c.list_services, lambda c: c.get_service)
 
     @r.put("/services/{name}", response_model=Service, tags=["services"])
     @rule("service.write")
@@ -245,17 +253,14 @@ def router() -> APIRouter:
             request, "service", name, lambda: cp.catalog.delete_service(name)
         )
 
-    @r.get("/model-endpoints", response_model=list[ModelEndpoint], tags=["model endpoints"])
-    @rule("model_endpoint.list")
-    async def list_model_endpoints(request: Request) -> list[dict[str, object]]:
-        cp = cp_of(request)
-        return [e.to_dict() for e in await cp.store.run(cp.catalog.list_model_endpoints)]
-
-    @r.get("/model-endpoints/{name}", response_model=ModelEndpoint, tags=["model endpoints"])
-    @rule("model_endpoint.read")
-    async def get_model_endpoint(name: Name, request: Request) -> dict[str, object]:
-        cp = cp_of(request)
-        return (await cp.store.run(cp.catalog.get_model_endpoint, name)).to_dict()
+    _readable(
+        r,
+        "model_endpoint",
+        "model_endpoints",
+        ModelEndpoint,
+        lambda c: c.list_model_endpoints,
+        lambda c: c.get_model_endpoint,
+    )
 
     @r.put(
         "/model-endpoints/{name}",
