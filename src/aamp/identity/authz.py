@@ -237,7 +237,7 @@ def _approval_decide(actor: Actor, resource: Resource) -> Decision:
     )
 
 
-_STAFF = (Role.ADMIN, Role.BUILDER)
+_staff = _roles(Role.ADMIN, Role.BUILDER)
 
 RULES: dict[str, Rule] = {
     # open
@@ -267,7 +267,7 @@ RULES: dict[str, Rule] = {
     "user.password": _self_or_admin,
     "user.update": _change_user,
     # agents and grants
-    "agent.create": _roles(*_STAFF),
+    "agent.create": _staff,
     "agent.view": _on_agent(Level.VIEW),
     "agent.delete": _on_agent(Level.EDIT),
     "grant.list": _on_agent(Level.EDIT),
@@ -290,21 +290,21 @@ RULES: dict[str, Rule] = {
     "approval.list": _signed_in,
     "approval.decide": _approval_decide,
     # catalogue
-    "policy.list": _roles(*_STAFF),
-    "policy.read": _roles(*_STAFF),
+    "policy.list": _staff,
+    "policy.read": _staff,
     "policy.write": _admin_only,
     "policy.delete": _admin_only,
-    "service.list": _roles(*_STAFF),
-    "service.read": _roles(*_STAFF),
+    "service.list": _staff,
+    "service.read": _staff,
     "service.write": _admin_only,
     "service.delete": _admin_only,
-    "model_endpoint.list": _roles(*_STAFF),
-    "model_endpoint.read": _roles(*_STAFF),
+    "model_endpoint.list": _staff,
+    "model_endpoint.read": _staff,
     "model_endpoint.write": _admin_only,
     "model_endpoint.delete": _admin_only,
     "model_endpoint.confirm": _admin_only,
-    "secret.list": _roles(*_STAFF),
-    "secret.read": _roles(*_STAFF),
+    "secret.list": _staff,
+    "secret.read": _staff,
     "secret.write": _admin_only,
     "secret.delete": _admin_only,
     "vault.rotate": _admin_only,
@@ -313,12 +313,12 @@ RULES: dict[str, Rule] = {
     "host.add": _admin_only,
     "host.drain": _admin_only,
     "host.remove": _admin_only,
-    "knowledge_base.list": _roles(*_STAFF),
-    "knowledge_base.read": _roles(*_STAFF),
-    "knowledge_base.create": _roles(*_STAFF),
-    "knowledge_base.change": _roles(*_STAFF),
-    "knowledge_base.delete": _roles(*_STAFF),
-    "wheelhouse.list": _roles(*_STAFF),
+    "knowledge_base.list": _staff,
+    "knowledge_base.read": _staff,
+    "knowledge_base.create": _staff,
+    "knowledge_base.change": _staff,
+    "knowledge_base.delete": _staff,
+    "wheelhouse.list": _staff,
     "wheelhouse.add": _admin_only,
     "wheelhouse.remove": _admin_only,
     # sandboxes
