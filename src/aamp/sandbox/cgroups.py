@@ -14,6 +14,11 @@ from pathlib import Path
 from aamp.sandbox import procs
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# A cgroup's CPU weight (v1 `cpu.shares`), which only counts against its siblings' when they
+# compete for CPU: the kernel's default, and its lowest (what a warm pool's sandbox boots at,
+# so that a sandbox in use always runs first: `aamp.sandbox.pool_fill`).
+NORMAL_CPU_SHARES = 1024
+BACKGROUND_CPU_SHARES = 2
 
 
 def version() -> int:
@@ -68,6 +73,17 @@ def remove_tree(path: Path) -> None:
             except OSError:
                 pass
             time.sleep(0.02 * (attempt + 1) if attempt < 10 else 0.2)
+
+
+def set_cpu_shares(parent: str, sandbox_id: str, shares: int) -> None:
+    """Set the CPU weight of one sandbox's (v1) cpu cgroup under `parent`; OSError if it has
+    none (the sandbox is gone)."""
+    (CGROUP_ROOT / "cpu" / parent / sandbox_id / "cpu.shares").write_text(f"{shares}\n")
+
+
+def cpu_shares(parent: str, sandbox_id: str) -> int:
+    """The CPU weight of one sandbox's (v1) cpu cgroup under `parent`."""
+    return int((CGROUP_ROOT / "cpu" / parent / sandbox_id / "cpu.shares").read_text())
 
 
 def death_reason(parent: str, sandbox_id: str) -> str:
