@@ -331,9 +331,9 @@ def test_learned_targets_are_bounded_and_configured_ones_stay():
         PoolTargets({}, learn=-1)
 
 
-async def test_a_pools_sandbox_boots_at_the_lowest_cpu_weight_until_handed_out(settings):
+async def test_a_pools_sandbox_boots_at_a_low_cpu_weight_until_handed_out(settings):
     """A pool's boot yields to every sandbox in use: its whole cgroup (gofer, gVisor kernel,
-    guest agent) has the lowest `cpu.shares` while it boots and waits, the normal weight from
+    guest agent) has a low `cpu.shares` while it boots and waits, the normal weight from
     its hand-out on; a sandbox booted for a request has the normal weight throughout."""
     m = gvisor_manager(settings, warm_pool={"base": 1})
     parent = m.drivers["gvisor"].cgroup_parent

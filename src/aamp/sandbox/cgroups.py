@@ -15,10 +15,13 @@ from aamp.sandbox import procs
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # A cgroup's CPU weight (v1 `cpu.shares`), which only counts against its siblings' when they
-# compete for CPU: the kernel's default, and its lowest (what a warm pool's sandbox boots at,
-# so that a sandbox in use always runs first: `aamp.sandbox.pool_fill`).
+# compete for CPU: the kernel's default, and what a warm pool's sandbox boots at (an eighth: a
+# sandbox in use beside it gets 8/9 of the CPU; `aamp.sandbox.pool_fill`). Not the lowest (2):
+# the kernel scales the installation's cgroup parent down by its children's weights, so at 2
+# the pool's boots starved against the host's other work (load 20 on 2 cores: a refill took
+# ~3 s, the pool ran dry at one create a second; at 128 it kept up).
 NORMAL_CPU_SHARES = 1024
-BACKGROUND_CPU_SHARES = 2
+BACKGROUND_CPU_SHARES = 128
 
 
 def version() -> int:

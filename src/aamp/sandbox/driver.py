@@ -24,7 +24,7 @@ Contract:
 - `snapshot` may raise `SnapshotUnsupported`.
 - `exited(handle)` tells, cheaply, whether a guest stopped by itself and why.
 - a spec marked `background` (booted ahead of any request, for a warm pool) runs at the
-  host's lowest CPU weight, so its boot only takes CPU that no sandbox in use wants;
+  host's background CPU weight, so its boot yields to every sandbox in use;
   `foreground(handle)` gives it the weight of every other sandbox when it is handed out. A
   driver that cannot weight its guests boots them all alike and has nothing to do there.
 - `probe()` says whether the driver can work on this host, in plain words.
@@ -94,7 +94,7 @@ class SandboxSpec:
     env: dict[str, str] = field(default_factory=dict)
     # Host files shown read-only in the guest (only drivers whose `mounts_files` is true).
     read_only_files: tuple[ReadOnlyFile, ...] = ()
-    # Booted ahead of any request (a warm pool's): the lowest CPU weight until `foreground`.
+    # Booted ahead of any request (a warm pool's): a low CPU weight until `foreground`.
     background: bool = False
 
 

@@ -13,7 +13,7 @@ Isolation choices, and why:
   overlay wraps only writable mounts, so nothing of it is copied into sandbox memory either.
 - cpu, memory and pids limits go into the OCI `linux.resources` and are enforced through the
   host's cgroups; the cgroup directories are removed on destroy, because runsc leaves them.
-  A `background` spec (a warm pool's) also gets the lowest `cpu.shares`, so the whole boot —
+  A `background` spec (a warm pool's) also gets a low `cpu.shares` (128), so the whole boot —
   gofer, gVisor kernel, guest agent, all in that cgroup — yields to every sandbox in use;
   `foreground` writes the kernel's default back at hand-out.
 

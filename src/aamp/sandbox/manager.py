@@ -418,7 +418,7 @@ class SandboxManager(WarmPools):
         background: bool = False,
     ) -> Sandbox:
         """A sandbox booted cold, its guest agent connected; `background`: ahead of any
-        request, at the lowest CPU weight (`SandboxSpec.background`)."""
+        request, at a low CPU weight (`SandboxSpec.background`)."""
         driver = self.drivers[driver_name]
         image_name = image.name
         sandbox_id = f"sb-{secrets.token_hex(6)}"

@@ -19,7 +19,7 @@ from aamp.sandbox.live import Sandbox
 from aamp.sandbox.requests import SandboxError
 from aamp.sandbox.warm_pool import BootKey, PoolTargets
 
-# A pool's sandboxes boot at the lowest CPU weight (`SandboxSpec.background`: its gofer, gVisor
+# A pool's sandboxes boot at a low CPU weight (`SandboxSpec.background`: its gofer, gVisor
 # kernel and guest agent, ~90% of a boot's CPU, yield to every sandbox in use, and it gets the
 # normal weight at hand-out). What stays at normal weight is the boot's start on the host
 # (`runsc run` itself, ~40 ms of CPU, and the manager's part in this process): the refill
@@ -56,7 +56,7 @@ class WarmPools:
                 # Awaited, not left to a loose task: shutdown must never miss one.
                 await self._teardown(sandbox, reason="stale")
                 continue
-            try:  # it booted at the lowest CPU weight; from now on it is in use
+            try:  # it booted at a low CPU weight; from now on it is in use
                 self.drivers[sandbox.driver].foreground(sandbox.handle)
             except DriverError as exc:
                 log.warning("warm sandbox %s not handed out: %s", sandbox.id, exc)
@@ -95,7 +95,7 @@ class WarmPools:
                 image = self.images.get(key.image)
                 if key.packages:
                     image = await asyncio.to_thread(self.images.with_packages, image, key.packages)
-                # At the lowest CPU weight: a sandbox in use always runs before a pool's boot.
+                # At a low CPU weight: a sandbox in use runs before a pool's boot.
                 sandbox = await self._boot(key.driver, image, key.resources, background=True)
             except (SandboxError, ImageBuildError, ValueError, LookupError) as exc:
                 # LookupError: not built; ValueError: the wheelhouse lacks a package
