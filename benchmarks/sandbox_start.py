@@ -1,16 +1,22 @@
 """Sandbox start-up figures, each next to its baseline measured in the same run.
 
-    .venv/bin/python benchmarks/sandbox_start.py [--runs 20] [--idle 10]
+    .venv/bin/python benchmarks/sandbox_start.py [--runs 20] [--idle 10] [--spacing 1.0]
 
 Prints a table (median and p95) and writes benchmarks/results/sandbox_start.json:
 - raw baselines: `runsc do true`, and `runsc run` of `python3 -c pass` in the base image tree
   with the same flags aamp uses (the floor any runsc-based start can reach), each sample taken
   beside the aamp sample it is compared with (the ratios are also given per pair);
-- aamp cold: create a sandbox (boot, guest agent ready) and run `python3 -c pass` in it;
+- aamp cold: create a sandbox (boot, guest agent ready) and run `python3 -c pass` in it, and
+  (the warm figures' cold baseline) create one and run `true` in it;
 - aamp warm pool: take a pre-started sandbox and run `true` in it;
 - a run's sandbox: a policy's request (its own resources and egress rules), cold, from the
   pool learned for its boot key (`AAMP_WARM_POOL_LEARN`), and from the pool its stored
   policy's `warm: 1` configures, each followed by `true`;
+- for each warm figure, how it was taken: one create every `--spacing` seconds (start to
+  start; later if its pool had no sandbox yet, and the spacing measured is printed), how many
+  creates found the pool full, how many had a refill booting beside them (the manager boots
+  the next sandbox behind each hand-out), how many came warm, the control plane's CPU per
+  create + `true` (this process's CPU time over the sample) and the load average meanwhile;
 - host memory per idle sandbox: RSS and PSS of all its host processes (runsc sandbox + gofer);
 - N sandboxes started at once: wall time, and whether all answered.
 Needs root, runsc and a built base image (`aamp image build base`).
@@ -36,7 +42,7 @@ from aamp.sandbox import procs
 from aamp.sandbox.gvisor import GVisorDriver
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.manager import CreateRequest, SandboxManager
-from aamp.sandbox.warm_pool import boot_key
+from aamp.sandbox.warm_pool import BootKey, boot_key
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -82,6 +88,54 @@ class RawRunsc:
         return time.perf_counter() - started
 
 
+class WarmSamples:
+    """Warm creates + `true`, one every `spacing` seconds, each with how it was taken."""
+
+    def __init__(self, manager: SandboxManager, key: BootKey, spacing: float) -> None:
+        self.manager, self.key, self.spacing = manager, key, spacing
+        self.wall: list[float] = []
+        self.cpu: list[float] = []  # this process's CPU time over each sample
+        self.gaps: list[float] = []  # start to start
+        self.load: list[float] = []
+        self.full = self.refilling = self.warm = 0
+        self._last: float | None = None
+
+    async def take(self, request: CreateRequest) -> None:
+        m, key = self.manager, self.key
+        due = self._last + self.spacing if self._last is not None else time.perf_counter()
+        while time.perf_counter() < due or not m._pools.get(key):
+            await asyncio.sleep(0.005)
+        fill = m._pool_fill.get(key)
+        self.refilling += fill is not None and not fill.done()
+        self.full += len(m._pools[key]) >= m.pool_targets.target(key)
+        started, cpu = time.perf_counter(), time.process_time()
+        if self._last is not None:
+            self.gaps.append(started - self._last)
+        self._last = started
+        sb = await m.create(request)
+        async with m.use(sb.id) as channel:
+            result, _, _ = await channel.run(["true"])
+        self.wall.append(time.perf_counter() - started)
+        self.cpu.append(time.process_time() - cpu)
+        self.load.append(os.getloadavg()[0])
+        assert result.exit_code == 0
+        self.warm += sb.warm
+        await m.destroy(sb.id)
+
+    def report(self) -> dict[str, object]:
+        n = len(self.wall)
+        return {
+            **summary(self.wall),
+            "spacing_s_median": statistics.median(self.gaps) if self.gaps else None,
+            "pool_full": self.full,
+            "refill_booting_beside": self.refilling,
+            "warm": self.warm,
+            "cpu_ms_per_create_median": statistics.median(self.cpu) * 1e3,
+            "load_median": statistics.median(self.load),
+            "n": n,
+        }
+
+
 def paired_ratio(aamp: list[float], base: list[float]) -> float:
     """The median of each aamp sample over the baseline taken beside it."""
     return statistics.median(a / b for a, b in zip(aamp, base, strict=True))
@@ -104,7 +158,7 @@ def memory_of(sandbox_dir: Path, runsc_root: Path) -> tuple[int, int]:
 
 
 async def aamp_figures(
-    settings: Settings, raw: RawRunsc, runs: int, idle: int, burst: int
+    settings: Settings, raw: RawRunsc, runs: int, idle: int, burst: int, spacing: float
 ) -> dict[str, object]:
     drivers = {"gvisor": GVisorDriver(settings.runtime_dir)}
     out: dict[str, object] = {}
@@ -112,18 +166,24 @@ async def aamp_figures(
     manager = SandboxManager(settings, ImageStore(settings), drivers, "gvisor")
     await manager.start()
     try:
-        cold, do_true, raw_run = [], [], []
+        cold, cold_true, do_true, raw_run = [], [], [], []
         for _ in range(runs):  # each aamp sample beside its baselines (see RawRunsc)
             do_true.append(raw.do_true())
             raw_run.append(raw.run_python())
-            started = time.perf_counter()
-            sb = await manager.create(CreateRequest(image="base"))
-            async with manager.use(sb.id) as channel:
-                result, _, _ = await channel.run(["python3", "-c", "pass"])
-            cold.append(time.perf_counter() - started)
-            assert result.exit_code == 0
-            await manager.destroy(sb.id)
-        out["cold"], out["do_true"], out["raw_run"] = cold, do_true, raw_run
+            for argv, samples in ((["python3", "-c", "pass"], cold), (["true"], cold_true)):
+                started = time.perf_counter()
+                sb = await manager.create(CreateRequest(image="base"))
+                async with manager.use(sb.id) as channel:
+                    result, _, _ = await channel.run(argv)
+                samples.append(time.perf_counter() - started)
+                assert result.exit_code == 0
+                await manager.destroy(sb.id)
+        out["cold"], out["cold_true"], out["do_true"], out["raw_run"] = (
+            cold,
+            cold_true,
+            do_true,
+            raw_run,
+        )
 
         ids = [(await manager.create(CreateRequest(image="base"))).id for _ in range(idle)]
         await asyncio.sleep(2)  # let them settle into idle
@@ -158,16 +218,11 @@ async def aamp_figures(
     )
     await pooled.start()
     try:
-        warm = []
+        warm = WarmSamples(pooled, boot_key("gvisor", "base", Resources()), spacing)
+        while pooled.pool_status().get("base", 0) < 3:  # the first create finds it full
+            await asyncio.sleep(0.02)
         for _ in range(runs):
-            while pooled.pool_status().get("base", 0) < 3:  # measure a full pool each time
-                await asyncio.sleep(0.02)
-            started = time.perf_counter()
-            sb = await pooled.create(CreateRequest(image="base"))
-            async with pooled.use(sb.id) as channel:
-                result, _, _ = await channel.run(["true"])
-            warm.append(time.perf_counter() - started)
-            await pooled.destroy(sb.id)
+            await warm.take(CreateRequest(image="base"))
         out["warm"] = warm
     finally:
         await pooled.shutdown()
@@ -178,7 +233,7 @@ async def aamp_figures(
         resources=Resources(pids=128, memory_bytes=512 * 2**20),
         egress=EgressRules.from_lists("block", allow=["example.test"]),
     )
-    label = boot_key("gvisor", "base", run_request.resources).label("gvisor")
+    run_key = boot_key("gvisor", "base", run_request.resources)
     # The same policy stored with `warm: 1`: its pool is configured, not learned.
     stored = parse_policy(
         "name: bench\nimage: base\nresources: {pids: 128, memory: 512MiB}\n"
@@ -199,22 +254,23 @@ async def aamp_figures(
                 await manager.destroy((await manager.create(run_request)).id)
             if configured:
                 await manager.keep_warm(stored.name, stored)
-            samples, beside = [], []
-            for _ in range(runs):
-                while (learn or configured) and manager.pool_status().get(label, 0) < 1:
-                    await asyncio.sleep(0.02)
-                if not learn:
+            if not (learn or configured):
+                samples, beside = [], []
+                for _ in range(runs):
                     beside.append(raw.do_true())
-                started = time.perf_counter()
-                sb = await manager.create(run_request)
-                async with manager.use(sb.id) as channel:
-                    result, _, _ = await channel.run(["true"])
-                samples.append(time.perf_counter() - started)
-                assert result.exit_code == 0 and sb.warm == bool(learn or configured)
-                await manager.destroy(sb.id)
-            out[kind] = samples
-            if not learn:
-                out["do_true_beside_run"] = beside
+                    started = time.perf_counter()
+                    sb = await manager.create(run_request)
+                    async with manager.use(sb.id) as channel:
+                        result, _, _ = await channel.run(["true"])
+                    samples.append(time.perf_counter() - started)
+                    assert result.exit_code == 0 and not sb.warm
+                    await manager.destroy(sb.id)
+                out[kind], out["do_true_beside_run"] = samples, beside
+                continue
+            pooled_run = WarmSamples(manager, run_key, spacing)
+            for _ in range(runs):
+                await pooled_run.take(run_request)
+            out[kind] = pooled_run
         finally:
             await manager.shutdown()
     return out
@@ -224,11 +280,26 @@ def _load(avg: tuple[float, float, float]) -> str:
     return " ".join(f"{x:.2f}" for x in avg)
 
 
+def how_taken(warm: dict[str, object]) -> str:
+    """How a warm figure was taken, in one line (`WarmSamples.report`)."""
+    n, spacing = warm["n"], warm["spacing_s_median"]
+    every = f"a create every {spacing:.2f}s" if spacing is not None else "one create"
+    return (
+        f"{every}; pool full at {warm['pool_full']}/{n}, a refill booting beside "
+        f"{warm['refill_booting_beside']}/{n}, warm {warm['warm']}/{n}; control-plane CPU "
+        f"{warm['cpu_ms_per_create_median']:.2f} ms per create + true; "
+        f"load {warm['load_median']:.1f}"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--idle", type=int, default=10, help="idle sandboxes for the memory figure")
     parser.add_argument("--burst", type=int, default=10, help="sandboxes started at once")
+    parser.add_argument(
+        "--spacing", type=float, default=1.0, help="seconds from one warm create to the next"
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("run as root (gVisor sandboxes need it)", file=sys.stderr)
@@ -241,18 +312,22 @@ def main() -> int:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="aamp-bench-") as tmp:
         raw = RawRunsc(image.root, Path(tmp))
-        figures = asyncio.run(aamp_figures(settings, raw, args.runs, args.idle, args.burst))
+        figures = asyncio.run(
+            aamp_figures(settings, raw, args.runs, args.idle, args.burst, args.spacing)
+        )
     load_after = os.getloadavg()
     do_true, raw_run = figures["do_true"], figures["raw_run"]
+    warm = {kind: figures[kind].report() for kind in ("warm", "run_warm", "run_configured")}
 
     rows = [
         ("raw: runsc do true", summary(do_true)),
         ("raw: runsc run python3 -c pass", summary(raw_run)),
         ("aamp cold: create + python3 -c pass", summary(figures["cold"])),
-        ("aamp warm pool: create + true", summary(figures["warm"])),
+        ("aamp cold: create + true", summary(figures["cold_true"])),
+        ("aamp warm pool: create + true", warm["warm"]),
         ("a run's sandbox, cold: create + true", summary(figures["run_cold"])),
-        ("a run's sandbox, learned pool: create + true", summary(figures["run_warm"])),
-        ("a run's sandbox, policy warm: 1: create + true", summary(figures["run_configured"])),
+        ("a run's sandbox, learned pool: create + true", warm["run_warm"]),
+        ("a run's sandbox, policy warm: 1: create + true", warm["run_configured"]),
     ]
     print(f"\n{'figure':48} {'median':>10} {'p95':>10}   n")
     for name, s in rows:
@@ -265,6 +340,12 @@ def main() -> int:
         f"(median of each sample over the baseline beside it: {paired:.2f}x)"
     )
     print(f"a run's sandbox, cold, vs runsc do true beside it: {run_paired:.2f}x")
+    for name, kind in (
+        ("warm pool", "warm"),
+        ("learned pool", "run_warm"),
+        ("policy warm: 1", "run_configured"),
+    ):
+        print(f"{name}: {how_taken(warm[kind])}")
     print("load average before / after: " + " / ".join(_load(x) for x in (load_before, load_after)))
     rss = statistics.median(figures["idle_rss"]) / 2**20
     pss = statistics.median(figures["idle_pss"]) / 2**20
@@ -278,10 +359,12 @@ def main() -> int:
         "baseline_runsc_do_true": summary(do_true),
         "baseline_runsc_run_python": summary(raw_run),
         "aamp_cold": summary(figures["cold"]),
-        "aamp_warm": summary(figures["warm"]),
+        "aamp_cold_true": summary(figures["cold_true"]),
+        "aamp_warm": warm["warm"],
         "run_sandbox_cold": summary(figures["run_cold"]),
-        "run_sandbox_warm": summary(figures["run_warm"]),
-        "run_sandbox_configured": summary(figures["run_configured"]),
+        "run_sandbox_warm": warm["run_warm"],
+        "run_sandbox_configured": warm["run_configured"],
+        "warm_spacing_s": args.spacing,
         "cold_vs_raw_ratio": ratio,
         "cold_vs_raw_paired_ratio": paired,
         "run_cold_vs_do_true_paired_ratio": run_paired,

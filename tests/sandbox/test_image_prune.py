@@ -332,6 +332,28 @@ def test_force_swap_deletes_the_old_tree_when_unused(store, image_dir) -> None:
     assert sorted(p.name for p in (image_dir / "base").iterdir()) == [".lock", final.name]
 
 
+def test_the_current_image_is_read_again_after_a_rebuild_and_gone_once_removed(
+    store, image_dir
+) -> None:
+    """`get` (asked at every sandbox create) knows an image it read by its manifest, so it
+    still sees a forced rebuild in the same directory and a tree taken away at once."""
+    final = fixture_image_for_tests(image_dir, "base", "same")
+    _point_current(image_dir, "base", final.name)
+    first = store.get("base")
+    assert store.get("base") == first
+    tmp = _finished_build(image_dir, "base", final.name)
+    meta = json.loads((tmp / "image.json").read_text())
+    meta["built_at"] = datetime(2100, 1, 1, tzinfo=UTC).isoformat()
+    (tmp / "image.json").write_text(json.dumps(meta))
+    store._swap_in("base", tmp, final, Lines())
+    rebuilt = store.get("base")
+    assert rebuilt.content_hash == first.content_hash
+    assert rebuilt.built_at == datetime(2100, 1, 1, tzinfo=UTC) != first.built_at
+    shutil.rmtree(final / "rootfs")
+    with pytest.raises(LookupError, match="not been built"):
+        store.get("base")
+
+
 def test_force_swap_keeps_the_old_tree_while_a_sandbox_uses_it(store, image_dir) -> None:
     final = fixture_image_for_tests(image_dir, "base", "same")
     _point_current(image_dir, "base", final.name)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 from installation_settings import make_settings
@@ -18,6 +19,8 @@ from aamp.egress.resolver import SystemResolver
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import Bearer, Service, ServiceSet
 from aamp.policy import Resources, parse_policy
+from aamp.sandbox import cgroups
+from aamp.sandbox.driver import DriverError
 from aamp.sandbox.gvisor import GVisorDriver
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.manager import CreateRequest, LogEgressSink, SandboxManager
@@ -326,3 +329,57 @@ def test_learned_targets_are_bounded_and_configured_ones_stay():
     assert PoolTargets({}, learn=0).requested(keys[0]) == []
     with pytest.raises(ValueError, match="0 or more"):
         PoolTargets({}, learn=-1)
+
+
+async def test_a_pools_sandbox_boots_at_a_low_cpu_weight_until_handed_out(settings):
+    """A pool's boot yields to every sandbox in use: its whole cgroup (gofer, gVisor kernel,
+    guest agent) has a low `cpu.shares` while it boots and waits, the normal weight from
+    its hand-out on; a sandbox booted for a request has the normal weight throughout."""
+    m = gvisor_manager(settings, warm_pool={"base": 1})
+    parent = m.drivers["gvisor"].cgroup_parent
+    key = boot_key("gvisor", "base", Resources())
+    await m.start()
+    try:
+        await wait_for_pool(m, "base", 1)
+        pooled = m._pools[key][0]
+        assert cgroups.cpu_shares(parent, pooled.id) == cgroups.BACKGROUND_CPU_SHARES
+        taken = await m.create(CreateRequest(image="base"))
+        assert taken.warm and taken.id == pooled.id
+        assert cgroups.cpu_shares(parent, taken.id) == cgroups.NORMAL_CPU_SHARES
+        cold = await m.create(CreateRequest(image="base", resources=RESOURCES))  # no pool
+        assert not cold.warm and cgroups.cpu_shares(parent, cold.id) == cgroups.NORMAL_CPU_SHARES
+        await wait_for_pool(m, "base", 1)  # the refill behind the hand-out yields again
+        refilled = m._pools[key][0]
+        assert refilled.id != taken.id
+        assert cgroups.cpu_shares(parent, refilled.id) == cgroups.BACKGROUND_CPU_SHARES
+        async with m.use(taken.id) as channel:
+            result, _, _ = await channel.run(["true"])
+        assert result.exit_code == 0
+    finally:
+        await m.shutdown()
+
+
+class WeightStuckDriver(GVisorDriver):
+    """gVisor, except that a sandbox's CPU weight can never be raised (as when its cgroup
+    cannot be written)."""
+
+    def foreground(self, handle):
+        raise DriverError(f"cannot raise sandbox {handle.sandbox_id}'s CPU weight: stuck")
+
+
+async def test_a_pools_sandbox_whose_weight_cannot_be_raised_is_not_handed_out(settings):
+    drivers = {"gvisor": WeightStuckDriver(settings.runtime_dir)}
+    m = SandboxManager(settings, ImageStore(settings), drivers, "gvisor", warm_pool={"base": 1})
+    parent = drivers["gvisor"].cgroup_parent
+    await m.start()
+    try:
+        await wait_for_pool(m, "base", 1)
+        pooled = m._pools[boot_key("gvisor", "base", Resources())][0]
+        sb = await m.create(CreateRequest(image="base"))
+        # Booted for the request instead, at the normal weight; the stuck one is gone.
+        assert not sb.warm and sb.id != pooled.id
+        assert cgroups.cpu_shares(parent, sb.id) == cgroups.NORMAL_CPU_SHARES
+        assert not (Path("/sys/fs/cgroup/cpu") / parent / pooled.id).exists()
+        assert pooled.id not in {s.id for s in m.list()}
+    finally:
+        await m.shutdown()

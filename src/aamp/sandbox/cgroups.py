@@ -14,6 +14,14 @@ from pathlib import Path
 from aamp.sandbox import procs
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# A cgroup's CPU weight (v1 `cpu.shares`), which only counts against its siblings' when they
+# compete for CPU: the kernel's default, and what a warm pool's sandbox boots at (an eighth: a
+# sandbox in use beside it gets 8/9 of the CPU; `aamp.sandbox.pool_fill`). Not the lowest (2):
+# the kernel scales the installation's cgroup parent down by its children's weights, so at 2
+# the pool's boots starved against the host's other work (load 20 on 2 cores: a refill took
+# ~3 s, the pool ran dry at one create a second; at 128 it kept up).
+NORMAL_CPU_SHARES = 1024
+BACKGROUND_CPU_SHARES = 128
 
 
 def version() -> int:
@@ -68,6 +76,17 @@ def remove_tree(path: Path) -> None:
             except OSError:
                 pass
             time.sleep(0.02 * (attempt + 1) if attempt < 10 else 0.2)
+
+
+def set_cpu_shares(parent: str, sandbox_id: str, shares: int) -> None:
+    """Set the CPU weight of one sandbox's (v1) cpu cgroup under `parent`; OSError if it has
+    none (the sandbox is gone)."""
+    (CGROUP_ROOT / "cpu" / parent / sandbox_id / "cpu.shares").write_text(f"{shares}\n")
+
+
+def cpu_shares(parent: str, sandbox_id: str) -> int:
+    """The CPU weight of one sandbox's (v1) cpu cgroup under `parent`."""
+    return int((CGROUP_ROOT / "cpu" / parent / sandbox_id / "cpu.shares").read_text())
 
 
 def death_reason(parent: str, sandbox_id: str) -> str:

@@ -23,6 +23,10 @@ Contract:
   it must work from on-disk state alone.
 - `snapshot` may raise `SnapshotUnsupported`.
 - `exited(handle)` tells, cheaply, whether a guest stopped by itself and why.
+- a spec marked `background` (booted ahead of any request, for a warm pool) runs at the
+  host's background CPU weight, so its boot yields to every sandbox in use;
+  `foreground(handle)` gives it the weight of every other sandbox when it is handed out. A
+  driver that cannot weight its guests boots them all alike and has nothing to do there.
 - `probe()` says whether the driver can work on this host, in plain words.
 - `mounts_files` says whether the driver can show a host file to the guest read-only (a spec's
   `read_only_files`); one that cannot refuses such a spec in `create` (`DriverError`), so
@@ -90,6 +94,8 @@ class SandboxSpec:
     env: dict[str, str] = field(default_factory=dict)
     # Host files shown read-only in the guest (only drivers whose `mounts_files` is true).
     read_only_files: tuple[ReadOnlyFile, ...] = ()
+    # Booted ahead of any request (a warm pool's): a low CPU weight until `foreground`.
+    background: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,11 @@ class Driver(abc.ABC):
 
     @abc.abstractmethod
     async def destroy(self, handle: SandboxHandle) -> None: ...
+
+    def foreground(self, handle: SandboxHandle) -> None:
+        """Give a sandbox booted `background` the CPU weight every other sandbox has (it is
+        being handed out); `DriverError` if it cannot. Quick: it runs on the event loop."""
+        return None  # a driver that boots every sandbox alike
 
     @abc.abstractmethod
     async def reap(self, runtime_dir: Path) -> list[str]:

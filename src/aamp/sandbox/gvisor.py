@@ -13,6 +13,9 @@ Isolation choices, and why:
   overlay wraps only writable mounts, so nothing of it is copied into sandbox memory either.
 - cpu, memory and pids limits go into the OCI `linux.resources` and are enforced through the
   host's cgroups; the cgroup directories are removed on destroy, because runsc leaves them.
+  A `background` spec (a warm pool's) also gets a low `cpu.shares` (128), so the whole boot —
+  gofer, gVisor kernel, guest agent, all in that cgroup — yields to every sandbox in use;
+  `foreground` writes the kernel's default back at hand-out.
 
 While a sandbox lives, this driver holds a shared lock on its image's directory
 (`aamp.sandbox.images.hold_image`), so `aamp image prune` and `image build --force` never delete
@@ -188,6 +191,13 @@ class GVisorDriver(Driver):
             return None
         return cgroups.death_reason(self.cgroup_parent, handle.sandbox_id)
 
+    def foreground(self, handle: SandboxHandle) -> None:
+        try:
+            cgroups.set_cpu_shares(self.cgroup_parent, handle.sandbox_id, cgroups.NORMAL_CPU_SHARES)
+        except OSError as exc:
+            message = f"cannot raise sandbox {handle.sandbox_id}'s CPU weight: {exc}"
+            raise DriverError(message) from None
+
     async def destroy(self, handle: SandboxHandle) -> None:
         await self._remove(handle.sandbox_id, handle.state_dir)
 
@@ -293,7 +303,11 @@ class GVisorDriver(Driver):
                 "resources": {
                     "memory": {"limit": res.memory_bytes},
                     "pids": {"limit": res.pids * THREADS_PER_PROCESS + SANDBOX_KERNEL_TASKS},
-                    "cpu": {"quota": int(res.cpus * CPU_PERIOD_US), "period": CPU_PERIOD_US},
+                    "cpu": {
+                        "quota": int(res.cpus * CPU_PERIOD_US),
+                        "period": CPU_PERIOD_US,
+                        **({"shares": cgroups.BACKGROUND_CPU_SHARES} if spec.background else {}),
+                    },
                 },
                 "namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount", "network")],
             },

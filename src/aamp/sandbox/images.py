@@ -161,6 +161,8 @@ class ImageStore:
         self._root = settings.image_dir
         self._guest_dir = guest_dir if guest_dir is not None else _package_dir() / "guest"
         self._package_init = _package_dir() / "__init__.py"
+        # Built images read from their manifests, by directory, with the manifest's identity.
+        self._loaded: dict[Path, tuple[tuple[int, int, int, int], BuiltImage]] = {}
 
     # ---- queries
 
@@ -412,11 +414,29 @@ class ImageStore:
 
     def _load(self, name: str, content_hash: str) -> BuiltImage | None:
         directory = self._root / name / content_hash
+        manifest = directory / "image.json"
+        root, ext4 = directory / "rootfs", directory / "rootfs.ext4"
         try:
-            meta = json.loads((directory / "image.json").read_text())
+            seen = _file_identity(manifest)
+        except OSError:
+            return None
+        cached = self._loaded.get(directory)
+        if cached is not None and cached[0] == seen:
+            # The same manifest as last time (a build writes a new one): only what a prune
+            # can take away is looked at again. A sandbox's create asks this every time.
+            return cached[1] if root.is_dir() and ext4.is_file() else None
+        image = self._read(name, content_hash, manifest, root, ext4)
+        if image is not None:
+            self._loaded[directory] = (seen, image)
+        return image
+
+    def _read(
+        self, name: str, content_hash: str, manifest: Path, root: Path, ext4: Path
+    ) -> BuiltImage | None:
+        try:
+            meta = json.loads(manifest.read_text())
         except (OSError, ValueError):
             return None
-        root, ext4 = directory / "rootfs", directory / "rootfs.ext4"
         if not root.is_dir() or not ext4.is_file():
             return None
         try:
@@ -473,3 +493,9 @@ class ImageStore:
         path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
         with open(path, "rb") as f:
             os.fsync(f.fileno())
+
+
+def _file_identity(path: Path) -> tuple[int, int, int, int]:
+    """What changes whenever a file is written anew: device, inode, size, modification time."""
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

@@ -13,14 +13,19 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from aamp.sandbox.channel.errors import ChannelError
+from aamp.sandbox.driver import Driver, DriverError
 from aamp.sandbox.images import ImageBuildError, ImageStore
 from aamp.sandbox.live import Sandbox
 from aamp.sandbox.requests import SandboxError
 from aamp.sandbox.warm_pool import BootKey, PoolTargets
 
-# A pool is refilled this long after a hand-out, not at once: a sandbox's boot takes the CPU
-# for a while, which on a small host would slow the handed-out sandbox's first commands.
-REFILL_DELAY = 0.5
+# A pool's sandboxes boot at a low CPU weight (`SandboxSpec.background`: its gofer, gVisor
+# kernel and guest agent, ~90% of a boot's CPU, yield to every sandbox in use, and it gets the
+# normal weight at hand-out). What stays at normal weight is the boot's start on the host
+# (`runsc run` itself, ~40 ms of CPU, and the manager's part in this process): the refill
+# starts this long after a hand-out, so that it does not run beside the handed-out sandbox's
+# first command, and no longer, so that the pool is full again for the next create soon.
+REFILL_DELAY = 0.1
 
 log = logging.getLogger("aamp.sandbox")
 
@@ -29,6 +34,7 @@ class WarmPools:
     """Warm pools of pre-started sandboxes, by boot key (`warm_pool.py`)."""
 
     images: ImageStore
+    drivers: dict[str, Driver]
     default_driver: str
     pool_targets: PoolTargets
     _pools: dict[BootKey, list[Sandbox]]
@@ -46,12 +52,18 @@ class WarmPools:
         taken: Sandbox | None = None
         while pool and taken is None:
             sandbox = pool.pop(0)
-            if sandbox.image_hash == image_hash and sandbox.channel.connected:
-                taken = sandbox
-                taken.warm = True
-            else:
+            if sandbox.image_hash != image_hash or not sandbox.channel.connected:
                 # Awaited, not left to a loose task: shutdown must never miss one.
                 await self._teardown(sandbox, reason="stale")
+                continue
+            try:  # it booted at a low CPU weight; from now on it is in use
+                self.drivers[sandbox.driver].foreground(sandbox.handle)
+            except DriverError as exc:
+                log.warning("warm sandbox %s not handed out: %s", sandbox.id, exc)
+                await self._teardown(sandbox, reason="its CPU weight could not be raised")
+                continue
+            taken = sandbox
+            taken.warm = True
         if self.pool_targets.target(key):
             self._refill_pool(key, delay=REFILL_DELAY if taken is not None else 0.0)
         return taken
@@ -83,7 +95,8 @@ class WarmPools:
                 image = self.images.get(key.image)
                 if key.packages:
                     image = await asyncio.to_thread(self.images.with_packages, image, key.packages)
-                sandbox = await self._boot(key.driver, image, key.resources)
+                # At a low CPU weight: a sandbox in use runs before a pool's boot.
+                sandbox = await self._boot(key.driver, image, key.resources, background=True)
             except (SandboxError, ImageBuildError, ValueError, LookupError) as exc:
                 # LookupError: not built; ValueError: the wheelhouse lacks a package
                 log.warning("warm pool for %s could not start a sandbox: %s", key.image, exc)
