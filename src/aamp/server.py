@@ -28,6 +28,7 @@ from aamp.fleet import (
     FleetUpkeep,
     HostCollectors,
     HostCredentials,
+    HostLeaves,
     HostRegistry,
     LocalHost,
     Placement,
@@ -191,7 +192,16 @@ def build_control_plane(
     credentials = HostCredentials(
         store, lambda name: cp.catalog.get_service(name).secrets, vault, audit
     )
-    collectors = HostCollectors(hosts, links, manager.placer.host_id, credentials, audit, vault)
+    # ... and the leaves of their HTTPS services signed here, with the one egress CA.
+    assert manager.egress.ca is not None
+    leaves = HostLeaves(
+        store, lambda name: cp.catalog.get_service(name).for_egress(), manager.egress.ca, audit
+    )
+    # ... and the `default: ask` questions of sandboxes whose runs this replica drives.
+    collectors = HostCollectors(
+        hosts, links, manager.placer.host_id, credentials, audit, vault, leaves,
+        manager.remote_approver,
+    )  # fmt: skip
     fleet.after_sweep.append(collectors.sync)
     fleet.after_stop.append(collectors.stop)
     return cp, password

@@ -5,20 +5,29 @@ probe writes to as a hostile host would. Fake upstreams listen on 10.77.0.5, an 
 on this namespace's loopback: nothing leaves the machine.
 
 h1 runs a sandbox whose policy allows 10.77.0.5:8081 and grants the plain-HTTP service crm
-(10.77.0.5:8080, bearer crm_token). The guest calls both and 10.77.0.5:8082 (no rule); then
-h1's home, runtime directory and log are searched for the secret's value. h2 asks for crm's
-secret for h1's sandbox and for its own sandbox, whose policy does not grant crm. Prints the
-JSON report last.
+(10.77.0.5:8080, bearer crm_token) and the HTTPS service crm-tls (10.77.0.5:8443, the same
+secret; its upstream's certificate from a test CA h1 trusts). The replica holds the
+installation's egress CA the shared images were built with (copied from where the tests'
+images were built); h1 holds none. The guest calls all three and 10.77.0.5:8082 (no rule),
+trusting only its image's CA store; then h1's home, runtime directory and log are searched
+for the secret's value and for any private key. h2 asks for crm's secret for h1's sandbox and
+for its own sandbox, whose policy grants crm-tls only, and for leaf certificates it was not
+granted (another host's sandbox, a name that is not its service's, a plain service, its own
+sandbox once destroyed). Prints the JSON report last.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import datetime as dt
 import http.server
+import ipaddress
 import json
 import os
 import secrets
+import shutil
+import ssl
 import subprocess
 import sys
 import threading
@@ -29,10 +38,15 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent), str(HERE.parent / "runs")]
 
 import httpx  # noqa: E402
+from cryptography import x509  # noqa: E402
+from cryptography.hazmat.primitives import hashes, serialization  # noqa: E402
+from cryptography.hazmat.primitives.asymmetric import ec  # noqa: E402
+from cryptography.x509.oid import NameOID  # noqa: E402
 from fleet_processes import HostProcess, free_port, write_credentials  # noqa: E402
 from run_helpers import serve_plane  # noqa: E402
 
 from aamp.config import Settings  # noqa: E402
+from aamp.egress.ca import san_for  # noqa: E402
 from aamp.egress.ledger import EgressEvent  # noqa: E402
 from aamp.fleet.host_outbox import HostOutbox  # noqa: E402
 from aamp.fleet.host_process import HostConfig, SandboxHost  # noqa: E402
@@ -61,12 +75,66 @@ class Echo(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def upstreams() -> None:
+def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )  # fmt: skip
+
+
+def upstream_tls(root: Path) -> tuple[ssl.SSLContext, Path]:
+    """The HTTPS upstream's server context (a certificate for 10.77.0.5 from a test CA) and
+    that CA's certificate, which h1 trusts for service upstreams (`SSL_CERT_FILE`)."""
+    now = dt.datetime.now(dt.UTC)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "upstream test CA")])
+
+    def signed(builder: x509.CertificateBuilder) -> x509.Certificate:
+        return (
+            builder.issuer_name(ca_name).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=5))
+            .not_valid_after(now + dt.timedelta(hours=1)).sign(ca_key, hashes.SHA256())
+        )  # fmt: skip
+
+    ca = signed(
+        x509.CertificateBuilder().subject_name(ca_name).public_key(ca_key.public_key())
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+    )  # fmt: skip
+    leaf = signed(
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, UPSTREAM)]))
+        .public_key(key.public_key())
+        .add_extension(x509.SubjectAlternativeName(
+            [x509.IPAddress(ipaddress.ip_address(UPSTREAM))]), critical=False)
+    )  # fmt: skip
+    ca_pem, chain = root / "upstream-ca.pem", root / "upstream-leaf.pem"
+    ca_pem.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    chain.write_bytes(leaf.public_bytes(serialization.Encoding.PEM) + _pem_key(key))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(chain)
+    return ctx, ca_pem
+
+
+def upstreams(tls: ssl.SSLContext) -> None:
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     subprocess.run(["ip", "addr", "add", f"{UPSTREAM}/32", "dev", "lo"], check=True)
-    for port in (8080, 8081, 8082):
+    for port in (8080, 8081, 8082, 8443):
         server = http.server.ThreadingHTTPServer((UPSTREAM, port), Echo)
+        if port == 8443:
+            server.socket = tls.wrap_socket(server.socket, server_side=True)
         threading.Thread(target=server.serve_forever, daemon=True).start()
+
+
+def leaf_request(name: str) -> str:
+    """A CSR for `name` with a fresh key, as a (hostile) host would send."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .add_extension(x509.SubjectAlternativeName([san_for(name)]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return csr.public_bytes(serialization.Encoding.PEM).decode()
 
 
 def holding(root: Path, needle: bytes) -> list[str]:
@@ -88,7 +156,7 @@ async def exec_(client: httpx.AsyncClient, sandbox_id: str, script: str) -> str:
     return b"".join(base64.b64decode(x["data"]) for x in lines if "data" in x).decode()
 
 
-async def wait_for(check, timeout: float = 120.0) -> None:  # type: ignore[no-untyped-def]
+async def wait_for(check, timeout: float = 300.0) -> None:  # type: ignore[no-untyped-def]
     for _ in range(int(timeout * 5)):
         if await check():
             return
@@ -109,11 +177,16 @@ def policy(name: str, services: list[str]) -> str:
     )
 
 
-async def main(settings_json: str) -> dict:
-    upstreams()
+async def main(settings_json: str, images_ca: str) -> dict:
     given = json.loads(settings_json)
     root = Path(given["AAMP_HOME"]).parent
+    tls, upstream_ca = upstream_tls(root)
+    upstreams(tls)
     home, port = root / "home", free_port()
+    # The installation's egress CA: the one the shared images were built to trust.
+    (home / "ca").mkdir(parents=True, mode=0o700)
+    for name in ("ca.key", "ca.crt"):
+        shutil.copy2(Path(images_ca) / name, home / "ca" / name)
     runtime = given["AAMP_RUNTIME_DIR"]
     fleet = {"AAMP_FLEET_HEARTBEAT_SECONDS": "1", "AAMP_FLEET_LOST_SECONDS": "30"}
     replica = serve_plane(home, runtime, port, AAMP_FLEET_HOST_ID="rep-a", **fleet)
@@ -131,19 +204,24 @@ async def main(settings_json: str) -> dict:
         service = {"upstream": f"http://{UPSTREAM}:8080", "auth": "bearer",
                    "secrets": ["crm_token"]}  # fmt: skip
         assert (await client.put("/v1/services/crm", json=service)).status_code in (200, 201)
+        service = {**service, "upstream": f"https://{UPSTREAM}:8443"}
+        r = await client.put("/v1/services/crm-tls", json=service)
+        assert r.status_code in (200, 201), r.text
 
         # -- h1: a real `aamp host serve` ------------------------------------------------
         added = (await client.post("/v1/hosts", json={"id": "h1"})).json()
         h1 = HostProcess("h1", write_credentials(root / "creds-h1", added), root / "host-h1",
                          f"/run/aamp-t{secrets.token_hex(4)}", free_port(), base)  # fmt: skip
-        h1.start()
+        h1.start(SSL_CERT_FILE=str(upstream_ca))  # h1's proxy trusts the upstream's CA
 
         async def active(host_id: str) -> bool:
             hosts = (await client.get("/v1/hosts")).json()
             return any(h["id"] == host_id and h["state"] == "active" for h in hosts)
 
         await wait_for(lambda: active("h1"))
-        r = await client.post("/v1/sandboxes", json={"policy_document": policy("p1", ["crm"])})
+        r = await client.post(
+            "/v1/sandboxes", json={"policy_document": policy("p1", ["crm", "crm-tls"])}
+        )
         assert r.status_code == 201, r.text
         s1 = r.json()
         report["s1"], report["s1_host"] = s1["id"], s1["host"]
@@ -152,19 +230,25 @@ async def main(settings_json: str) -> dict:
             s1["id"],
             f"curl -sS http://{UPSTREAM}:8080/whoami; echo;"
             f" curl -sS http://{UPSTREAM}:8081/rule; echo;"
-            f" curl -s -o /dev/null -w '%{{http_code}}' http://{UPSTREAM}:8082/none",
+            f" curl -s -o /dev/null -w '%{{http_code}}' http://{UPSTREAM}:8082/none; echo;"
+            f" curl -sS https://{UPSTREAM}:8443/tls 2>&1; echo",
         )
         report["upstream_auth"] = {s["port"]: s.get("authorization") for s in SEEN}
         report["secret_is"] = f"Bearer {SECRET}"
 
         async def recorded() -> bool:
-            return len(await audit(client, actor=f"sandbox:{s1['id']}")) >= 3
+            return len(await audit(client, actor=f"sandbox:{s1['id']}")) >= 4
 
         await wait_for(recorded, 60)
         report["egress"] = [
             {k: r[k] for k in ("action", "decision", "reason", "resource")}
             | {"host": r["details"].get("sandbox_host"), "service": r["details"]["service"]}
             for r in await audit(client, actor=f"sandbox:{s1['id']}")
+        ]
+        report["leaves"] = [
+            {"actor": r["actor"], "decision": r["decision"], "resource": r["resource"]}
+            | {k: r["details"][k] for k in ("sandbox", "name")}
+            for r in await audit(client, action="certificate.issued")
         ]
         report["reveals"] = [
             {"actor": r["actor"], "reason": r["reason"]}
@@ -183,6 +267,15 @@ async def main(settings_json: str) -> dict:
             + holding(Path(h1.runtime), SECRET.encode())
             + holding(h1.log, SECRET.encode())
         )
+        # No key rests on h1's disk (its link key is in its credentials directory, apart);
+        # it holds the installation's CA certificate it was given, and no CA of its own.
+        report["keys_on_h1_disk"] = holding(h1.home, b"PRIVATE KEY") + holding(
+            Path(h1.runtime), b"PRIVATE KEY"
+        )
+        report["h1_own_ca"] = (h1.home / "ca").exists()
+        report["h1_given_ca"] = (h1.home / "installation-ca.crt").read_bytes() == (
+            home / "ca" / "ca.crt"
+        ).read_bytes()
 
         # -- h2: a host in this process, asking for what is not its own ---------------------
         added = (await client.post("/v1/hosts", json={"id": "h2"})).json()
@@ -200,7 +293,7 @@ async def main(settings_json: str) -> dict:
         h2_task = asyncio.create_task(h2.serve())
         await wait_for(lambda: active("h2"))
         assert (await client.post("/v1/hosts/h1/drain")).status_code == 200
-        r = await client.post("/v1/sandboxes", json={"policy_document": policy("p2", [])})
+        r = await client.post("/v1/sandboxes", json={"policy_document": policy("p2", ["crm-tls"])})
         assert r.status_code == 201, r.text
         s2 = r.json()
         report["s2_host"] = s2["host"]
@@ -208,6 +301,17 @@ async def main(settings_json: str) -> dict:
             "other_host_sandbox": await outbox.ask(s1["id"], "crm", "crm_token"),
             "not_granted": await outbox.ask(s2["id"], "crm", "crm_token"),
             "no_such_sandbox": await outbox.ask("sb-000000000000", "crm", "crm_token"),
+        }
+        report["h2_leaves"] = {
+            "other_host_sandbox": await outbox.ask_leaf(
+                s1["id"], "crm-tls", UPSTREAM, leaf_request(UPSTREAM)
+            ),
+            "name_not_granted": await outbox.ask_leaf(
+                s2["id"], "crm-tls", "bank.example", leaf_request("bank.example")
+            ),
+            "service_not_granted": await outbox.ask_leaf(
+                s2["id"], "crm", UPSTREAM, leaf_request(UPSTREAM)
+            ),
         }
         # A record of another host's sandbox is not written as that sandbox's.
         forged = EgressEvent(s1["id"], time.time(), 1, "http", UPSTREAM, 8080, UPSTREAM,
@@ -225,6 +329,13 @@ async def main(settings_json: str) -> dict:
         ]
         for s in (s1, s2):
             assert (await client.delete(f"/v1/sandboxes/{s['id']}")).status_code == 204
+        report["h2_leaves"]["destroyed_sandbox"] = await outbox.ask_leaf(
+            s2["id"], "crm-tls", UPSTREAM, leaf_request(UPSTREAM)
+        )
+        report["leaf_refusals"] = [
+            {"actor": r["actor"], "decision": r["decision"], "reason": r["reason"]}
+            for r in await audit(client, action="certificate.refused")
+        ]
         report["secret_on_h1_disk_after"] = holding(h1.home, SECRET.encode()) + holding(
             Path(h1.runtime), SECRET.encode()
         )
@@ -237,7 +348,8 @@ async def main(settings_json: str) -> dict:
         print(json.dumps(report, default=str), file=sys.stderr)
         if h1 is not None:
             print(h1.log.read_text()[-3000:], file=sys.stderr)
-        kept = [r for r in await audit(client) if r["action"].split(".")[0] in ("egress", "secret")]
+        kept = [r for r in await audit(client)
+                if r["action"].split(".")[0] in ("egress", "secret", "certificate")]  # fmt: skip
         print(json.dumps(kept, default=str)[-3000:], file=sys.stderr)
         raise
     finally:
@@ -254,4 +366,4 @@ async def main(settings_json: str) -> dict:
 
 if __name__ == "__main__":
     os.environ.pop("AAMP_DATABASE_URL", None)
-    print(json.dumps(asyncio.run(main(sys.argv[1]))))
+    print(json.dumps(asyncio.run(main(sys.argv[1], sys.argv[2]))))

@@ -134,9 +134,14 @@ def test_role_api_places_every_sandbox_on_a_registered_host(
         assert r.json()["host"] == "h1"
         assert api.delete(f"/v1/sandboxes/{r.json()['id']}").status_code == 204
         asking = {"policy_document": "name: asks\nimage: base\negress: {default: ask}\n"}
-        r = api.post("/v1/sandboxes", json=asking)
+        r = api.post("/v1/sandboxes", json=asking)  # its questions come back over the link
+        assert r.status_code == 201, r.text
+        assert r.json()["host"] == "h1"
+        assert api.delete(f"/v1/sandboxes/{r.json()['id']}").status_code == 204
+        packages = {"policy_document": "name: pk\nimage: base\npackages: [tabulate==0.9.0]\n"}
+        r = api.post("/v1/sandboxes", json=packages)
         assert r.status_code == 503, r.text
-        assert "does not take `egress.default: ask`" in r.json()["message"]
+        assert "does not take packages" in r.json()["message"]
         assert host_state(api, "h1")["used_sandboxes"] == 0
 
         # -- SIGTERM: the replica stops cleanly (uvicorn exits by the signal it caught) --

@@ -52,6 +52,8 @@ GOOD = "sb-0123456789ab"
 BOMB = brotli.compress(b" " * 2**26, quality=1)
 HUGE = "sb-00000000000f"  # a valid id whose description is too large
 MANY = 600  # records in one collect answer: more than a host ever hands over
+QUESTION = {"sandbox": "sb-0123456789ab", "host": "x.test", "port": 80}
+QUESTIONS: list[dict] = []  # the answers the double's egress question got
 
 
 def _describe(sandbox_id: str) -> dict[str, object]:
@@ -138,6 +140,8 @@ def hostile_app(proof: list[str | None]) -> Starlette:
                         {"id": "1", "kind": "k" * 70_000, "body": {"sandbox_id": GOOD}},
                         {"id": "2", "kind": "egress", "body": {"sandbox_id": "sb-\x00"}},
                         {"id": "3", "kind": "egress", "body": {"sandbox_id": [1] * 9}},
+                        # An egress question for a sandbox that is not its own: denied.
+                        {"id": "4", "kind": "approve", "body": QUESTION},
                     ]
                 }
             )
@@ -146,6 +150,10 @@ def hostile_app(proof: list[str | None]) -> Starlette:
             return JSONResponse({"items": items})
         await asyncio.sleep(0.5)
         return JSONResponse({"items": [], "idle": True})
+
+    async def answer(request: Request) -> Response:
+        QUESTIONS.append(json.loads(await request.body()))
+        return Response(status_code=204)
 
     async def browser(request: Request) -> Response:
         body = json.loads(await request.body())
@@ -161,6 +169,7 @@ def hostile_app(proof: list[str | None]) -> Starlette:
             Route(sb + "/exec", exec_, methods=["POST"]),
             Route(sb + "/browser", browser, methods=["POST"]),
             Route("/link/collect", collect, methods=["POST"]),
+            Route("/link/asks/{ask_id:str}", answer, methods=["POST"]),
         ]
     )
 
@@ -323,9 +332,16 @@ async def test_a_replica_serves_on_while_a_registered_host_answers_badly(
                 and any("items" in r["reason"] for r in _refusals(a.cp.store))
             ):
                 await asyncio.sleep(0.2)
+            while time.monotonic() < deadline and len(QUESTIONS) < 1:
+                await asyncio.sleep(0.2)
             reported = _records(a.cp.store, "host.report_refused")
-            assert reported and reported[0]["details"]["records"][0].startswith("k" * 32 + " of")
-            assert len(reported[0]["details"]["records"]) == 3
+            batch = next(r for r in reported if len(r["details"]["records"]) == 3)
+            assert batch["details"]["records"][0].startswith("k" * 32 + " of")
+            assert [r["details"]["records"] for r in reported if r is not batch] == [
+                ["a question of sb-0123456789ab"]
+            ]
+            assert QUESTIONS == [{"status": "denied", "by": "system",
+                                  "note": "not a question of yours"}]  # fmt: skip
             assert any(f"a collect answer of {MANY} items" in r["reason"]
                        for r in _refusals(a.cp.store))  # fmt: skip
             assert (await admin.get("/v1/health")).status_code == 200

@@ -38,7 +38,7 @@ def serve_plane(home: Path, runtime: str, port: int, **env: str) -> subprocess.P
         stderr=subprocess.PIPE,
         env={**os.environ, **env},
     )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 240  # a start takes 100 s and more under the load of CI
     while True:
         assert proc.poll() is None, proc.stderr.read().decode()  # type: ignore[union-attr]
         try:

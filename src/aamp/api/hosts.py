@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+from cryptography.hazmat.primitives import serialization
 from fastapi import APIRouter, Header, Path, Request, Response
 from pydantic import BaseModel, Field
 
@@ -83,6 +84,9 @@ class RegisteredLease(HostLease):
     now; every heartbeat of this epoch carries it)."""
 
     heartbeat_secret: str
+    # The installation's egress CA certificate (public, PEM): what the host's guest images
+    # must trust, since the replicas sign its HTTPS services' leaves with that CA.
+    egress_ca: str
 
 
 class ReportedLease(HostLease):
@@ -219,7 +223,13 @@ def router() -> APIRouter:
             raise
         why = f"registered with its token and its link's proof; epoch {info.epoch}"
         await _host_record(request, host_id, "host.registered", "allow", why, "register")
-        return RegisteredLease(**_lease(request, info).model_dump(), heartbeat_secret=secret)
+        ca = cp.manager.egress.ca
+        assert ca is not None
+        return RegisteredLease(
+            **_lease(request, info).model_dump(),
+            heartbeat_secret=secret,
+            egress_ca=ca.certificate.public_bytes(serialization.Encoding.PEM).decode(),
+        )
 
     @r.post("/hosts/{host_id}/heartbeat")
     @rule("host.heartbeat")

@@ -14,9 +14,16 @@ proxy, which mints a leaf only for a host that is a granted service of that sand
 
 Leaf certificates are minted on demand for one host (SAN = that host, DNS name or IP), valid
 for `LEAF_VALIDITY` (a day; a little back-dated for clock skew), and cached in memory as ready
-`ssl.SSLContext`s until shortly before they expire. The leaf's key never touches the disk: the
-PEM is handed to OpenSSL through an anonymous memfd (a 0600 file in the CA directory, removed
-at once, where memfd does not exist).
+`ssl.SSLContext`s until shortly before they expire (`LeafCache`). The leaf's key never touches
+the disk: the PEM is handed to OpenSSL through an anonymous memfd (a 0600 file in the CA
+directory, removed at once, where memfd does not exist).
+
+A proxy takes its leaves from a `LeafSource` (`context_for(host)`): the CA itself where the CA
+key is (a replica's own host), or, on a sandbox host on another machine, a source that asks a
+replica to sign a certificate for a key it made (`aamp.fleet.host_outbox.LinkLeaves`; the
+replica signs with `leaf_certificate(..., public_key=...)` only for a sandbox's granted
+service: `aamp.fleet.leaves`). So every guest of the installation trusts one CA, and its key
+stays where the vault's key is.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -44,6 +52,7 @@ from aamp.egress.tls_socket import harden
 CA_DIRNAME = "ca"
 CA_KEY = "ca.key"
 CA_CERT = "ca.crt"
+GIVEN_CA_CERT = "installation-ca.crt"
 CA_VALIDITY = dt.timedelta(days=3650)
 LEAF_VALIDITY = dt.timedelta(days=1)
 LEAF_BACKDATE = dt.timedelta(minutes=5)
@@ -59,10 +68,22 @@ def ca_dir(settings: Settings) -> Path:
     return settings.home / CA_DIRNAME
 
 
+def given_ca_cert_path(settings: Settings) -> Path:
+    """Where a sandbox host keeps the installation's CA certificate it was given at
+    registration (public; a host holds no CA key)."""
+    return settings.home / GIVEN_CA_CERT
+
+
 def ca_cert_path(settings: Settings) -> Path:
-    """The CA certificate's path, creating the CA first if this installation has none yet.
+    """The CA certificate's path, creating the CA first if this installation has none yet —
+    or, on a sandbox host (no CA of its own, the installation's certificate given at
+    registration: `given_ca_cert_path`), that certificate, so its images trust the CA the
+    replicas sign its leaves with.
 
     This is what the image builder's `ca_cert` parameter takes."""
+    given = given_ca_cert_path(settings)
+    if given.is_file() and not (ca_dir(settings) / CA_KEY).exists():
+        return given
     return InstallationCA.load_or_create(ca_dir(settings)).cert_path
 
 
@@ -150,6 +171,63 @@ def _key_usage(*, signs_certificates: bool) -> x509.KeyUsage:
     )
 
 
+class LeafSource(Protocol):
+    """Where a proxy gets the TLS server context it presents to its guest for a service
+    host. Raises `LeafRefused` when it may not have one (the tunnel is then refused)."""
+
+    async def context_for(self, host: str) -> ssl.SSLContext: ...
+
+
+class LeafRefused(Exception):
+    """No leaf for this host (a replica refused to sign one, or did not answer)."""
+
+
+def leaf_context(cert_pem: bytes, key_pem: bytes, scratch_dir: Path) -> ssl.SSLContext:
+    """A server-side TLS context presenting one leaf: HTTP/1.1 only (ALPN), TLS 1.2 or newer,
+    no renegotiation; the server name the client sent (SNI) is kept on the connection's SSL
+    object (read it with `client_sni`). The key reaches OpenSSL through memory only."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_alpn_protocols(["http/1.1"])
+    harden(ctx)
+    load_pem_chain(ctx, cert_pem + key_pem, scratch_dir)
+    ctx.sni_callback = _record_sni
+    return ctx
+
+
+class LeafCache:
+    """Ready leaf contexts by host, each until `renew_before` its expiry; least recently used
+    dropped past `size`."""
+
+    def __init__(self, renew_before: dt.timedelta, size: int = LEAF_CACHE_SIZE) -> None:
+        self.renew_before, self.size = renew_before, size
+        self._leaves: OrderedDict[str, _Leaf] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, host: str) -> ssl.SSLContext | None:
+        with self._lock:
+            leaf = self._leaves.get(host)
+            if leaf is None or leaf.not_after - self.renew_before <= _now():
+                return None
+            self._leaves.move_to_end(host)
+            return leaf.context
+
+    def put(self, host: str, context: ssl.SSLContext, not_after: dt.datetime) -> None:
+        with self._lock:
+            self._leaves[host] = _Leaf(context, not_after)
+            self._leaves.move_to_end(host)
+            while len(self._leaves) > self.size:
+                self._leaves.popitem(last=False)
+
+
+def san_for(host: str) -> x509.GeneralName:
+    """The subject alternative name for `host` (a canonical host name or IP literal)."""
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host.strip("[]")))
+    except ValueError:
+        return x509.DNSName(host)
+
+
 class InstallationCA:
     """The CA's key and certificate, and the leaf contexts minted from them. Usage::
 
@@ -164,8 +242,7 @@ class InstallationCA:
         self.directory = directory
         self._key = key
         self.certificate = cert
-        self._leaves: OrderedDict[str, _Leaf] = OrderedDict()
-        self._lock = threading.Lock()
+        self._leaves = LeafCache(LEAF_RENEW_BEFORE)
         # One key for every leaf of this process: minting then costs one signature, not a
         # key generation, and the key lives only in this process's memory.
         self._leaf_key = ec.generate_private_key(ec.SECP256R1())
@@ -251,22 +328,26 @@ class InstallationCA:
 
     # -- leaves ----------------------------------------------------------------------------
 
-    def leaf_certificate(self, host: str, now: dt.datetime | None = None) -> x509.Certificate:
-        """A fresh leaf for `host` (a canonical host name or IP literal), signed by this CA."""
+    def leaf_certificate(
+        self,
+        host: str,
+        now: dt.datetime | None = None,
+        *,
+        public_key: ec.EllipticCurvePublicKey | None = None,
+        validity: dt.timedelta = LEAF_VALIDITY,
+    ) -> x509.Certificate:
+        """A fresh leaf for `host` (a canonical host name or IP literal), signed by this CA,
+        for `public_key` (default: this process's leaf key)."""
         now = now or _now()
-        try:
-            san: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host.strip("[]")))
-        except ValueError:
-            san = x509.DNSName(host)
         return (
             x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host[:64])]))
             .issuer_name(self.certificate.subject)
-            .public_key(self._leaf_key.public_key())
+            .public_key(public_key or self._leaf_key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - LEAF_BACKDATE)
-            .not_valid_after(now + LEAF_VALIDITY)
-            .add_extension(x509.SubjectAlternativeName([san]), critical=False)
+            .not_valid_after(now + validity)
+            .add_extension(x509.SubjectAlternativeName([san_for(host)]), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(_key_usage(signs_certificates=False), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
@@ -278,27 +359,17 @@ class InstallationCA:
         )
 
     def server_context(self, host: str) -> ssl.SSLContext:
-        """A server-side TLS context presenting a leaf for `host` (cached until near expiry).
-
-        HTTP/1.1 only (ALPN), TLS 1.2 or newer, no renegotiation. The server name the client
-        sent (SNI) is kept on the connection's SSL object; read it with `client_sni`."""
-        now = _now()
-        with self._lock:
-            leaf = self._leaves.get(host)
-            if leaf is not None and leaf.not_after - LEAF_RENEW_BEFORE > now:
-                self._leaves.move_to_end(host)
-                return leaf.context
-        cert = self.leaf_certificate(host, now)
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.set_alpn_protocols(["http/1.1"])
-        harden(ctx)
-        pem = cert.public_bytes(serialization.Encoding.PEM) + self._leaf_key_pem
-        load_pem_chain(ctx, pem, self.directory)
-        ctx.sni_callback = _record_sni
-        with self._lock:
-            self._leaves[host] = _Leaf(ctx, cert.not_valid_after_utc)
-            self._leaves.move_to_end(host)
-            while len(self._leaves) > LEAF_CACHE_SIZE:
-                self._leaves.popitem(last=False)
+        """A server-side TLS context presenting a leaf for `host` (cached until near expiry;
+        `leaf_context` says what it allows)."""
+        cached = self._leaves.get(host)
+        if cached is not None:
+            return cached
+        cert = self.leaf_certificate(host)
+        pem = cert.public_bytes(serialization.Encoding.PEM)
+        ctx = leaf_context(pem, self._leaf_key_pem, self.directory)
+        self._leaves.put(host, ctx, cert.not_valid_after_utc)
         return ctx
+
+    async def context_for(self, host: str) -> ssl.SSLContext:
+        """(`LeafSource`.) The CA's own leaf for `host`."""
+        return self.server_context(host)

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aamp.egress.ca import InstallationCA, client_sni
+from aamp.egress.ca import LeafRefused, LeafSource, client_sni
 from aamp.egress.http1 import Refusal, RequestHead, clean, parse_authority, split_origin
 from aamp.egress.rules import Decision
 from aamp.egress.splice import flushed
@@ -61,6 +61,7 @@ HOST_MISMATCH_RULE = "tls: host mismatch"
 HANDSHAKE_RULE = "tls: client handshake"
 NOT_GRANTED_RULE = "services: not granted"
 CREDENTIAL_RULE = "services: credential unavailable"
+CERTIFICATE_RULE = "services: certificate unavailable"
 
 
 def upstream_tls_context(cafile: Path | str | None = None) -> ssl.SSLContext:
@@ -116,20 +117,25 @@ async def start_interception(
     host: Host,
     port: int,
     service: str,
-    ca: InstallationCA,
+    leaves: LeafSource,
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
     attempt: Attempt,
     limits: ProxyLimits,
 ) -> Intercepted:
-    """Become the TLS server for `host` towards the guest (leaf from the installation CA).
+    """Become the TLS server for `host` towards the guest (a leaf of the installation CA,
+    from `leaves`; none to be had refuses the tunnel, 503 `services: certificate
+    unavailable`).
 
     The upstream connection is opened by the first request inside, like plain HTTP's."""
+    try:
+        context = await leaves.context_for(tls_server_name(host))
+    except LeafRefused as exc:
+        raise Refusal(503, CERTIFICATE_RULE, str(exc)[:300]) from None
     writer.transport.pause_reading()  # type: ignore[attr-defined] # the hello waits in the socket
     if getattr(reader, "_buffer", b""):
         # Bytes sent before our 200 would be lost to the TLS layer: refuse, do not guess.
         raise Refusal(400, "client: malformed", "data sent before the tunnel was established")
-    context = ca.server_context(tls_server_name(host))
     writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
     attempt.status = 200
     try:

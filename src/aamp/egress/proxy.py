@@ -41,7 +41,7 @@ from typing import Any
 
 from aamp.egress.approvals import EgressApprovals
 from aamp.egress.bodies import Bodies
-from aamp.egress.ca import InstallationCA
+from aamp.egress.ca import InstallationCA, LeafSource
 from aamp.egress.decision import MAX_BYTES_RULE, Decider
 from aamp.egress.forward import Forwarding
 from aamp.egress.held_credentials import HeldCredentials
@@ -88,6 +88,9 @@ class EgressContext:
     # sandbox's credentials: `aamp.fleet.host_outbox.LinkSecrets`).
     secrets_for: Callable[[str], SecretReader] | None = None
     ca: InstallationCA | None = None
+    # Or each sandbox's own leaf source (a host on another machine has no CA key: a replica
+    # signs its leaves, `aamp.fleet.host_outbox.LinkLeaves`).
+    leaves_for: Callable[[str], LeafSource] | None = None
     upstream_tls: ssl.SSLContext | None = None
     listeners: InstallationListeners | None = None
 
@@ -98,6 +101,10 @@ class EgressContext:
     def secrets_of(self, sandbox_id: str) -> SecretReader | None:
         """The reader of `sandbox_id`'s credentials: its own, or the one every proxy shares."""
         return self.secrets_for(sandbox_id) if self.secrets_for else self.secrets
+
+    def leaves_of(self, sandbox_id: str) -> LeafSource | None:
+        """Where `sandbox_id`'s proxy gets its leaves: its own source, or the CA."""
+        return self.leaves_for(sandbox_id) if self.leaves_for else self.ca
 
 
 class EgressProxy:
@@ -134,7 +141,7 @@ class EgressProxy:
         self.socket_path = Path(socket_path)
         self.limits = limits = limits or ProxyLimits()
         self._secrets = context.secrets_of(sandbox_id)
-        self._ca = context.ca
+        self._leaves = context.leaves_of(sandbox_id)
         self._sink = context.sink
         # `default: ask` destinations; a run sets `approvals.approver` to put them to a person.
         self.approvals = EgressApprovals()
@@ -150,7 +157,7 @@ class EgressProxy:
         self.update_services(services or ServiceSet())
         connector = Connector(limits, context.upstream_tls)
         bodies = Bodies(limits, meter)
-        self._tunnels = Tunnels(decider, connector, bodies, context.ca)
+        self._tunnels = Tunnels(decider, connector, bodies, self._leaves)
         self._forwarding = Forwarding(decider, connector, bodies)
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
@@ -215,8 +222,10 @@ class EgressProxy:
         them (an intercepted tunnel whose service is gone gets 403 on its next request)."""
         if not isinstance(services, ServiceSet):
             raise TypeError("update_services expects a ServiceSet")
-        if len(services) and (self._ca is None or self._secrets is None):
-            raise ValueError("services need the proxy to have a CA (ca=) and a secret reader")
+        if len(services) and (self._leaves is None or self._secrets is None):
+            raise ValueError(
+                "services need the proxy to have a CA (ca= or leaves_for=) and a secret reader"
+            )
         self._decider.services = services
 
     @property

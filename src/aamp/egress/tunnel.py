@@ -18,7 +18,7 @@ import socket
 
 from aamp.egress import splice
 from aamp.egress.bodies import Bodies
-from aamp.egress.ca import InstallationCA
+from aamp.egress.ca import LeafSource
 from aamp.egress.decision import Decider
 from aamp.egress.http1 import Refusal, RequestHead, check_host_header, parse_authority
 from aamp.egress.intercept import Intercepted, start_interception
@@ -42,13 +42,14 @@ async def _first_failure(*coroutines) -> None:
 
 
 class Tunnels:
-    """CONNECT for one sandbox (`bodies` brings its limits and meter; `ca` mints the leaves
-    for intercepted service origins)."""
+    """CONNECT for one sandbox (`bodies` brings its limits and meter; `leaves` gives the
+    leaves for intercepted service origins)."""
 
     def __init__(
-        self, decider: Decider, connector: Connector, bodies: Bodies, ca: InstallationCA | None
+        self, decider: Decider, connector: Connector, bodies: Bodies, leaves: LeafSource | None
     ):
-        self.decider, self.connector, self.bodies, self.ca = decider, connector, bodies, ca
+        self.decider, self.connector, self.bodies = decider, connector, bodies
+        self.leaves = leaves
         self.limits: ProxyLimits = bodies.limits
         self.meter: Meter = bodies.meter
 
@@ -71,10 +72,10 @@ class Tunnels:
                 attempt.address = str(verdict.address)
             raise Refusal(verdict.status, verdict.decision.rule, verdict.decision.reason)
         if verdict.service is not None:
-            assert self.ca is not None
+            assert self.leaves is not None
             attempt.service = verdict.service.name
             return await start_interception(
-                host, port, verdict.service.name, self.ca, reader, writer, attempt, self.limits
+                host, port, verdict.service.name, self.leaves, reader, writer, attempt, self.limits
             )
         upstream = await self.connector.open(host, port, verdict.addresses, attempt)
         try:

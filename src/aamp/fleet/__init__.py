@@ -12,9 +12,11 @@ through the store (docs/deployment.md).
   `LocalLink` (`local_link.py`) — the link of a replica's own host, for the other replicas;
 - `LinkCA` (`link_ca.py`), `HostLinks` (`links.py`) — the mutual-TLS link between replicas
   and hosts: its CA and certificates, and each replica's clients to the hosts;
-- `HostOutbox` (`host_outbox.py`) — a host's egress records and credential asks, waiting for
-  a replica; `HostCollectors` (`collector.py`) — each replica's collection of them, and
-  `HostCredentials` (`credentials.py`) — the one decision on a host's credential ask.
+- `HostOutbox` (`host_outbox.py`) — a host's egress records, credential asks and leaf
+  certificate requests, waiting for a replica; `HostCollectors` (`collector.py`) — each
+  replica's collection of them, `HostCredentials` (`credentials.py`) — the one decision on a
+  host's credential ask, and `HostLeaves` (`leaves.py`) — on its request for a leaf of the
+  installation's egress CA.
 
 Names load on first use (`aamp.surface`).
 """
@@ -32,8 +34,9 @@ __all__, __getattr__ = surface(
     links: HostLinks LinkNotProven
     link_ca: LinkCA
     host_serve: serve_host
-    host_outbox: HostOutbox LinkEgressSink LinkSecrets
+    host_outbox: HostOutbox LinkEgressSink LinkLeaves LinkSecrets
     credentials: HostCredentials
+    leaves: HostLeaves
     collector: HostCollectors
     local_link: LocalLink
     """,

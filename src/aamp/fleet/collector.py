@@ -10,7 +10,15 @@ tick (`sync`). Each long-polls the host's `collect` and, for every item:
   learns it is durable;
 - a secret-use record: written through the vault (`secret.use`, actor the host);
 - a credential ask: decided by `HostCredentials` (the one decision, recorded) and answered at
-  once, beside the poll.
+  once, beside the poll;
+- a leaf certificate request (an HTTPS service's host, for one sandbox): decided and signed
+  by `HostLeaves` (`leaves.py`, recorded), answered the same way;
+- an egress question (`egress.default: ask`) of a sandbox whose run this replica drives (the
+  host hands it only to the replica that named itself for that sandbox: `HostOutbox.
+  answer_for`): put to a person through the run's approvals, by the approver the run set
+  (`SandboxManager.remote_approver`), exactly as on the replica's own host, and the answer
+  sent back; one whose run is gone here is denied. One question is answered once, however
+  often the host offers it again meanwhile.
 
 A host is untrusted for what it reports: an event or use record naming a sandbox not placed
 on that host is not written as the sandbox's; one `host.report_refused` (deny) records it.
@@ -24,14 +32,18 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select
 
 from aamp.audit import AuditSink
+from aamp.egress.approvals import Approver
 from aamp.egress.ledger import AuditEgressSink, EgressEvent
 from aamp.errors import AampError
 from aamp.fleet.credentials import HostCredentials
+from aamp.fleet.host_outbox import ASKS
+from aamp.fleet.leaves import HostLeaves
 from aamp.fleet.link_client import MAX_LIST_ANSWER, LinkClient
 from aamp.fleet.links import HostLinks
 from aamp.fleet.registry import HostRegistry
@@ -47,6 +59,7 @@ RETRY_SECONDS = 2.0
 # misbehaving, and a replica must not let one host fill its audit log or its database.
 MAX_ITEMS = 500
 MAX_ASKS = 16
+MAX_QUESTIONS = 64  # egress questions of one host put to people at once (they wait minutes)
 
 
 class HostCollectors:
@@ -58,9 +71,14 @@ class HostCollectors:
         credentials: HostCredentials,
         audit: AuditSink,
         vault: Vault,
+        leaves: HostLeaves | None = None,
+        approvers: Callable[[str], Approver | None] | None = None,
     ) -> None:
+        """`approvers(sandbox_id)`: who answers the egress questions of a sandbox a run here
+        drives on another host (`SandboxManager.remote_approver`)."""
         self.registry, self.links, self.own_host = registry, links, own_host
         self.credentials, self.audit, self.vault = credentials, audit, vault
+        self.leaves, self.approvers = leaves, approvers
         self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
 
     def _hosts(self) -> set[tuple[str, str]]:
@@ -94,6 +112,7 @@ class HostCollectors:
     async def _collect(self, link: LinkClient) -> None:
         ack: list[str] = []
         answering: set[asyncio.Task[None]] = set()
+        asking: dict[str, asyncio.Task[None]] = {}  # questions put to people, by item id
         sink = AuditEgressSink(self.audit, host=link.host_id)
         try:
             while True:
@@ -102,7 +121,7 @@ class HostCollectors:
                         "POST",
                         "/link/collect",
                         MAX_LIST_ANSWER,
-                        json={"ack": ack, "wait": POLL_SECONDS},
+                        json={"ack": ack, "wait": POLL_SECONDS, "replica": self.own_host},
                         timeout=POLL_SECONDS + 30,
                     )
                     answer = json.loads(body)
@@ -131,7 +150,17 @@ class HostCollectors:
                 for item in items if isinstance(items, list) else []:
                     if not isinstance(item, dict) or not isinstance(item.get("body"), dict):
                         continue
-                    if item.get("kind") == "ask":
+                    if item.get("kind") == "approve":
+                        item_id = str(item.get("id"))[:64]
+                        if item_id in asking:  # offered again while a person is asked
+                            continue
+                        if len(asking) >= MAX_QUESTIONS:
+                            refused.append("a question over the limit of questions at once")
+                            continue
+                        task = asyncio.create_task(self._put_question(link, item))
+                        asking[item_id] = task
+                        task.add_done_callback(lambda _, i=item_id: asking.pop(i, None))
+                    elif item.get("kind") in ASKS:
                         if len(answering) >= MAX_ASKS:  # its ask times out on the host
                             refused.append("an ask over the limit of asks at once")
                             continue
@@ -143,15 +172,51 @@ class HostCollectors:
                 if refused:
                     await self._report_refused(link.host_id, refused)
         finally:
-            for task in answering:
+            for task in [*answering, *asking.values()]:
                 task.cancel()
 
     async def _answer(self, link: LinkClient, item: dict[str, Any]) -> None:
         try:
-            answer = await self.credentials.decide(link.host_id, item["body"])
+            if item.get("kind") == "leaf":
+                if self.leaves is None:
+                    answer = {"refused": "this replica signs no leaf certificates"}
+                else:
+                    answer = await self.leaves.decide(link.host_id, item["body"])
+            else:
+                answer = await self.credentials.decide(link.host_id, item["body"])
             await link.request("POST", f"/link/asks/{item.get('id')}", json=answer)
         except Exception:  # the host's ask times out and its request is refused there
-            log.exception("answering a credential ask of host %s", link.host_id)
+            log.exception("answering an ask of host %s", link.host_id)
+
+    async def _put_question(self, link: LinkClient, item: dict[str, Any]) -> None:
+        """One egress question of a sandbox on `link`'s host: to the run's person, and the
+        answer back to the host."""
+        body = item["body"]
+        sandbox_id, host, port = body.get("sandbox"), body.get("host"), body.get("port")
+        try:
+            approver = self.approvers(sandbox_id) if self.approvers is not None else None
+            well_formed = (
+                isinstance(host, str)
+                and 0 < len(host) <= 255
+                and host.isprintable()
+                and isinstance(port, int)
+                and 0 < port < 65536
+                and await self.registry.store.run(self._placed_here, link.host_id, sandbox_id)
+            )
+            if not well_formed:
+                await self._report_refused(link.host_id, [f"a question of {str(sandbox_id)[:64]}"])
+                answer = {"status": "denied", "by": "system", "note": "not a question of yours"}
+            elif approver is None:
+                note = f"no run on replica {self.own_host} drives sandbox {sandbox_id}"
+                answer = {"status": "denied", "by": "system", "note": note}
+            else:
+                # A task of its own, as the proxy's own approvals make one: the run holds the
+                # tool call that opened the question until that task's answer.
+                given = await asyncio.create_task(approver(host, port))
+                answer = {"status": given.status, "by": given.by, "note": given.note}
+            await link.request("POST", f"/link/asks/{item.get('id')}", json=answer)
+        except Exception:  # the host's question times out there: a denial
+            log.exception("answering an egress question of host %s", link.host_id)
 
     def _placed_here(self, host_id: str, sandbox_id: object) -> bool:
         if not isinstance(sandbox_id, str) or not SANDBOX_ID_RE.fullmatch(sandbox_id):

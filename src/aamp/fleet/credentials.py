@@ -25,6 +25,33 @@ from aamp.vault import Vault
 MAX_NAME = 64
 
 
+def granted_refusal(store: Store, host_id: str, sandbox_id: str, service: str) -> str | None:
+    """(Blocking.) Why `host_id` may not act for `service` of `sandbox_id` (not placed on
+    that host, not live in its current life, the service not granted to its create); None if
+    it may. The check every ask of a host begins with (credentials, leaf certificates)."""
+    with store.session() as s:
+        row = s.get(SandboxRow, sandbox_id)
+        if row is None or row.host_id != host_id:
+            return f"sandbox {sandbox_id} is not placed on host {host_id}"
+        host = s.get(HostRow, host_id)
+        if row.state != "live" or host is None or host.epoch != row.host_epoch:
+            return f"sandbox {sandbox_id} is not live on host {host_id}'s current life"
+        granted = json.loads(row.services or "[]")
+    if service not in granted:
+        return f"service {service} is not granted to sandbox {sandbox_id}"
+    return None
+
+
+def ask_names(ask: dict[str, Any], keys: tuple[str, ...]) -> list[str] | None:
+    """The names an ask carries under `keys`, or None unless each is a printable string of
+    at most `MAX_NAME` characters (a name with a control character could not be recorded:
+    the audit refuses it, and every refusal must be)."""
+    names = [ask.get(k) for k in keys]
+    if all(isinstance(n, str) and 0 < len(n) <= MAX_NAME and n.isprintable() for n in names):
+        return names  # type: ignore[return-value]
+    return None
+
+
 class HostCredentials:
     def __init__(
         self,
@@ -45,16 +72,9 @@ class HostCredentials:
     def refusal(self, host_id: str, sandbox_id: str, service: str, secret: str) -> str | None:
         """(Blocking.) Why `host_id` may not have `secret` of `service` for `sandbox_id`;
         None if it may."""
-        with self.store.session() as s:
-            row = s.get(SandboxRow, sandbox_id)
-            if row is None or row.host_id != host_id:
-                return f"sandbox {sandbox_id} is not placed on host {host_id}"
-            host = s.get(HostRow, host_id)
-            if row.state != "live" or host is None or host.epoch != row.host_epoch:
-                return f"sandbox {sandbox_id} is not live on host {host_id}'s current life"
-            granted = json.loads(row.services or "[]")
-        if service not in granted:
-            return f"service {service} is not granted to sandbox {sandbox_id}"
+        why = granted_refusal(self.store, host_id, sandbox_id, service)
+        if why is not None:
+            return why
         try:
             used = self.service_secrets(service)
         except NotFound:
@@ -65,12 +85,8 @@ class HostCredentials:
 
     async def decide(self, host_id: str, ask: dict[str, Any]) -> dict[str, str]:
         """The answer to one ask of `host_id`: `{"value": ...}` or `{"refused": rule}`."""
-        names = [ask.get(k) for k in ("sandbox", "service", "secret")]
-        # Printable too: a name with a control character could not be recorded (the audit
-        # refuses it), and every refusal must be.
-        if not all(
-            isinstance(n, str) and 0 < len(n) <= MAX_NAME and n.isprintable() for n in names
-        ):
+        names = ask_names(ask, ("sandbox", "service", "secret"))
+        if names is None:
             why: str | None = "a credential ask names a sandbox, a service and a secret"
             sandbox_id = service = secret = "?"
         else:

@@ -35,10 +35,12 @@ from pathlib import Path
 
 import httpx
 
+from aamp.egress.ca import given_ca_cert_path
 from aamp.errors import AampError
 from aamp.fleet.host_outbox import HostOutbox
 from aamp.fleet.link_server import link_app, link_server
 from aamp.fleet.upkeep import images_present, machine_facts
+from aamp.sandbox.image_tree import BAKED_CA
 from aamp.sandbox.manager import SandboxManager
 
 log = logging.getLogger("aamp.fleet.host")
@@ -131,7 +133,29 @@ class SandboxHost:
         lease = response.json()
         self.epoch, self.interval = lease["epoch"], float(lease["heartbeat_seconds"])
         self.heartbeat_secret = lease["heartbeat_secret"]
+        self.keep_egress_ca(str(lease["egress_ca"]))
         log.info("host %s registered, epoch %s", self.config.host_id, self.epoch)
+
+    def keep_egress_ca(self, pem: str) -> None:
+        """Keep the installation's egress CA certificate (public) where `aamp image build`
+        on this machine takes it (`ca_cert_path`), so the images built here trust the CA the
+        replicas sign this host's leaves with; warn of images that trust another."""
+        path = given_ca_cert_path(self.manager.settings)
+        if not path.is_file() or path.read_text() != pem:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(pem)
+            tmp.chmod(0o644)
+            tmp.replace(path)
+        for image in self.manager.images.list():
+            baked = image.root / BAKED_CA
+            if not baked.is_file() or baked.read_text() != pem:
+                log.warning(
+                    "image %s does not trust the installation's egress CA: its guests cannot"
+                    " call HTTPS services; build it again here (`aamp image build %s`)",
+                    image.name,
+                    image.name,
+                )
 
     async def heartbeat(self) -> None:
         running = {s.id: s.created_at for s in self.manager.list()}

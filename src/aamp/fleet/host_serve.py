@@ -14,8 +14,8 @@ import logging
 from pathlib import Path
 
 from aamp.config import Settings
-from aamp.egress.ca import InstallationCA, ca_dir
-from aamp.fleet.host_outbox import HostOutbox, LinkEgressSink, LinkSecrets
+from aamp.egress.services import ServiceSet
+from aamp.fleet.host_outbox import HostOutbox, LinkEgressSink, LinkLeaves, LinkSecrets
 from aamp.fleet.host_process import HostConfig, HostStartError, SandboxHost
 from aamp.fleet.links import check_address
 from aamp.fleet.registry import check_host_id
@@ -44,9 +44,10 @@ def host_config(args: argparse.Namespace, settings: Settings) -> HostConfig:
 
 def host_manager(settings: Settings, outbox: HostOutbox) -> SandboxManager:
     """This machine's sandbox manager, built as `aamp up` builds its own (`configured_manager`:
-    the same settings read the same way, the warm pools included). Its egress proxies' records
-    and credential asks go to the control plane through `outbox`; the egress CA is the host's
-    own (its key under this host's home), which only guests of images built here trust."""
+    the same settings read the same way, the warm pools included). Its egress proxies' records,
+    credential asks and leaf certificate requests go to the control plane through `outbox`:
+    the host holds no egress CA key — a replica signs each HTTPS service's leaf with the
+    installation's CA, which the host's images trust (given at registration)."""
     drivers = available_drivers(settings)
     if not drivers:
         raise HostStartError("no isolation driver works on this host; run `aamp doctor`")
@@ -55,12 +56,18 @@ def host_manager(settings: Settings, outbox: HostOutbox) -> SandboxManager:
     def secrets_for(sandbox_id: str) -> LinkSecrets:
         return LinkSecrets(outbox, sandbox_id, lambda: manager.get(sandbox_id).egress.services)
 
+    def leaves_for(sandbox_id: str) -> LinkLeaves:
+        def services() -> ServiceSet:
+            return manager.get(sandbox_id).egress.services
+
+        return LinkLeaves(outbox, sandbox_id, services, settings.runtime_dir)
+
     manager = configured_manager(
         settings,
         drivers,
         egress_sink=LinkEgressSink(outbox),
         secrets_for=secrets_for,
-        ca=InstallationCA.load_or_create(ca_dir(settings)),
+        leaves_for=leaves_for,
     )
     return manager
 

@@ -1,8 +1,9 @@
 """The host's end of the link: what a control-plane replica may ask of the sandboxes this host
 runs — create (with its egress rules and services, never a secret), describe, list, destroy,
-exec, files in and out, the browser — and what it collects from the host (`collect`: egress
-records for the audit chain, credential asks, which it answers at `asks/{id}`;
-`host_outbox.py`).
+exec, files in and out, the browser, who answers a sandbox's `default: ask` questions
+(`approver`: the replica whose run drives it) — and what it collects from the host
+(`collect`: egress records for the audit chain, credential asks, leaf certificate requests
+and egress questions, which it answers at `asks/{id}`; `host_outbox.py`).
 
 Served over TLS with the host's link certificate, and only to clients holding a replica's
 certificate from the installation's link CA (`link_ca.py`; the handshake refuses anyone
@@ -36,7 +37,7 @@ from starlette.routing import Route
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import Service, ServiceError, ServiceSet
 from aamp.errors import AampError
-from aamp.fleet.host_outbox import HostOutbox
+from aamp.fleet.host_outbox import HostOutbox, LinkApprover
 from aamp.policy import Resources
 from aamp.policy.hosts import HostError
 from aamp.sandbox.channel.errors import ChannelError, GuestError, GuestTimeout
@@ -114,13 +115,32 @@ def link_app(
         if outbox is None:  # a replica's own host: its proxies write their records there
             return JSONResponse({"items": [], "idle": True})
         ack = [str(i) for i in body.get("ack", [])][:1000]
-        items = await outbox.collect(ack, float(body.get("wait", 0)))
+        replica = body.get("replica")
+        replica = str(replica)[:64] if replica is not None else None
+        items = await outbox.collect(ack, float(body.get("wait", 0)), replica=replica)
         return JSONResponse({"items": items})
 
     async def answer(request: Request) -> Response:
         body = await _json(request)
         if outbox is None or not outbox.answer(request.path_params["ask_id"], body):
             raise _Refused(404, "unknown_ask", "no such credential ask waits")
+        return Response(status_code=204)
+
+    async def approver(request: Request) -> Response:
+        # The replica whose run drives this sandbox answers its `default: ask` questions
+        # from now on (`replica` None: nobody, they are refused), each within `timeout`.
+        sandbox_id, body = request.path_params["sandbox_id"], await _json(request)
+        manager.get(sandbox_id)
+        if outbox is None:
+            raise _Refused(400, "invalid_request", "this host's sandboxes ask their replica")
+        replica, timeout = body.get("replica"), float(body.get("timeout", 300))
+        if replica is not None and not (isinstance(replica, str) and 0 < len(replica) <= 64):
+            raise _Refused(400, "invalid_request", "replica names the replica that answers")
+        if not 0 < timeout <= 86400:
+            raise _Refused(400, "invalid_request", "timeout is 0 to 86400 seconds")
+        ask = LinkApprover(outbox, sandbox_id, timeout) if replica is not None else None
+        await manager.set_egress_approver(sandbox_id, ask)
+        outbox.answer_for(sandbox_id, replica)
         return Response(status_code=204)
 
     async def listing(request: Request) -> Response:
@@ -133,6 +153,8 @@ def link_app(
         reason = request.query_params.get("reason", "requested")[:200]
         actor = request.query_params.get("actor", "system")[:300]
         await manager.destroy(request.path_params["sandbox_id"], reason=reason, actor=actor)
+        if outbox is not None:
+            outbox.answer_for(request.path_params["sandbox_id"], None)
         return Response(status_code=204)
 
     async def exec_(request: Request) -> Response:
@@ -227,6 +249,7 @@ def link_app(
             Route(sb + "/files", guarded(put_file), methods=["PUT"]),
             Route(sb + "/files", guarded(get_file), methods=["GET"]),
             Route(sb + "/browser", guarded(browser), methods=["POST"]),
+            Route(sb + "/approver", guarded(approver), methods=["POST"]),
         ]
     )
 

@@ -7,9 +7,10 @@ The candidates are the hosts this replica can drive: the one in its own process 
 `aamp up --role api`), and the hosts on other machines that registered a link (`aamp host
 serve`; `link_client.py`); with none to ask, a create is refused (503 `no_capacity`) saying
 that no host is available. A create a remote host cannot serve yet (`CreateRequest.portable`:
-`default: ask`, HTTPS services, packages or host files; docs/deployment.md) is placed on the
-replica's own host only; egress rules and plain-HTTP services travel with the create (their
-credentials never: the host asks for them call by call, `credentials.py`). A sandbox placed on
+packages or host files; docs/deployment.md) is placed on the
+replica's own host only; egress rules and services travel with the create (their
+credentials never: the host asks for them call by call, `credentials.py`, and a replica signs
+its HTTPS services' leaves, `leaves.py`). A sandbox placed on
 a remote host is booted there over the link and recorded here; any replica then reaches it
 through the link (`find`), never the guest directly.
 
@@ -47,6 +48,10 @@ MIB = 2**20
 REPORT_GRACE_SECONDS = 30
 
 
+# A host waits this much longer than the run's approval timeout for the replica's answer (the
+# run answers "expired" itself at its timeout; this is for a replica that died meanwhile).
+APPROVAL_MARGIN = 30.0
+
 # What a replica that runs no sandbox (`aamp up --role api`) answers when no host can be asked.
 NO_HOST = (
     "no sandbox host is available: this replica runs no sandboxes of its own (aamp up --role"
@@ -54,8 +59,8 @@ NO_HOST = (
 )
 NO_HOST_FOR_THIS = (
     "no sandbox host is available for this sandbox: this replica runs no sandboxes of its own"
-    " (aamp up --role api), and a host on another machine does not take `egress.default: ask`,"
-    " HTTPS services, packages or host files yet"
+    " (aamp up --role api), and a host on another machine does not take packages or host files"
+    " yet"
 )
 
 
@@ -269,6 +274,12 @@ class FleetPlacer:
         finally:
             await self.release(sandbox_id)
         return host_id
+
+    async def approver_elsewhere(self, sandbox_id: str, answering: bool, timeout: float) -> None:
+        remote = await self.find(sandbox_id)
+        replica = self.host_id if answering else None
+        body = {"replica": replica, "timeout": timeout + APPROVAL_MARGIN}
+        await remote.link.request("POST", f"/link/sandboxes/{sandbox_id}/approver", json=body)
 
     async def elsewhere(self) -> list[RemoteSandbox]:
         """Every live sandbox recorded on a remote host, as their hosts describe them."""

@@ -269,7 +269,9 @@ class RunService(RunApprovals, Replica, RunFiles):
             tools = ToolSet.build(d.tools, {n: u for n, u in req.services.items()})
             live = self._live[run_id]
             asking = d.limits.approval_timeout_seconds
-            self.manager.set_egress_approver(sandbox_id, self._egress_approver(run_id, asking))
+            await self.manager.set_egress_approver(
+                sandbox_id, self._egress_approver(run_id, asking), timeout=asking
+            )
             borrow = lambda: self.manager.use(sandbox_id)  # type: ignore[arg-type]  # noqa: E731
             rag = RagTool(borrow, d.limits.tool_timeout_seconds, tuple(req.knowledge_bases))
             if req.knowledge_bases:  # its model loads while the first model call is made

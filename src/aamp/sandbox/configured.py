@@ -6,7 +6,7 @@ The settings it reads (docs/deployment.md, "Settings a host reads"): `AAMP_DRIVE
 default driver), `AAMP_WARM_POOL`, `AAMP_WARM_POOL_LEARN` and `AAMP_WARM_POOL_MAX` (the warm pools),
 `AAMP_EGRESS_DNS` (the egress resolver), and through `Settings` the image and runtime
 directories and the installation's listeners. What only a control plane has — its audit
-log, vault and egress CA — the caller passes in.
+log, vault and egress CA (or, on a host, who signs its leaves) — the caller passes in.
 
 A manager with no drivers runs no sandbox itself (a replica with `--role api`: every sandbox
 is placed on a registered host): a warm pool for it would be a setting accepted and ignored,
@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from aamp.audit import AuditSink
 from aamp.config import Settings
-from aamp.egress.ca import InstallationCA
+from aamp.egress.ca import InstallationCA, LeafSource
 from aamp.egress.installation import InstallationListeners
 from aamp.egress.ledger import EgressSink
 from aamp.egress.proxy import EgressContext
@@ -55,6 +55,7 @@ def configured_manager(
     secrets: SecretReader | None = None,
     secrets_for: Callable[[str], SecretReader] | None = None,
     ca: InstallationCA | None = None,
+    leaves_for: Callable[[str], LeafSource] | None = None,
 ) -> SandboxManager:
     """The sandbox manager of this process over `drivers` (none: it runs no sandbox)."""
     pool = parse_pool(settings.env.get("AAMP_WARM_POOL", ""))
@@ -88,6 +89,7 @@ def configured_manager(
             secrets=secrets,
             secrets_for=secrets_for,
             ca=ca,
+            leaves_for=leaves_for,
             listeners=InstallationListeners.of(settings),
         ),
     )

@@ -44,6 +44,9 @@ _TRIM_GLOBS = (
     "var/log/*.log",
 )
 
+# Where the installation's egress CA certificate is in an image's tree.
+BAKED_CA = "usr/local/share/ca-certificates/aamp-ca.crt"
+
 
 def preflight(settings: Settings, recipe: ResolvedRecipe) -> str:
     """Check the host can build at all (tools, root, a mirror); return the mirror URL.
@@ -292,7 +295,7 @@ class TreeBuilder:
 
     def install_ca(self) -> None:
         assert self.ca is not None
-        dest = self.rootfs / "usr/local/share/ca-certificates/aamp-ca.crt"
+        dest = self.rootfs / BAKED_CA
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(self.ca)
         dest.chmod(0o644)

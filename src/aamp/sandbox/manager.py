@@ -140,6 +140,9 @@ class SandboxManager(WarmPools):
         self.placer: Placer | None = None
         # Sandboxes this process made on other hosts (they have no egress proxy here).
         self._elsewhere: set[str] = set()
+        # Who answers the `default: ask` questions of those of them a run here drives (their
+        # hosts ask over the link: `aamp.fleet.collector`).
+        self._remote_approvers: dict[str, Approver] = {}
 
     @property
     def resolver(self) -> Resolver:
@@ -382,6 +385,7 @@ class SandboxManager(WarmPools):
             host = await self.placer.destroy_elsewhere(sandbox_id, reason, actor)
             if host is not None:
                 self._elsewhere.discard(sandbox_id)
+                self._remote_approvers.pop(sandbox_id, None)
                 await self._record_destroyed(sandbox_id, reason, actor, {"host": host})
                 return
         sandbox = self.get(sandbox_id)
@@ -506,13 +510,27 @@ class SandboxManager(WarmPools):
             self.get(sandbox_id)
         return self.recent_egress.view(sandbox_id)
 
-    def set_egress_approver(self, sandbox_id: str, approver: Approver | None) -> None:
+    async def set_egress_approver(
+        self, sandbox_id: str, approver: Approver | None, *, timeout: float = 300.0
+    ) -> None:
         """Who answers this sandbox's `egress.default: ask` destinations (a run puts them to
-        a person); with none they are refused. A sandbox on another host has no `ask`
-        rules (`CreateRequest.portable`), so it has nothing to ask."""
+        a person, within `timeout` seconds); with none they are refused. For a sandbox on
+        another host, its host is told over the link that this replica answers them, and its
+        questions reach `remote_approver` (`aamp.fleet.collector`)."""
         if sandbox_id in self._elsewhere:
+            assert self.placer is not None
+            if approver is None:
+                self._remote_approvers.pop(sandbox_id, None)
+            else:
+                self._remote_approvers[sandbox_id] = approver
+            await self.placer.approver_elsewhere(sandbox_id, approver is not None, timeout)
             return
         self.get(sandbox_id).egress.approvals.approver = approver
+
+    def remote_approver(self, sandbox_id: str) -> Approver | None:
+        """Who answers the questions of `sandbox_id`, a sandbox this process made on another
+        host (None: no run here drives it)."""
+        return self._remote_approvers.get(sandbox_id)
 
     # -- the host's clock ------------------------------------------------------------------
 

@@ -58,6 +58,11 @@ class Placer(Protocol):
         on another host."""
         ...
 
+    async def approver_elsewhere(self, sandbox_id: str, answering: bool, timeout: float) -> None:
+        """Tell the remote host of `sandbox_id` that this replica answers its egress
+        questions (each within `timeout` seconds), or (`answering` False) that nobody does."""
+        ...
+
     async def elsewhere(self) -> list[SandboxElsewhere]:
         """Every live sandbox on other hosts."""
         ...

@@ -58,16 +58,11 @@ class CreateRequest:
 
     def portable(self) -> bool:
         """Whether a host on another machine can serve it: the link carries its egress rules
-        and its plain-HTTP services (their credentials asked for call by call:
-        `aamp.fleet.host_outbox`), not yet `default: ask` (its approvals are put to a person
-        by the replica's run), HTTPS services (the host's guests would have to trust the
-        host's own egress CA), packages or host files (docs/deployment.md)."""
-        return (
-            self.egress.default != "ask"
-            and all(not s.tls for s in self.services)
-            and not self.packages
-            and not self.read_only_files
-        )
+        (`default: ask` questions go back to the replica whose run puts them to a person)
+        and its services (their credentials asked for call by call, the leaves of HTTPS ones
+        signed by a replica: `aamp.fleet.host_outbox`), not yet packages or host files
+        (docs/deployment.md)."""
+        return not self.packages and not self.read_only_files
 
     def __post_init__(self) -> None:
         for name in ("ttl", "idle"):
