@@ -15,7 +15,9 @@ __all__, __getattr__ = surface(
     __name__,
     """
     approvals: Answer Approver
-    ca: LEAF_BACKDATE InstallationCA ca_cert_path ca_dir load_pem_chain
+    ca: LEAF_BACKDATE InstallationCA LeafCache LeafRefused LeafSource ca_cert_path ca_dir
+        given_ca_cert_path leaf_context load_pem_chain san_for
+    intercept: tls_server_name
     installation: InstallationListeners Listener announce listeners_dir
     ledger: AuditEgressSink EgressEvent EgressSink JsonLinesSink
     proxy: EgressContext EgressProxy EgressStats

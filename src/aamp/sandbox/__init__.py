@@ -50,6 +50,7 @@ __all__, __getattr__ = surface(
     image_commands: ImageBuildError
     image_recipes: RECIPES SUITE guest_pip_target_args recipe_names resolve
     kernel_packages: BUSYBOX_PACKAGE KERNEL_META_PACKAGE
+    image_tree: BAKED_CA
     images: BuiltImage ImageNotBuilt ImageStore UnknownImage
     image_builds: ImageBuild ImageBuilds describe_image
     held_download: HeldDownload open_download
