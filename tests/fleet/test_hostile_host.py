@@ -309,7 +309,8 @@ async def test_a_replica_serves_on_while_a_registered_host_answers_badly(
             with a.cp.store.write_session() as s:
                 s.add(SandboxRow(id=HUGE, host_id=HOST, host_epoch=r.json()["epoch"],
                                  state="live", millicpus=1000, memory_mb=512,
-                                 created_at=time_at(time.time())))  # fmt: skip
+                                 created_at=time_at(time.time()),
+                                 expires_at=time_at(time.time() + 600)))  # fmt: skip
             got = await admin.get(f"/v1/sandboxes/{HUGE}")
             assert got.status_code == 502 and got.json()["code"] == "host_misbehaved", got.text
             listed = await admin.get("/v1/sandboxes")  # its list has an id against the rule

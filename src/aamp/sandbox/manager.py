@@ -289,7 +289,7 @@ class SandboxManager(WarmPools):
             sandbox.packages = request.packages
             sandbox.host = placed_on
             if placer is not None:
-                sandbox.host = await placer.placed(reservation, sandbox.id)
+                sandbox.host = await placer.placed(reservation, sandbox.id, request.ttl)
         except BaseException:
             if sandbox is not None:
                 with contextlib.suppress(Exception):
@@ -396,6 +396,18 @@ class SandboxManager(WarmPools):
             del self._stopping[sandbox_id]
             if self.placer is not None and sandbox.host is not None:
                 await self.placer.release(sandbox_id)
+
+    async def reap_elsewhere(self) -> list[str]:
+        """The sandboxes on other hosts past their ttl that their hosts did not end (the
+        fleet's sweep, every tick): reaped through the placer and recorded as this host's
+        clock records its own (`sandbox.destroy`, reason `ttl`, naming the host)."""
+        if self.placer is None:
+            return []
+        reaped = await self.placer.reap_expired()
+        for sandbox_id, host in reaped:
+            self._elsewhere.discard(sandbox_id)
+            await self._record_destroyed(sandbox_id, "ttl", "system", {"host": host})
+        return [sandbox_id for sandbox_id, _ in reaped]
 
     async def _check_alive(self, sandbox: Sandbox) -> None:
         """A guest that stopped by itself is destroyed at once, and the caller told why."""
