@@ -11,7 +11,9 @@ the expired sandbox, and describes its sandboxes with keys no description has.
   granted, is dropped into the one `host.report_refused` record with why; the well-formed
   ones of the live sandbox are written;
 - a description keeps only the keys a sandbox's description has (the rest left out and
-  recorded as `host.answer_refused`); one with a key of the wrong type is refused (502).
+  recorded as `host.answer_refused`); one with a key of the wrong type is refused (502);
+- a sandbox created there: its `sandbox.create` record holds only a description's keys, and
+  changing its egress rules or viewing its egress is refused with 409 and a reason.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from driver_double import DriverDouble
+from install_layout import shared_image_dir
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -33,6 +36,9 @@ from starlette.routing import Route
 from test_hostile_host import HostileHostDouble, _records, replica_and_admin
 
 import aamp.fleet.sandboxes as sandboxes
+from aamp.egress.rules import EgressRules
+from aamp.sandbox.manager import CreateRequest
+from aamp.sandbox.requests import OnAnotherHost
 from aamp.store import time_at
 from aamp.store.tables import SandboxRow
 
@@ -234,3 +240,32 @@ async def test_a_hostile_hosts_reports_are_checked_field_by_field_and_expiry_hol
         left_out = [r["reason"] for r in _records(a.cp.store, "host.answer_refused")
                     if "left out" in r["reason"]]  # fmt: skip
         assert left_out and all("env, note" in r for r in left_out), left_out
+
+
+async def test_a_remote_sandboxs_egress_rules_and_view_are_refused_not_ignored(
+    tmp_path: Path, postgres_server
+) -> None:
+    """A sandbox created on the hostile host (the replicas' own hosts drained): its create's
+    description reaches the `sandbox.create` record only with a description's keys; changing
+    its egress rules is refused with 409 and a reason (recorded), and so is a view of its
+    egress — never a silent no-op."""
+    images = {"AAMP_IMAGE_DIR": str(shared_image_dir())}  # a create checks its image first
+    async with replica_and_admin(tmp_path, postgres_server, **images) as (a, admin):
+        async with registered(admin, tmp_path, asyncio.Event(), {}):
+            for own in ("replica-a", "replica-b"):
+                assert (await admin.post(f"/v1/hosts/{own}/drain")).status_code == 200
+            sandbox = await a.cp.manager.create(CreateRequest(image="base"), actor="user:t")
+            assert (sandbox.id, sandbox.host) == (CREATED, HOST)
+            with pytest.raises(OnAnotherHost) as refused:
+                await a.cp.manager.update_egress(CREATED, EgressRules.from_lists("allow"))
+            assert refused.value.status == 409 and "create it again" in str(refused.value)
+            with pytest.raises(OnAnotherHost) as no_view:
+                a.cp.manager.egress_view(CREATED)
+            assert no_view.value.status == 409 and "audit chain" in str(no_view.value)
+            await a.cp.links.close()
+        created = [r for r in _records(a.cp.store, "sandbox.create")
+                   if r["resource"] == f"sandbox:{CREATED}"]  # fmt: skip
+        assert len(created) == 1 and created[0]["details"]["host"] == HOST
+        assert not {"note", "env"} & set(created[0]["details"])
+        denied = _records(a.cp.store, "sandbox.update_egress")
+        assert [(d["decision"], d["resource"]) for d in denied] == [("deny", f"sandbox:{CREATED}")]

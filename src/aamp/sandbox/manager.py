@@ -62,6 +62,7 @@ from aamp.sandbox.pool_fill import WarmPools
 from aamp.sandbox.requests import (
     CreateRequest,
     InvalidRequest,
+    OnAnotherHost,
     SandboxError,
     SandboxStopped,
     SandboxUnavailable,
@@ -339,11 +340,22 @@ class SandboxManager(WarmPools):
     async def _record_destroyed(
         self, sandbox_id: str, reason: str, actor: str, details: dict[str, object] | None = None
     ) -> None:
+        await self._record(sandbox_id, "sandbox.destroy", "info", reason, actor, details)
+
+    async def _record(
+        self,
+        sandbox_id: str,
+        action: str,
+        decision: str,
+        reason: str,
+        actor: str,
+        details: dict[str, object] | None = None,
+    ) -> None:
         await self.recorder.record(
             actor=actor,
-            action="sandbox.destroy",
+            action=action,
             resource=f"sandbox:{sandbox_id}",
-            decision="info",
+            decision=decision,  # type: ignore[arg-type]
             reason=reason,
             **({"details": details} if details is not None else {}),  # type: ignore[typeddict-item]
         )
@@ -493,22 +505,40 @@ class SandboxManager(WarmPools):
             if self._lifetime_task is not None:  # started: fill now (else `start` does)
                 self._refill_pool(changed)
 
-    def update_egress(
-        self, sandbox_id: str, rules: EgressRules, services: ServiceSet | None = None
+    async def update_egress(
+        self,
+        sandbox_id: str,
+        rules: EgressRules,
+        services: ServiceSet | None = None,
+        *,
+        actor: str = "system",
     ) -> None:
         """New rules (and services) for a live sandbox; they apply to its next connection or
-        request."""
-        proxy = self.get(sandbox_id).egress
-        proxy.update_rules(rules)
+        request. A sandbox on another host is refused (`OnAnotherHost`, 409, recorded): its
+        host's proxy enforces the rules its create carried, and the link changes none."""
+        sandbox = await self.find(sandbox_id)
+        if not isinstance(sandbox, Sandbox):
+            why = (
+                f"sandbox {sandbox_id} runs on host {sandbox.host}, whose egress proxy enforces"
+                " the rules its create carried; the link does not change them: destroy it and"
+                " create it again with the new rules"
+            )
+            await self._record(sandbox_id, "sandbox.update_egress", "deny", why, actor)
+            raise OnAnotherHost(why)
+        sandbox.egress.update_rules(rules)
         if services is not None:
-            proxy.update_services(services)
+            sandbox.egress.update_services(services)
 
     def egress_view(self, sandbox_id: str) -> EgressView:
-        """The sandbox's egress events from now on, as its proxy decided them (none for a
-        sandbox on another host: its proxy's events go to the audit chain over the link,
-        not through this process)."""
-        if sandbox_id not in self._elsewhere:
-            self.get(sandbox_id)
+        """The sandbox's egress events from now on, as its proxy decided them. One on another
+        host is refused (`OnAnotherHost`, 409): its proxy's events reach the audit chain over
+        the link through whichever replica collects them, never this process's view."""
+        if sandbox_id in self._elsewhere:
+            raise OnAnotherHost(
+                f"sandbox {sandbox_id} runs on another host: its egress events reach the audit"
+                " chain over the link, and no view of them is kept here"
+            )
+        self.get(sandbox_id)
         return self.recent_egress.view(sandbox_id)
 
     def set_egress_approver(self, sandbox_id: str, approver: Approver | None) -> None:
