@@ -201,6 +201,9 @@ async def test_a_hostile_hosts_reports_are_checked_field_by_field_and_expiry_hol
             got = await admin.get(f"/v1/sandboxes/{LIVE}")
             assert got.status_code == 200, got.text
             assert not {"note", "env"} & set(got.json()) and got.json()["host"] == HOST
+            # Expired: gone for API clients, whatever its host would describe.
+            ended = await admin.get(f"/v1/sandboxes/{EXPIRED}")
+            assert ended.status_code == 410 and "expired at" in ended.json()["message"]
             wrong = await admin.get(f"/v1/sandboxes/{WRONG_TYPE}")
             assert wrong.status_code == 502 and wrong.json()["code"] == "host_misbehaved"
             await a.cp.links.close()

@@ -50,6 +50,7 @@ from aamp.policy import Resources
 from aamp.sandbox.manager import CreateRequest, SandboxStopped, UnknownSandbox
 from aamp.store import Store, time_at, values_where
 from aamp.store.tables import HostRow, SandboxRow
+from aamp.store.timestamps import now
 
 log = logging.getLogger("aamp.fleet")
 MIB = 2**20
@@ -247,7 +248,8 @@ class FleetPlacer:
 
     async def find(self, sandbox_id: str) -> RemoteSandbox:
         """A sandbox on a remote host, as its host describes it now; `UnknownSandbox` if
-        there is no such sandbox anywhere, `SandboxStopped` if it was lost with its host."""
+        there is no such sandbox anywhere, `SandboxStopped` if it was lost with its host or is
+        past its expiry (its host kept it: nothing of it is used; the sweep reaps it)."""
 
         def row_of() -> tuple[str, str | None, str | None] | None:
             with self.store.session() as s:
@@ -255,18 +257,19 @@ class FleetPlacer:
                 if row is None or row.host_id == self.host_id:
                     return None
                 host = s.get(HostRow, row.host_id)
-                return (
-                    row.host_id,
-                    host.link_address if host else None,
-                    (row.lost_reason or "its host was lost" if row.state == "lost" else None),
-                )
+                ended = None
+                if row.state == "lost":
+                    ended = f"was lost: {row.lost_reason or 'its host was lost'}"
+                elif row.expires_at <= now():
+                    ended = f"expired at {row.expires_at} (its ttl)"
+                return row.host_id, host.link_address if host else None, ended
 
         found = await self.store.run(row_of) if len(sandbox_id) <= 64 else None
         if found is None or found[1] is None:
             raise UnknownSandbox(f"no sandbox {sandbox_id!r}")
-        host_id, address, lost = found
-        if lost is not None:
-            raise SandboxStopped(f"sandbox {sandbox_id} was lost: {lost}")
+        host_id, address, ended = found
+        if ended is not None:
+            raise SandboxStopped(f"sandbox {sandbox_id} {ended}")
         link = self.links.client(host_id, address)  # type: ignore[arg-type]
         try:
             return RemoteSandbox(await link.describe(sandbox_id), link)
@@ -315,6 +318,7 @@ class FleetPlacer:
                     .join(HostRow, HostRow.id == SandboxRow.host_id)
                     .where(
                         SandboxRow.state == "live",
+                        SandboxRow.expires_at > now(),  # one its host kept: not listed
                         HostRow.link_address.is_not(None),
                         SandboxRow.host_id != self.host_id,  # this process lists its own
                     )
