@@ -56,8 +56,9 @@ log = logging.getLogger("aamp.fleet")
 MIB = 2**20
 # A sandbox a host does not report yet may be one it has just made: forgotten only after this.
 REPORT_GRACE_SECONDS = 30
-# A host ends its sandboxes at their ttl itself; one still recorded this long after is reaped.
-REAP_GRACE_SECONDS = 5.0
+# A host ends its sandboxes at their ttl itself and its next heartbeat (every 3 s by default)
+# says so; one still recorded this long after is reaped.
+REAP_GRACE_SECONDS = 10.0
 
 
 def refusal(s: Session, host_id: str, sandbox_id: str, at: str) -> str | None:
