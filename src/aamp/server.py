@@ -187,6 +187,8 @@ def build_control_plane(
     # whichever replica marked the host.
     cp.runs.sandbox_losses = manager.placer.lost
     fleet.after_sweep.append(cp.runs.fail_lost_sandboxes)
+    # Sandboxes on other hosts past their ttl that their host kept: reaped, recorded.
+    fleet.after_sweep.append(manager.reap_elsewhere)
     # The hosts on other machines: their egress records into this audit chain, their
     # credential asks decided here (`aamp.fleet.collector`).
     credentials = HostCredentials(

@@ -282,6 +282,7 @@ def _place_old(plane: Plane, host_id: str, sandbox_id: str) -> None:
                 millicpus=need.millicpus,
                 memory_mb=need.memory_mb,
                 created_at=time_at(time.time() - 60),
+                expires_at=time_at(time.time() + 600),
             )
         )
 

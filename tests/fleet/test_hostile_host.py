@@ -180,10 +180,14 @@ async def _one(data: bytes) -> AsyncIterator[bytes]:
 
 @contextlib.asynccontextmanager
 async def HostileHostDouble(
-    credentials: tuple[bytes, bytes, bytes], directory: Path, proof: list[str | None]
+    credentials: tuple[bytes, bytes, bytes],
+    directory: Path,
+    proof: list[str | None],
+    app: Starlette | None = None,
 ) -> AsyncIterator[str]:
     """The hostile host's link on a loopback port (its address), with its real certificate,
-    key and CA (`credentials`); its hello serves `proof[0]`, as a registering host does."""
+    key and CA (`credentials`); its hello serves `proof[0]`, as a registering host does.
+    `app` serves other hostile answers than `hostile_app`'s."""
     cert, key, ca_pem = credentials
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     files = []
@@ -191,7 +195,7 @@ async def HostileHostDouble(
         (directory / name).write_bytes(data)
         os.chmod(directory / name, 0o600)
         files.append(directory / name)
-    server = link_server(hostile_app(proof), *files, "127.0.0.1", 0)
+    server = link_server(app or hostile_app(proof), *files, "127.0.0.1", 0)
     serving = asyncio.create_task(server.serve())
     try:
         while not server.started:
@@ -202,6 +206,27 @@ async def HostileHostDouble(
         server.should_exit = True
         with contextlib.suppress(BaseException):
             await serving
+
+
+@contextlib.asynccontextmanager
+async def replica_and_admin(
+    tmp_path: Path, postgres_server: object, **extra: str
+) -> AsyncIterator[tuple]:
+    """A real replica (of two, on the real PostgreSQL) and its admin's client, for a hostile
+    host to register with: hosts are lost only after 600 s, the fleet ticks every second."""
+    from api_plane import running_replicas
+
+    async with (
+        running_replicas(
+            tmp_path,
+            postgres_server,
+            AAMP_FLEET_LOST_SECONDS="600",
+            AAMP_FLEET_HEARTBEAT_SECONDS="1",
+            **extra,
+        ) as (a, _),
+        a.client(a.admin_token) as admin,
+    ):
+        yield a, admin
 
 
 def _records(store: Store, action: str) -> list[dict]:
@@ -295,17 +320,7 @@ async def test_a_replica_serves_on_while_a_registered_host_answers_badly(
     """The same double registered with a real replica (in process, real PostgreSQL): the API
     answers its bad answer with 502 `host_misbehaved` and audits it; a list leaves its
     sandboxes out; the replica goes on answering."""
-    from api_plane import running_replicas
-
-    async with (
-        running_replicas(
-            tmp_path,
-            postgres_server,
-            AAMP_FLEET_LOST_SECONDS="600",
-            AAMP_FLEET_HEARTBEAT_SECONDS="1",
-        ) as (a, _),
-        a.client(a.admin_token) as admin,
-    ):
+    async with replica_and_admin(tmp_path, postgres_server) as (a, admin):
         added = (await admin.post("/v1/hosts", json={"id": HOST})).json()
         cert, key, ca_pem = (added[k].encode() for k in ("link_cert", "link_key", "link_ca"))
         proof: list[str | None] = [secrets.token_urlsafe(32)]
@@ -318,7 +333,8 @@ async def test_a_replica_serves_on_while_a_registered_host_answers_badly(
             with a.cp.store.write_session() as s:
                 s.add(SandboxRow(id=HUGE, host_id=HOST, host_epoch=r.json()["epoch"],
                                  state="live", millicpus=1000, memory_mb=512,
-                                 created_at=time_at(time.time())))  # fmt: skip
+                                 created_at=time_at(time.time()),
+                                 expires_at=time_at(time.time() + 600)))  # fmt: skip
             got = await admin.get(f"/v1/sandboxes/{HUGE}")
             assert got.status_code == 502 and got.json()["code"] == "host_misbehaved", got.text
             listed = await admin.get("/v1/sandboxes")  # its list has an id against the rule

@@ -185,7 +185,7 @@ async def probe(settings: Settings, image: str, ca_pem: Path) -> dict[str, objec
                 )
                 out["chromium"] = stdout.decode() + stderr.decode()[-2000:]
             # Rules change on the live sandbox and apply to the next connection.
-            manager.update_egress(sb.id, EgressRules.from_lists("block", allow=["b.test"]))
+            await manager.update_egress(sb.id, EgressRules.from_lists("block", allow=["b.test"]))
             result, stdout, _ = await channel.run(["sh", "-c", AFTER_CHANGE], timeout=60)
             out["after_rule_change"] = stdout.decode()
     finally:

@@ -249,7 +249,7 @@ def router() -> APIRouter:
         reported = tuple(body.sandboxes)
         placer = cp_of(request).manager.placer
         assert isinstance(placer, FleetPlacer)
-        unknown, foreign, forgotten = await cp_of(request).store.run(
+        unknown, refused, forgotten = await cp_of(request).store.run(
             placer.settle_report, host_id, body.epoch, reported
         )
         for sandbox_id in forgotten:
@@ -259,10 +259,10 @@ def router() -> APIRouter:
             )
             await _host_record(request, host_id, "sandbox.forgotten", "allow", why, "heartbeat",
                                f"sandbox:{sandbox_id}")  # fmt: skip
-        if foreign:
+        if refused:
             why = (
-                f"host {host_id} reported sandboxes it does not run here: "
-                f"{', '.join(foreign[:20])}; nothing changed"
+                f"host {host_id} reported sandboxes it may not run: "
+                f"{', '.join(refused[:20])}; nothing changed"
             )
             await _host_record(request, host_id, "host.report_refused", "deny", why, "heartbeat")
         return ReportedLease(**lease.model_dump(), unknown=unknown)

@@ -62,6 +62,10 @@ class EgressEvent:
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(EgressEvent))
+# Every `kind` and `decision` a proxy writes (`proxy.py`; "cut": a tunnel cut mid-way): a
+# record from a host with any other is not taken (`aamp.fleet.reports`).
+EVENT_KINDS = ("connect", "http", "service", "malformed", "overload", "idle")
+EVENT_DECISIONS = ("allowed", "refused", "cut")
 
 
 class EgressSink(Protocol):

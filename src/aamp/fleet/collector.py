@@ -20,8 +20,11 @@ tick (`sync`). Each long-polls the host's `collect` and, for every item:
   sent back; one whose run is gone here is denied. One question is answered once, however
   often the host offers it again meanwhile.
 
-A host is untrusted for what it reports: an event or use record naming a sandbox not placed
-on that host is not written as the sandbox's; one `host.report_refused` (deny) records it.
+A host is untrusted for what it reports: an event or use record is written only for a sandbox
+its host may report for (placed on it, live in its current life, not past its expiry: the one
+rule, `sandboxes.refusal`), and only with every field of its type, size and set, any service
+one the sandbox was granted (`reports.py`); the rest of one answer is recorded in one
+`host.report_refused` (deny), each dropped record with why.
 Every replica collects from every host; an item goes to one of them (the host offers it again
 only if not acknowledged in time), so a record is written at least once.
 """
@@ -39,16 +42,20 @@ from sqlalchemy import select
 
 from aamp.audit import AuditSink
 from aamp.egress.approvals import Approver
-from aamp.egress.ledger import AuditEgressSink, EgressEvent
+from aamp.egress.ledger import AuditEgressSink
 from aamp.errors import AampError
+from aamp.fleet import reports
 from aamp.fleet.credentials import HostCredentials
 from aamp.fleet.host_outbox import ASKS
 from aamp.fleet.leaves import HostLeaves
 from aamp.fleet.link_client import MAX_LIST_ANSWER, LinkClient
 from aamp.fleet.links import HostLinks
 from aamp.fleet.registry import HostRegistry
+from aamp.fleet.reports import NotTaken
+from aamp.fleet.sandboxes import granted_services, refusal
 from aamp.sandbox.driver import SANDBOX_ID_RE
-from aamp.store.tables import HostRow, SandboxRow
+from aamp.store.tables import HostRow
+from aamp.store.timestamps import now
 from aamp.vault import Vault
 
 log = logging.getLogger("aamp.fleet.collect")
@@ -201,7 +208,7 @@ class HostCollectors:
                 and host.isprintable()
                 and isinstance(port, int)
                 and 0 < port < 65536
-                and await self.registry.store.run(self._placed_here, link.host_id, sandbox_id)
+                and await self._may_report(link.host_id, sandbox_id)
             )
             if not well_formed:
                 await self._report_refused(link.host_id, [f"a question of {str(sandbox_id)[:64]}"])
@@ -218,39 +225,51 @@ class HostCollectors:
         except Exception:  # the host's question times out there: a denial
             log.exception("answering an egress question of host %s", link.host_id)
 
-    def _placed_here(self, host_id: str, sandbox_id: object) -> bool:
+    async def _may_report(self, host_id: str, sandbox_id: object) -> bool:
+        why, _ = await self.registry.store.run(self._standing, host_id, sandbox_id)
+        return why is None
+
+    def _standing(self, host_id: str, sandbox_id: object) -> tuple[str | None, list[str]]:
+        """(Blocking.) Why `host_id` may not report for `sandbox_id` (None if it may: the one
+        rule, `sandboxes.refusal`), and the services the sandbox was granted."""
         if not isinstance(sandbox_id, str) or not SANDBOX_ID_RE.fullmatch(sandbox_id):
-            return False
+            return "a record names no sandbox id", []
         with self.registry.store.session() as s:
-            row = s.get(SandboxRow, sandbox_id)
-            return row is not None and row.host_id == host_id
+            why = refusal(s, host_id, sandbox_id, now())
+            return why, granted_services(s, sandbox_id) if why is None else []
 
     async def _write(
         self, host_id: str, item: dict[str, Any], sink: AuditEgressSink, refused: list[str]
     ) -> bool:
-        """Write one record (True: acknowledge it); a malformed one is dropped (True too,
-        recorded as refused) — offering it again would not make it right."""
+        """Write one record (True: acknowledge it); one refused is dropped (True too, recorded
+        as refused) — offering it again would not make it right: a kind not collected, a
+        sandbox its host may not report for (not its own, not live, past its expiry), or a
+        field not of its type, size or set (`reports.py`)."""
         body, kind = item["body"], item.get("kind")
         sandbox_id = body.get("sandbox_id" if kind == "egress" else "sandbox")
-        if kind not in ("egress", "secret_use") or not await self.registry.store.run(
-            self._placed_here, host_id, sandbox_id
-        ):
-            refused.append(f"{str(kind)[:32]} of {str(sandbox_id)[:64]}")
+        what = f"{str(kind)[:32]} of {str(sandbox_id)[:64]}"
+        if kind not in ("egress", "secret_use"):
+            refused.append(what)
             return True
+        why, granted = await self.registry.store.run(self._standing, host_id, sandbox_id)
         try:
+            if why is not None:
+                raise NotTaken(why)
             if kind == "egress":
-                event = EgressEvent(**{**body, "secrets": tuple(body.get("secrets", ()))})
-                await sink.record(event)
+                await sink.record(reports.egress_event(body, granted))
             else:
+                use = reports.secret_use(body, granted)
                 await self.vault.record_use(
-                    f"service:{str(body['service'])[:64]}",
-                    purpose=str(body["purpose"])[:500],
-                    details={**dict(body["details"]), "sandbox": sandbox_id, "host": host_id},
+                    f"service:{use['service']}",
+                    purpose=use["purpose"],
+                    details={**use["details"], "sandbox": sandbox_id, "host": host_id},
                     actor=f"host:{host_id}",
                 )
-        except Exception:  # whatever the host sent (types, sizes the audit refuses): dropped
+        except NotTaken as exc:
+            refused.append(f"{what}: {str(exc)[:200]}")
+        except Exception:  # whatever the audit still refuses (its own rules): dropped
             log.warning("host %s: a malformed %s record dropped", host_id, kind, exc_info=True)
-            refused.append(f"malformed {kind} of {sandbox_id}")
+            refused.append(f"malformed {what}")
         return True
 
     async def _report_refused(self, host_id: str, refused: list[str]) -> None:
@@ -259,6 +278,6 @@ class HostCollectors:
             action="host.report_refused",
             resource=f"host:{host_id}",
             decision="deny",
-            reason=f"host {host_id} handed over {len(refused)} records not of its own sandboxes",
+            reason=f"host {host_id} handed over {len(refused)} records it may not report",
             details={"records": refused[:50]},
         )

@@ -2,7 +2,8 @@
 by a replica for the host whose link it dialled (so the host is proven by its certificate).
 
 An ask names a sandbox, a service and one secret of it. It is granted only if the sandbox is
-recorded live on exactly that host, in the host's current life, the service is among those
+recorded live on exactly that host, in the host's current life, not past its expiry (the one
+rule for every ask and report of a host: `sandboxes.refusal`), the service is among those
 its create was granted (`sandboxes.services`, recorded with its placement), and the secret is
 one the service's current definition uses. Granted, the value is read through the vault's one
 reader (`Vault.reveal`, which audits `secret.reveal` with the host, sandbox and service in its
@@ -12,14 +13,14 @@ rule, and the host is told the rule only.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
 from aamp.audit import AuditSink
 from aamp.errors import NotFound
+from aamp.fleet.sandboxes import granted_services, refusal
 from aamp.store import Store
-from aamp.store.tables import HostRow, SandboxRow
+from aamp.store.timestamps import now
 from aamp.vault import Vault
 
 MAX_NAME = 64
@@ -30,13 +31,10 @@ def granted_refusal(store: Store, host_id: str, sandbox_id: str, service: str) -
     that host, not live in its current life, the service not granted to its create); None if
     it may. The check every ask of a host begins with (credentials, leaf certificates)."""
     with store.session() as s:
-        row = s.get(SandboxRow, sandbox_id)
-        if row is None or row.host_id != host_id:
-            return f"sandbox {sandbox_id} is not placed on host {host_id}"
-        host = s.get(HostRow, host_id)
-        if row.state != "live" or host is None or host.epoch != row.host_epoch:
-            return f"sandbox {sandbox_id} is not live on host {host_id}'s current life"
-        granted = json.loads(row.services or "[]")
+        why = refusal(s, host_id, sandbox_id, now())
+        if why is not None:
+            return why
+        granted = granted_services(s, sandbox_id)
     if service not in granted:
         return f"service {service} is not granted to sandbox {sandbox_id}"
     return None

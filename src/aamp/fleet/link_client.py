@@ -25,6 +25,7 @@ import httpx
 
 from aamp.errors import AampError
 from aamp.fleet.link_ca import link_name
+from aamp.fleet.reports import NotTaken, description
 from aamp.sandbox.channel.errors import GuestError, GuestTimeout
 from aamp.sandbox.channel.exec_session import ExecResult, Output
 from aamp.sandbox.channel.guest_channel import Command, RunsToEnd
@@ -68,9 +69,11 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else " " for c in text[:MAX_MESSAGE])
 
 
-def check_sandbox(info: object, expected: str | None = None) -> dict[str, Any]:
+def check_sandbox(info: object, expected: str | None = None) -> tuple[dict[str, Any], list[str]]:
     """A sandbox as a host describes it, or ValueError: an object whose `id` follows the
-    sandbox id rule (and is `expected`, if given), `image` and `driver` text."""
+    sandbox id rule (and is `expected`, if given), with only the keys a sandbox's description
+    has, each of its type and size (`reports.description`); the keys left out are named (the
+    second value)."""
     if not isinstance(info, dict):
         raise ValueError("a sandbox's description is not a JSON object")
     sandbox_id = info.get("id")
@@ -78,9 +81,10 @@ def check_sandbox(info: object, expected: str | None = None) -> dict[str, Any]:
         raise ValueError(f"sandbox id {str(sandbox_id)[:80]!r} does not follow the id rule")
     if expected is not None and sandbox_id != expected:
         raise ValueError(f"asked for sandbox {expected}, described {sandbox_id}")
-    if not isinstance(info.get("image"), str) or not isinstance(info.get("driver"), str):
-        raise ValueError(f"sandbox {sandbox_id}: image and driver are not text")
-    return info
+    try:
+        return description(info)
+    except NotTaken as exc:
+        raise ValueError(f"sandbox {sandbox_id}: {exc}") from None
 
 
 class LinkClient:
@@ -227,9 +231,15 @@ class LinkClient:
 
     async def _sandbox(self, info: object, expected: str | None, what: str) -> dict[str, Any]:
         try:
-            return check_sandbox(info, expected)
+            taken, left_out = check_sandbox(info, expected)
         except ValueError as exc:
             raise await self.refuse(f"{what}: {exc}") from None
+        if left_out:  # recorded; the rest of the description is taken
+            await self.refuse(
+                f"{what}: sandbox {taken['id']}: keys no sandbox's description has, left"
+                f" out: {', '.join(left_out[:8])}"
+            )
+        return taken
 
     async def describe(self, sandbox_id: str) -> dict[str, Any]:
         path = f"/link/sandboxes/{sandbox_id}"

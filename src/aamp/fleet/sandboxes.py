@@ -20,6 +20,16 @@ heartbeat reports what it runs (`settle_report`): a row it no longer reports (it
 idle ended it there) is forgotten and its capacity given back, and the API audits each one
 forgotten (`sandbox.forgotten`). Only a heartbeat proven to be the host's current life (its
 token, epoch and heartbeat secret: `HostRegistry.heartbeat`) reaches it.
+
+Every row carries its expiry (`expires_at`: its create's time plus its ttl). Whatever a host
+says or asks for a sandbox is judged by one rule (`refusal`): the sandbox is recorded on that
+host, live, in the host's current life, and not past its expiry — a compromised host that
+keeps a sandbox past its ttl gets no credential for it (`credentials.py`) and none of its
+records or reports for it are taken (`collector.py`, `settle_report`). Its host's own clock
+ends a sandbox at its ttl; one still recorded `REAP_GRACE_SECONDS` later is reaped by the
+fleet's sweep (`reap_expired`): its row taken in one transaction (so one replica reaps it),
+its capacity given back, its host told to destroy it, and the manager records it as its own
+clock records its own (`sandbox.destroy`, reason `ttl`).
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from aamp.fleet.link_client import LinkAnswer, LinkClient, LinkError
 from aamp.fleet.links import HostLinks
@@ -46,6 +57,23 @@ log = logging.getLogger("aamp.fleet")
 MIB = 2**20
 # A sandbox a host does not report yet may be one it has just made: forgotten only after this.
 REPORT_GRACE_SECONDS = 30
+# A host ends its sandboxes at their ttl itself and its next heartbeat (every 3 s by default)
+# says so; one still recorded this long after is reaped.
+REAP_GRACE_SECONDS = 10.0
+
+
+def refusal(s: Session, host_id: str, sandbox_id: str, at: str) -> str | None:
+    """In session `s`: why host `host_id` may not speak or ask for `sandbox_id` at time `at`
+    (stored text); None if it may. The one rule for every ask and report of a host."""
+    row = s.get(SandboxRow, sandbox_id)
+    if row is None or row.host_id != host_id:
+        return f"sandbox {sandbox_id} is not placed on host {host_id}"
+    host = s.get(HostRow, host_id)
+    if row.state != "live" or host is None or host.epoch != row.host_epoch:
+        return f"sandbox {sandbox_id} is not live on host {host_id}'s current life"
+    if row.expires_at <= at:
+        return f"sandbox {sandbox_id} expired at {row.expires_at} (its ttl)"
+    return None
 
 
 # A host waits this much longer than the run's approval timeout for the replica's answer (the
@@ -62,6 +90,12 @@ NO_HOST_FOR_THIS = (
     " (aamp up --role api), and a host on another machine does not take packages or host files"
     " yet"
 )
+
+
+def granted_services(s: Session, sandbox_id: str) -> list[str]:
+    """In session `s`: the services the sandbox's create was granted (none if no record)."""
+    row = s.get(SandboxRow, sandbox_id)
+    return json.loads(row.services or "[]") if row is not None else []
 
 
 @dataclass(frozen=True)
@@ -145,7 +179,7 @@ class FleetPlacer:
         info = await link.create(request, reservation.placed.epoch, actor)
         sandbox = RemoteSandbox(info, link)
         try:
-            await self.placed(reservation, sandbox.id, request.services.names)
+            await self.placed(reservation, sandbox.id, request.ttl, request.services.names)
         except BaseException:
             # Unreachable now: the host's next report destroys it (it has no record here).
             with contextlib.suppress(Exception):
@@ -154,12 +188,14 @@ class FleetPlacer:
         return sandbox
 
     async def placed(
-        self, reservation: object, sandbox_id: str, services: tuple[str, ...] = ()
+        self, reservation: object, sandbox_id: str, ttl: float, services: tuple[str, ...] = ()
     ) -> str:
-        """Record the sandbox on its host, with the services its create was granted (the
-        only ones its host may ask credentials for: `credentials.py`)."""
+        """Record the sandbox on its host, with its expiry (now plus `ttl`) and the services
+        its create was granted (the only ones its host may ask credentials for:
+        `credentials.py`)."""
         assert isinstance(reservation, Reservation)
         placed, need = reservation.placed, reservation.need
+        at = self.placement.registry.clock()
 
         def record() -> None:
             with self.store.write_session() as s:
@@ -177,7 +213,8 @@ class FleetPlacer:
                         state="live",
                         millicpus=need.millicpus,
                         memory_mb=need.memory_mb,
-                        created_at=now(),
+                        created_at=time_at(at),
+                        expires_at=time_at(at + ttl),
                         services=json.dumps(list(services)),
                     )
                 )
@@ -217,7 +254,8 @@ class FleetPlacer:
 
     async def find(self, sandbox_id: str) -> RemoteSandbox:
         """A sandbox on a remote host, as its host describes it now; `UnknownSandbox` if
-        there is no such sandbox anywhere, `SandboxStopped` if it was lost with its host."""
+        there is no such sandbox anywhere, `SandboxStopped` if it was lost with its host or is
+        past its expiry (its host kept it: nothing of it is used; the sweep reaps it)."""
 
         def row_of() -> tuple[str, str | None, str | None] | None:
             with self.store.session() as s:
@@ -225,18 +263,19 @@ class FleetPlacer:
                 if row is None or row.host_id == self.host_id:
                     return None
                 host = s.get(HostRow, row.host_id)
-                return (
-                    row.host_id,
-                    host.link_address if host else None,
-                    (row.lost_reason or "its host was lost" if row.state == "lost" else None),
-                )
+                ended = None
+                if row.state == "lost":
+                    ended = f"was lost: {row.lost_reason or 'its host was lost'}"
+                elif row.expires_at <= now():
+                    ended = f"expired at {row.expires_at} (its ttl)"
+                return row.host_id, host.link_address if host else None, ended
 
         found = await self.store.run(row_of) if len(sandbox_id) <= 64 else None
         if found is None or found[1] is None:
             raise UnknownSandbox(f"no sandbox {sandbox_id!r}")
-        host_id, address, lost = found
-        if lost is not None:
-            raise SandboxStopped(f"sandbox {sandbox_id} was lost: {lost}")
+        host_id, address, ended = found
+        if ended is not None:
+            raise SandboxStopped(f"sandbox {sandbox_id} {ended}")
         link = self.links.client(host_id, address)  # type: ignore[arg-type]
         try:
             return RemoteSandbox(await link.describe(sandbox_id), link)
@@ -291,6 +330,7 @@ class FleetPlacer:
                     .join(HostRow, HostRow.id == SandboxRow.host_id)
                     .where(
                         SandboxRow.state == "live",
+                        SandboxRow.expires_at > now(),  # one its host kept: not listed
                         HostRow.link_address.is_not(None),
                         SandboxRow.host_id != self.host_id,  # this process lists its own
                     )
@@ -315,10 +355,12 @@ class FleetPlacer:
     ) -> tuple[list[str], list[str], list[str]]:
         """(Blocking.) A host's heartbeat (already checked as its current life's) said it runs
         `reported`: forget (and give back the capacity of) its rows in this epoch it no longer
-        runs. Returns the reported sandboxes with no record at all (`unknown`: the host's to
-        destroy), those recorded on another host or life (`foreign`: a claim refused, nothing
-        changes), and the rows forgotten (`forgotten`, for the caller to audit)."""
-        cutoff = time_at(self.placement.registry.clock() - REPORT_GRACE_SECONDS)
+        runs. Returns the reported sandboxes it may not run (`unknown`: the host's to destroy
+        — no record at all, or past its expiry), the claims refused (`refused`: each one
+        recorded elsewhere or expired, with why; nothing changes for them), and the rows
+        forgotten (`forgotten`, for the caller to audit)."""
+        clock = self.placement.registry.clock()
+        cutoff, at = time_at(clock - REPORT_GRACE_SECONDS), time_at(clock)
         forgotten: list[str] = []
         with self.store.write_session() as s:
             mine = s.scalars(
@@ -334,16 +376,60 @@ class FleetPlacer:
                     s.delete(row)
                     forgotten.append(row.id)
             known = {
-                r.id: (r.host_id, r.host_epoch)
+                r.id: (r.host_id, r.host_epoch, r.expires_at)
                 for r in s.execute(
-                    select(SandboxRow.id, SandboxRow.host_id, SandboxRow.host_epoch).where(
-                        SandboxRow.id.in_(reported)
-                    )
+                    select(
+                        SandboxRow.id,
+                        SandboxRow.host_id,
+                        SandboxRow.host_epoch,
+                        SandboxRow.expires_at,
+                    ).where(SandboxRow.id.in_(reported))
                 ).all()
             }
         unknown = [i for i in reported if i not in known]
-        foreign = sorted(i for i, where in known.items() if where != (host_id, epoch))
-        return unknown, foreign, sorted(forgotten)
+        refused = sorted(i for i, (h, e, _) in known.items() if (h, e) != (host_id, epoch))
+        expired = sorted(
+            i for i, (h, e, x) in known.items() if (h, e) == (host_id, epoch) and x <= at
+        )
+        return unknown + expired, refused + [f"{i} (expired)" for i in expired], sorted(forgotten)
+
+    async def reap_expired(self) -> list[tuple[str, str]]:
+        """Every live sandbox on another host still recorded `REAP_GRACE_SECONDS` past its
+        expiry (its host did not end it at its ttl): its row is taken and its capacity given
+        back in one transaction (so exactly one replica reaps it), then its host is told to
+        destroy it (one that does not answer destroys it at its next heartbeat, which finds
+        no record of it). Returns each (sandbox, host) reaped, for the manager to record."""
+
+        def claim() -> list[tuple[str, str, str | None]]:
+            cutoff = time_at(self.placement.registry.clock() - REAP_GRACE_SECONDS)
+            taken: list[tuple[str, str, str | None]] = []
+            with self.store.write_session() as s:
+                rows = s.scalars(
+                    select(SandboxRow)
+                    .where(
+                        SandboxRow.state == "live",
+                        SandboxRow.expires_at < cutoff,
+                        SandboxRow.host_id != self.host_id,  # its own clock reaps its own
+                    )
+                    .with_for_update(skip_locked=True)
+                ).all()
+                for row in rows:
+                    host = s.get(HostRow, row.host_id)
+                    give_back(s, row.host_id, row.host_epoch, row.millicpus, row.memory_mb)
+                    s.delete(row)
+                    taken.append((row.id, row.host_id, host.link_address if host else None))
+            return taken
+
+        reaped = []
+        for sandbox_id, host_id, address in await self.store.run(claim):
+            reaped.append((sandbox_id, host_id))
+            if address is None:
+                continue
+            try:
+                await self.links.client(host_id, address).destroy(sandbox_id, "ttl", "system")
+            except (LinkError, LinkAnswer) as exc:  # gone there, or unreachable: its heartbeat
+                log.info("sandbox %s reaped; its host %s said: %s", sandbox_id, host_id, exc)
+        return reaped
 
     def lost(self, sandbox_ids: set[str]) -> dict[str, str]:
         """(Blocking.) Of `sandbox_ids`, those lost with their host, and why."""

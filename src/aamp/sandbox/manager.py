@@ -62,6 +62,7 @@ from aamp.sandbox.pool_fill import WarmPools
 from aamp.sandbox.requests import (
     CreateRequest,
     InvalidRequest,
+    OnAnotherHost,
     SandboxError,
     SandboxStopped,
     SandboxUnavailable,
@@ -292,7 +293,7 @@ class SandboxManager(WarmPools):
             sandbox.packages = request.packages
             sandbox.host = placed_on
             if placer is not None:
-                sandbox.host = await placer.placed(reservation, sandbox.id)
+                sandbox.host = await placer.placed(reservation, sandbox.id, request.ttl)
         except BaseException:
             if sandbox is not None:
                 with contextlib.suppress(Exception):
@@ -342,11 +343,22 @@ class SandboxManager(WarmPools):
     async def _record_destroyed(
         self, sandbox_id: str, reason: str, actor: str, details: dict[str, object] | None = None
     ) -> None:
+        await self._record(sandbox_id, "sandbox.destroy", "info", reason, actor, details)
+
+    async def _record(
+        self,
+        sandbox_id: str,
+        action: str,
+        decision: str,
+        reason: str,
+        actor: str,
+        details: dict[str, object] | None = None,
+    ) -> None:
         await self.recorder.record(
             actor=actor,
-            action="sandbox.destroy",
+            action=action,
             resource=f"sandbox:{sandbox_id}",
-            decision="info",
+            decision=decision,  # type: ignore[arg-type]
             reason=reason,
             **({"details": details} if details is not None else {}),  # type: ignore[typeddict-item]
         )
@@ -400,6 +412,18 @@ class SandboxManager(WarmPools):
             del self._stopping[sandbox_id]
             if self.placer is not None and sandbox.host is not None:
                 await self.placer.release(sandbox_id)
+
+    async def reap_elsewhere(self) -> list[str]:
+        """The sandboxes on other hosts past their ttl that their hosts did not end (the
+        fleet's sweep, every tick): reaped through the placer and recorded as this host's
+        clock records its own (`sandbox.destroy`, reason `ttl`, naming the host)."""
+        if self.placer is None:
+            return []
+        reaped = await self.placer.reap_expired()
+        for sandbox_id, host in reaped:
+            self._elsewhere.discard(sandbox_id)
+            await self._record_destroyed(sandbox_id, "ttl", "system", {"host": host})
+        return [sandbox_id for sandbox_id, _ in reaped]
 
     async def _check_alive(self, sandbox: Sandbox) -> None:
         """A guest that stopped by itself is destroyed at once, and the caller told why."""
@@ -492,22 +516,40 @@ class SandboxManager(WarmPools):
             if self._lifetime_task is not None:  # started: fill now (else `start` does)
                 self._refill_pool(changed)
 
-    def update_egress(
-        self, sandbox_id: str, rules: EgressRules, services: ServiceSet | None = None
+    async def update_egress(
+        self,
+        sandbox_id: str,
+        rules: EgressRules,
+        services: ServiceSet | None = None,
+        *,
+        actor: str = "system",
     ) -> None:
         """New rules (and services) for a live sandbox; they apply to its next connection or
-        request."""
-        proxy = self.get(sandbox_id).egress
-        proxy.update_rules(rules)
+        request. A sandbox on another host is refused (`OnAnotherHost`, 409, recorded): its
+        host's proxy enforces the rules its create carried, and the link changes none."""
+        sandbox = await self.find(sandbox_id)
+        if not isinstance(sandbox, Sandbox):
+            why = (
+                f"sandbox {sandbox_id} runs on host {sandbox.host}, whose egress proxy enforces"
+                " the rules its create carried; the link does not change them: destroy it and"
+                " create it again with the new rules"
+            )
+            await self._record(sandbox_id, "sandbox.update_egress", "deny", why, actor)
+            raise OnAnotherHost(why)
+        sandbox.egress.update_rules(rules)
         if services is not None:
-            proxy.update_services(services)
+            sandbox.egress.update_services(services)
 
     def egress_view(self, sandbox_id: str) -> EgressView:
-        """The sandbox's egress events from now on, as its proxy decided them (none for a
-        sandbox on another host: its proxy's events go to the audit chain over the link,
-        not through this process)."""
-        if sandbox_id not in self._elsewhere:
-            self.get(sandbox_id)
+        """The sandbox's egress events from now on, as its proxy decided them. One on another
+        host is refused (`OnAnotherHost`, 409): its proxy's events reach the audit chain over
+        the link through whichever replica collects them, never this process's view."""
+        if sandbox_id in self._elsewhere:
+            raise OnAnotherHost(
+                f"sandbox {sandbox_id} runs on another host: its egress events reach the audit"
+                " chain over the link, and no view of them is kept here"
+            )
+        self.get(sandbox_id)
         return self.recent_egress.view(sandbox_id)
 
     async def set_egress_approver(

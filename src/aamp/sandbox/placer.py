@@ -67,8 +67,14 @@ class Placer(Protocol):
         """Every live sandbox on other hosts."""
         ...
 
-    async def placed(self, reservation: object, sandbox_id: str) -> str:
-        """The sandbox booted under `reservation`: record it; returns its host's id."""
+    async def placed(self, reservation: object, sandbox_id: str, ttl: float) -> str:
+        """The sandbox booted under `reservation`, to end `ttl` seconds from now: record it;
+        returns its host's id."""
+        ...
+
+    async def reap_expired(self) -> list[tuple[str, str]]:
+        """Forget the sandboxes on other hosts past their expiry and have their hosts destroy
+        them; each (sandbox, host) reaped."""
         ...
 
     async def cancel(self, reservation: object) -> None:

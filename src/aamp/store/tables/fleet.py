@@ -61,6 +61,9 @@ class SandboxRow(Base):
     millicpus: Mapped[int] = mapped_column(Integer)
     memory_mb: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[str] = mapped_column(String(32))
+    # Its create's time plus its ttl: past it, its host is refused every credential and
+    # report for it, and the sweep reaps it (`fleet/sandboxes.py`).
+    expires_at: Mapped[str] = mapped_column(String(32), index=True)
     lost_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     # Who made it, for which agent and policy: what any replica's authorisation needs.
     owner: Mapped[str | None] = mapped_column(String(256), nullable=True)
