@@ -25,7 +25,7 @@ from aamp.api.guard import (
     rule,
 )
 from aamp.catalog import KnowledgeBases
-from aamp.errors import NotFound
+from aamp.errors import NotFound, found
 from aamp.identity.directory import GrantInfo
 from aamp.identity.model import Actor, Resource
 
@@ -33,6 +33,7 @@ AgentId = Annotated[str, Path(min_length=1, max_length=32)]
 LevelName = Literal["view", "run", "edit"]
 KindName = Literal["policy", "service", "image", "model-endpoint", "knowledge-base"]
 VERSION_PATTERN = r"^(draft|latest|[0-9]{1,9})$"
+_UNREAD = object()
 
 
 class AgentIn(Body):
@@ -72,6 +73,19 @@ class AgentResourceOut(BaseModel):
 
 async def _agent(request: Request, _: ControlPlane, __: Actor) -> Resource:
     agent_id = str(request.path_params.get("agent_id", ""))
+    return Resource("agent", agent_id, agent=agent_id)
+
+
+async def _read_agent(request: Request, cp: ControlPlane, __: Actor) -> Resource:
+    """`_agent`, and the agent itself for the route on `request.state.agent` (None if there
+    is none): read by the guard with a bearer token (`rule(..., reads_agent=True)`), else
+    here."""
+    agent_id = str(request.path_params.get("agent_id", ""))
+    row = getattr(request.state, "agent_row", _UNREAD)
+    if row is _UNREAD:
+        request.state.agent = await cp.store.run(cp.agents.find, agent_id)
+    else:
+        request.state.agent = None if row is None else AgentInfo(*row)
     return Resource("agent", agent_id, agent=agent_id)
 
 
@@ -126,10 +140,10 @@ def router() -> APIRouter:
         return agent.to_dict()
 
     @r.get("/agents/{agent_id}", response_model=AgentInfo)
-    @rule("agent.view", _agent)
+    @rule("agent.view", _read_agent, reads_agent=True)
     async def get_agent(agent_id: AgentId, request: Request) -> dict[str, object]:
-        cp = cp_of(request)
-        return (await cp.store.run(cp.agents.get, agent_id)).to_dict()
+        agent: AgentInfo | None = request.state.agent  # read before the decision (_read_agent)
+        return found(agent, f"no agent {agent_id!r}").to_dict()
 
     @r.delete("/agents/{agent_id}", status_code=204)
     @rule("agent.delete", _agent)

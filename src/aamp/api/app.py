@@ -1,10 +1,11 @@
 """The FastAPI application: routes, the one guard, error handling, limits, lifespan.
 
-`create_app(cp)` wires every router behind the app-wide `guard` dependency (authenticate,
-`allowed`, audit), so a route cannot opt out; see `guard.py`. It refuses to build an app
-with any route outside the guard or without a rule — the OpenAPI document included, which
-is served as a guarded route for signed-in users. The lifespan starts the audit
-log before the sandbox manager (whose reaper records through it) and stops them in reverse.
+`create_app(cp)` makes every route a `GuardedRoute`, whose handler runs the one `guard`
+(authenticate, `allowed`, audit) first, so a route cannot opt out; see `guard.py`. It
+refuses to build an app with any route outside the guard or without a rule — the OpenAPI
+document included, which is served as a guarded route for signed-in users. The lifespan
+starts the audit log before the sandbox manager (whose reaper records through it) and stops
+them in reverse.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from collections.abc import AsyncIterator
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute, iter_route_contexts
+from fastapi.routing import iter_route_contexts
+from fastapi.telemetry import TelemetryConfig
 
 from aamp import __version__
 from aamp.api import (
@@ -33,7 +35,14 @@ from aamp.api import (
 )
 from aamp.api.context import MAX_EXEC_BODY_BYTES, ControlPlane
 from aamp.api.errors import ERROR_RESPONSES, document_errors, install_error_handlers
-from aamp.api.guard import RULE_ATTR, cp_of, guard, rule
+from aamp.api.guard import (
+    RULE_ATTR,
+    GuardedRoute,
+    cp_of,
+    guarded_router,
+    late_route_guard,
+    rule,
+)
 from aamp.api.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from aamp.audit import AuditInputError
 from aamp.errors import AampError
@@ -47,6 +56,13 @@ from aamp.sandbox import (
     PathEscapeError,
 )
 from aamp.vault import SecretNameError, SecretNotFound, SecretValueError
+
+NO_TELEMETRY: TelemetryConfig = {
+    "tracing": False,
+    "metrics": False,
+    "logs": False,
+    "operation_spans": False,
+}
 
 
 def _limit_for(cp: ControlPlane):  # type: ignore[no-untyped-def]
@@ -91,7 +107,6 @@ def create_app(cp: ControlPlane) -> FastAPI:
         title="aamp",
         version=__version__,
         lifespan=lifespan,
-        dependencies=[Depends(guard)],
         responses=ERROR_RESPONSES,
         # FastAPI's own schema and docs routes would sit outside the guard (no token, no
         # audit record); the schema is served below as a guarded route instead. The Swagger
@@ -100,16 +115,24 @@ def create_app(cp: ControlPlane) -> FastAPI:
         openapi_url=None,
         docs_url=None,
         redoc_url=None,
+        # FastAPI's own OpenTelemetry hooks: aamp configures no OpenTelemetry provider, so
+        # they only cost every request their checks (providers looked up, operation spans
+        # opened around dependencies, the endpoint and serialisation).
+        telemetry=NO_TELEMETRY,
+        # Only for a route added after this function checked them all (an included router,
+        # `app.get`): every route made here is a `GuardedRoute`, which does not carry it.
+        dependencies=[Depends(late_route_guard)],
     )
     app.state.cp = cp
+    own = guarded_router()
 
-    @app.get("/openapi.json", include_in_schema=False)
+    @own.get("/openapi.json", include_in_schema=False)
     @rule("api.schema")
     async def openapi_document(request: Request) -> JSONResponse:
         """The OpenAPI document (the API's reference), for signed-in users."""
         return JSONResponse(request.app.openapi())
 
-    @app.get("/v1/health", tags=["health"])
+    @own.get("/v1/health", tags=["health"])
     @rule("health.read")
     async def health(request: Request) -> dict[str, object]:
         manager = cp_of(request).manager
@@ -122,6 +145,7 @@ def create_app(cp: ControlPlane) -> FastAPI:
             "warm_pool": manager.pool_status(),
         }
 
+    app.router.routes.extend(own.routes)
     for module in (
         users,
         agents,
@@ -168,10 +192,7 @@ def _check_every_route_is_guarded(app: FastAPI) -> None:
     a mount) or that has no rule: such a route would answer without a decision on record.
     (Routes of included routers are walked too: FastAPI keeps them inside the router.)"""
     for route in iter_route_contexts(app.routes):
-        original = route.original_route
-        guarded = isinstance(original, APIRoute) and any(
-            d.call is guard for d in original.dependant.dependencies
-        )
+        guarded = isinstance(route.original_route, GuardedRoute)
         if not guarded or getattr(route.endpoint, RULE_ATTR, None) is None:
             where = route.path or repr(route.original_route)
             raise RuntimeError(f"route {where} is not behind the guard with a rule (@rule)")

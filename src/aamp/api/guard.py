@@ -1,20 +1,25 @@
 """The one guard every route goes through: authenticate, find the resource, ask `allowed`,
 record the decision in the audit log, and refuse or proceed.
 
-It is every route's first dependency: each API module's router is a `guarded_router`, whose
-routes `create_app` adds to the app itself (not as included routers, which FastAPI matches
-again level by level on every request), and the app's own routes have it app-wide; no route can
-leave it out (`create_app` refuses to build an app with a route whose dependencies lack it). A
-route declares what it does with `@rule(action, resolver)`; a route without a rule is denied
-(and the authorisation matrix test fails for it). The resolver finds the resource with every
-fact a refusal depends on (what is granted to the agent, whether a version is published,
-whether only an admin may ask this), and may leave what it found on `request.state` for the
-route to use unchanged; so the decision recorded here is the final one — a route may still
-reject bad input or a missing thing (400/404/422), but never refuses on its own after an
-"allow". The decision — allow or deny, its reason, and the grant that allowed it — is durable
-in the audit log before the route runs. A refused credential is recorded with whom it names
-when that is known (the user and token of a revoked or expired token, a disabled user, a
-session whose CSRF token is missing), never as `anonymous`.
+It runs first in every route: each route is a `GuardedRoute`, whose handler calls `guard` before
+FastAPI reads the body or solves the route's parameters, so a refused request has nothing of it
+parsed but what its resolver reads. Each API module's router is a `guarded_router` (its routes
+are `GuardedRoute`s), whose routes `create_app` adds to the app itself (not as included routers,
+which FastAPI matches again level by level on every request), and the app's own routes are
+`GuardedRoute`s too; no route can leave it out (`create_app` refuses to build an app with a
+route of any other class). The guard is not a FastAPI dependency: solved as one, it cost every
+request a pass of FastAPI's dependency machinery (cache keys, parameters looked for in the path,
+query, headers and cookies) for a function of the request alone. A route declares what it does
+with `@rule(action, resolver)`; a route without a rule is denied (and the authorisation matrix
+test fails for it). The resolver finds the resource with every fact a refusal depends on (what
+is granted to the agent, whether a version is published, whether only an admin may ask this),
+and may leave what it found on `request.state` for the route to use unchanged; so the decision
+recorded here is the final one — a route may still reject bad input or a missing thing
+(400/404/422), but never refuses on its own after an "allow". The decision — allow or deny, its
+reason, and the grant that allowed it — is durable in the audit log before the route runs. A
+refused credential is recorded with whom it names when that is known (the user and token of a
+revoked or expired token, a disabled user, a session whose CSRF token is missing), never as
+`anonymous`.
 
 Credentials: `Authorization: Bearer <API token>`, or the UI's session cookie; with a cookie,
 unsafe methods must also carry the session's CSRF token in `X-CSRF-Token`. An unsafe request
@@ -33,10 +38,10 @@ record commits, holding back only the response; that is not done, to keep one ru
 route and because it would save latency only, not CPU.)
 
 Hot path: a bearer token, its user and the user's grants are one SQL statement on the driver
-(`identity.lookup`), run without a thread hop (`Store.run` and `read_plan`: inline on
-SQLite, on the event loop's own asyncio connections on PostgreSQL); nothing about tokens,
-users or grants is cached, so a revoked token, a disabled user or a removed grant counts from
-the next request.
+(`identity.lookup`), with the agent a `reads_agent` route answers in the same statement, run
+without a thread hop (`Store.run` and `read_plan`: inline on SQLite, on the event loop's own
+asyncio connections on PostgreSQL); nothing about tokens, users or grants is cached, so a
+revoked token, a disabled user or a removed grant counts from the next request.
 """
 
 from __future__ import annotations
@@ -46,7 +51,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request, Response
+from fastapi.routing import APIRoute
 
 from aamp.api.context import ControlPlane
 from aamp.api.errors import ERROR_RESPONSES, ApiError
@@ -68,13 +74,21 @@ F = TypeVar("F", bound=Callable[..., Any])
 class RouteRule:
     action: str
     resolver: Resolver
+    reads_agent: bool = False
 
 
-def rule(action: str, resolver: Resolver | None = None) -> Callable[[F], F]:
-    """Declare a route's action and how to find the resource it acts on."""
+def rule(
+    action: str, resolver: Resolver | None = None, *, reads_agent: bool = False
+) -> Callable[[F], F]:
+    """Declare a route's action and how to find the resource it acts on. `reads_agent`: the
+    route answers the agent its `agent_id` path parameter names, which the guard then reads
+    in the bearer token's own statement (`Directory.token_actor_and_agent`) and leaves on
+    `request.state.agent_row` (its row, or None if there is no such agent) for the resolver;
+    with any other credential the resolver reads it itself."""
 
     def mark(endpoint: F) -> F:
-        setattr(endpoint, RULE_ATTR, RouteRule(action, resolver or kind(action.split(".")[0])))
+        found = resolver or kind(action.split(".")[0])
+        setattr(endpoint, RULE_ATTR, RouteRule(action, found, reads_agent))
         return endpoint
 
     return mark
@@ -102,6 +116,16 @@ def request_id(request: Request) -> str:
     return request.scope.get("state", {}).get("request_id") or "req-unknown"
 
 
+def url_path(request: Request) -> str:
+    """`request.url.path` without building the whole URL (host header parsed, query split):
+    the scope's path with `?`, `#` and `\\` escaped as Starlette's `URL` escapes them, and
+    tabs and line breaks dropped as `urlsplit` drops them."""
+    path: str = request.scope["path"]
+    if not path.isprintable():
+        path = path.replace("\t", "").replace("\r", "").replace("\n", "")
+    return path.replace("?", "%3F").replace("#", "%23").replace("\\", "%5C")
+
+
 async def json_body(request: Request) -> dict[str, Any]:
     """The request's JSON object, for resolvers; {} if there is none or it is not an object.
 
@@ -114,7 +138,9 @@ async def json_body(request: Request) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-async def _authenticate(request: Request, cp: ControlPlane) -> tuple[Actor, str | None]:
+async def _authenticate(
+    request: Request, cp: ControlPlane, route_rule: RouteRule | None = None
+) -> tuple[Actor, str | None]:
     """The request's actor, and its session's CSRF token hash (None without a session)."""
     header = request.headers.get("authorization")
     if header is not None:
@@ -124,7 +150,14 @@ async def _authenticate(request: Request, cp: ControlPlane) -> tuple[Actor, str 
         secret = value.strip()
         if len(secret) > 256:
             raise AuthenticationFailed("the bearer token is not valid")
-        actor, stale = await cp.store.run(cp.directory.token_actor, secret)
+        if route_rule is not None and route_rule.reads_agent:
+            agent_id = str(request.path_params.get("agent_id", ""))
+            actor, stale, row = await cp.store.run(
+                cp.directory.token_actor_and_agent, secret, agent_id
+            )
+            request.state.agent_row = row
+        else:
+            actor, stale = await cp.store.run(cp.directory.token_actor, secret)
         if stale:
             await cp.store.run(cp.directory.touch_token, actor.token_id or "")
         return actor, None
@@ -192,7 +225,7 @@ async def _record(
     resource: str,
     decision: Decision,
 ) -> None:
-    details: dict[str, Any] = {"method": request.method, "path": request.url.path}
+    details: dict[str, Any] = {"method": request.method, "path": url_path(request)}
     details["via"] = actor.via
     if actor.token_id:
         details["token"] = actor.token_id
@@ -209,21 +242,45 @@ async def _record(
     )
 
 
+class GuardedRoute(APIRoute):
+    """An API route whose handler runs `guard` before anything of the route's own: before
+    FastAPI reads the body, solves the parameters or calls the endpoint (see the module
+    docstring). The rule is the endpoint's `@rule`, read when the route is made."""
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+        handler = super().get_route_handler()
+        route_rule: RouteRule | None = getattr(self.endpoint, RULE_ATTR, None)
+
+        async def guarded(request: Request) -> Response:
+            await guard(request, route_rule)
+            return await handler(request)
+
+        return guarded
+
+
+async def late_route_guard(request: Request) -> None:
+    """The app's dependency, for a route added to it after `create_app` checked every route
+    (an included router, `app.get`): such a route passes the same `guard`, with its
+    endpoint's rule (denied without one). A `GuardedRoute` among them was decided by its own
+    handler already, which this sees by the decision it left."""
+    if getattr(request.state, "decision", None) is not None:
+        return
+    await guard(request, getattr(request.scope.get("endpoint"), RULE_ATTR, None))
+
+
 def guarded_router(**options: Any) -> APIRouter:
-    """An API module's router: every route of it runs `guard` first and documents the error
+    """An API module's router: every route of it is a `GuardedRoute` and documents the error
     statuses (what the app gives its own routes: `create_app`)."""
-    return APIRouter(dependencies=[Depends(guard)], responses=ERROR_RESPONSES, **options)
+    return APIRouter(route_class=GuardedRoute, responses=ERROR_RESPONSES, **options)
 
 
-async def guard(request: Request) -> Actor:
-    """The app-wide dependency (see the module docstring). A refused credential is recorded
+async def guard(request: Request, route_rule: RouteRule | None) -> Actor:
+    """Every route's first step (see the module docstring). A refused credential is recorded
     with whom it names when that is known (a revoked or expired token, a disabled user)."""
     cp = cp_of(request)
-    endpoint = request.scope.get("endpoint")
-    route_rule: RouteRule | None = getattr(endpoint, RULE_ATTR, None)
     action = route_rule.action if route_rule else "route.unruled"
     try:
-        actor, csrf_hash = await _authenticate(request, cp)
+        actor, csrf_hash = await _authenticate(request, cp, route_rule)
     except AuthenticationFailed as exc:
         await _record(cp, request, exc.claimed, action, action, Decision(False, exc.args[0]))
         raise ApiError(401, "unauthenticated", exc.args[0]) from None

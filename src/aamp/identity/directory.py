@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
+from typing import Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
@@ -279,27 +280,51 @@ class Directory:
     def token_actor(self, secret: str) -> ReadPlan[tuple[Actor, bool]]:
         """The token's actor, and whether its `last_used_at` is due to be written
         (`touch_token`). Reads only: the hot path of every API request (see `lookup`)."""
+        actor, stale, _ = yield from self._token_plan(secret, None)
+        return actor, stale
+
+    @read_plan
+    def token_actor_and_agent(
+        self, secret: str, agent_id: str
+    ) -> ReadPlan[tuple[Actor, bool, tuple[Any, ...] | None]]:
+        """`token_actor`, and the row of agent `agent_id` (id, name, owner, created_at; None
+        if there is none) read in the same statement (`lookup.TOKEN_ACCESS_AGENT_SQL`)."""
+        return (yield from self._token_plan(secret, agent_id))
+
+    def _token_plan(
+        self, secret: str, agent_id: str | None
+    ) -> ReadPlan[tuple[Actor, bool, tuple[Any, ...] | None]]:
         hashed = cred.digest(secret)
         moment = datetime.now(UTC)
-        rows = yield lookup.TOKEN_ACCESS_SQL, {"token_hash": hashed}
+        if agent_id is None:
+            rows = yield lookup.TOKEN_ACCESS_SQL, {"token_hash": hashed}
+        else:
+            rows = yield lookup.TOKEN_ACCESS_AGENT_SQL, {"token_hash": hashed, "agent_id": agent_id}
         if not rows:
             raise AuthenticationFailed("the bearer token is not valid")
         token_id, expires_at, revoked_at, last_used_at, *user_fields = rows[0][:8]
         user = lookup.UserFacts(
             int(user_fields[0]), user_fields[1], user_fields[2], bool(user_fields[3])
         )
-        claimed = Actor.refused(user.username, via="token", token_id=token_id)
+        refusal = None
         if revoked_at is not None:
-            raise AuthenticationFailed("the bearer token was revoked", claimed=claimed)
-        if expires_at is not None and expires_at <= _stamp(moment):
-            raise AuthenticationFailed("the bearer token has expired", claimed=claimed)
-        if user.disabled:
-            raise AuthenticationFailed("this account is disabled", claimed=claimed)
+            refusal = "the bearer token was revoked"
+        elif expires_at is not None and expires_at <= _stamp(moment):
+            refusal = "the bearer token has expired"
+        elif user.disabled:
+            refusal = "this account is disabled"
+        if refusal is not None:
+            claimed = Actor.refused(user.username, via="token", token_id=token_id)
+            raise AuthenticationFailed(refusal, claimed=claimed)
+        agent = None
+        if agent_id is not None and rows[-1][8] == lookup.AGENT_SRC:  # last: ORDER BY src
+            last = rows.pop()
+            agent = (last[9], last[10], last[13], last[14])
         actor = self._new_actor(
-            user, lookup.access_of(user, [r[8:] for r in rows]), via="token", token_id=token_id
+            user, lookup.access_of(user, [r[8:13] for r in rows]), via="token", token_id=token_id
         )
         stale = last_used_at is None or last_used_at <= _stamp(moment - LAST_USED_RESOLUTION)
-        return actor, stale
+        return actor, stale, agent
 
     def touch_token(self, token_id: str) -> None:
         """Record that the token was just used."""

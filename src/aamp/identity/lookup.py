@@ -43,13 +43,17 @@ ORDER BY 1, 4
 # The token, its user and the user's access in ONE statement (one round trip, one snapshot):
 # the first eight columns are the token's and its user's, repeated on every row; the rest are
 # ACCESS_SQL's (src 0 with a NULL agent_id when the user owns no agent). No row: no token.
-TOKEN_ACCESS_SQL = """
+_TOKEN_USER = """
 WITH tu AS (
   SELECT t.id AS token_id, t.expires_at, t.revoked_at, t.last_used_at,
          u.id AS user_id, u.username, u.role, u.disabled
   FROM api_tokens t JOIN users u ON u.id = t.user_id
   WHERE t.token_hash = :token_hash
 )
+"""
+TOKEN_ACCESS_SQL = (
+    _TOKEN_USER
+    + """
 SELECT tu.*, 0 AS src, a.id AS agent_id, 'edit' AS level, NULL AS grant_id, NULL AS grant_user
 FROM tu LEFT JOIN agents a ON a.owner = tu.username
 UNION ALL
@@ -57,6 +61,29 @@ SELECT tu.*, 1, g.agent_id, g.level, g.id, g.user_id
 FROM tu JOIN agent_grants g ON g.user_id = tu.user_id OR g.role = tu.role
 ORDER BY 9, 12
 """
+)
+
+# TOKEN_ACCESS_SQL and, in the same statement, the agent a route reads (`:agent_id`): the
+# commonest API read is one agent, and a statement of its own after the token's cost a
+# second round trip (PostgreSQL) or read transaction (SQLite). Its row is src 2, with the
+# agent's id, name, owner and created_at in columns 10, 11, 14 and 15 (AGENT_ROW); the other
+# rows have NULL there. No agent row: no such agent (or no token: then there is no row).
+TOKEN_ACCESS_AGENT_SQL = (
+    _TOKEN_USER
+    + """
+SELECT tu.*, 0 AS src, a.id AS agent_id, 'edit' AS level, NULL AS grant_id, NULL AS grant_user,
+       NULL AS agent_owner, NULL AS agent_created_at
+FROM tu LEFT JOIN agents a ON a.owner = tu.username
+UNION ALL
+SELECT tu.*, 1, g.agent_id, g.level, g.id, g.user_id, NULL, NULL
+FROM tu JOIN agent_grants g ON g.user_id = tu.user_id OR g.role = tu.role
+UNION ALL
+SELECT tu.*, 2, r.id, r.name, NULL, NULL, r.owner, r.created_at
+FROM tu JOIN agents r ON r.id = :agent_id
+ORDER BY 9, 12
+"""
+)
+AGENT_SRC = 2
 
 
 @dataclass(frozen=True, slots=True)
