@@ -12,14 +12,22 @@ socket, and this client. Measured:
   SQLite, read and audited once per connection, again only if it changes; TLS terminated
   with the installation CA, re-originated to the upstream verified against its own CA;
   response scrubbed). Its ratio and added p50 are against `direct-tls`.
-With each mode, the proxy process's CPU (seconds per 100 MiB, ms per small request): on a
-shared host it moves far less with the load than wall time does; the host's load average at
-the start and end of the run is printed (and written) with the figures.
+With each mode, the proxy process's CPU (seconds per 100 MiB, ms per small request; its
+threads' time on CPU from /proc, in ns): on a shared host it moves far less with the load than
+wall time does; the host's load average at the start and end of the run is printed (and
+written) with the figures. Each run of a mode is compared with its baseline's run of the same
+round (the rounds are interleaved), and the median and p95 of those ratios are printed with
+the median and p95 of the proxy CPU per run.
+
+`--compare DIR` runs a second proxy from another source tree (DIR is its `src`, e.g. of a
+`git worktree add /tmp/aamp-main main`) and measures every proxied mode through it too, as
+`MODE@cmp`, interleaved with the rest: before/after figures from one run, under the same load.
+
 Prints a table and writes benchmarks/results/egress.json. Targets (issue 18, not asserted):
 >= 0.8x direct throughput, <= 0.5 ms added p50 per small request; with TLS interception
 >= 0.5x direct TLS throughput, <= 1 ms added p50.
 
-    .venv/bin/python benchmarks/egress.py [--runs 5] [--small 1000]
+    .venv/bin/python benchmarks/egress.py [--runs 5] [--small 1000] [--compare DIR]
 """
 
 from __future__ import annotations
@@ -85,7 +93,11 @@ def _upstream_main(port_out, tls_port_out, upstream_ca_dir: str, ready) -> None:
     asyncio.run(main())
 
 
-def _proxy_main(sock_path: str, tls_port: int, workdir: str, ready) -> None:
+def _proxy_main(
+    sock_path: str, tls_port: int, workdir: str, upstream_ca: str, ready, src: str | None
+) -> None:
+    if src is not None:  # --compare: this proxy's code comes from another source tree
+        sys.path.insert(0, src)
     from aamp.audit import AuditLog
     from aamp.config import Settings
     from aamp.egress.ca import InstallationCA
@@ -97,6 +109,9 @@ def _proxy_main(sock_path: str, tls_port: int, workdir: str, ready) -> None:
     from aamp.egress.services import Bearer, Service, ServiceSet, VaultSecretReader
     from aamp.store import Store
     from aamp.vault import Vault
+
+    if src is not None and not sys.modules[EgressProxy.__module__].__file__.startswith(src):
+        raise SystemExit(f"--compare: the proxy came from elsewhere than {src}")
 
     async def main() -> None:
         home = Path(workdir) / "home"
@@ -119,7 +134,7 @@ def _proxy_main(sock_path: str, tls_port: int, workdir: str, ready) -> None:
                     sink,
                     secrets=VaultSecretReader(vault),
                     ca=InstallationCA.load_or_create(home / "ca"),
-                    upstream_tls=upstream_tls_context(Path(workdir) / "upstream-ca" / "ca.crt"),
+                    upstream_tls=upstream_tls_context(Path(upstream_ca) / "ca.crt"),
                 ),
                 services=ServiceSet([service]),
             )
@@ -292,22 +307,46 @@ def small_requests(mode: str, t: Target, count: int) -> list[float]:
 
 
 MODES = ("direct", "proxy-http", "connect", "direct-tls", "intercept")
+PROXIED = ("proxy-http", "connect", "intercept")
+COMPARED = "@cmp"  # the suffix of a mode measured through the --compare proxy
 
 
 def _baseline(mode: str) -> str:
     """What a mode is compared with: TLS modes with TLS straight to the upstream."""
-    return "direct-tls" if mode in ("direct-tls", "intercept") else "direct"
+    return "direct-tls" if mode.removesuffix(COMPARED) in ("direct-tls", "intercept") else "direct"
 
 
 def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process `pid` so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds the threads of process `pid` have run so far (Linux /proc schedstat, in
+    ns: /proc/PID/stat counts in clock ticks, too coarse for a plain download's share)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total / 1e9
 
 
 def _p95(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def _start_proxy(ctx, workdir: str, tls_port: int, upstream_ca: str, src: str | None):
+    """A proxy process on its own socket, home and installation CA; (process, socket, CA)."""
+    os.makedirs(workdir, exist_ok=True)
+    ready = ctx.Event()
+    sock_path = os.path.join(workdir, "egress.sock")
+    proxy = ctx.Process(
+        target=_proxy_main,
+        args=(sock_path, tls_port, workdir, upstream_ca, ready, src),
+        daemon=True,
+    )
+    proxy.start()
+    if not ready.wait(120):
+        raise SystemExit(f"the proxy in {workdir} did not start")
+    return proxy, sock_path, os.path.join(workdir, "home", "ca", "ca.crt")
 
 
 def main() -> None:
@@ -321,14 +360,21 @@ def main() -> None:
         help="comma-separated subset of the modes (a mode's baseline is added if missing)",
     )
     parser.add_argument(
+        "--compare",
+        type=Path,
+        help="the src directory of another version: its proxy is measured too (MODE@cmp)",
+    )
+    parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "egress.json"
     )
     args = parser.parse_args()
+    if args.compare is not None and not (args.compare / "aamp" / "egress").is_dir():
+        parser.error(f"--compare {args.compare}: no aamp/egress package there")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
     ctx = multiprocessing.get_context("spawn")
     port, tls_port = ctx.Value("i", 0), ctx.Value("i", 0)
-    up_ready, proxy_ready = ctx.Event(), ctx.Event()
+    up_ready = ctx.Event()
     workdir = tempfile.mkdtemp(prefix="aamp-bench-", dir="/tmp")
     upstream_ca = os.path.join(workdir, "upstream-ca")
     upstream = ctx.Process(
@@ -336,50 +382,69 @@ def main() -> None:
     )
     upstream.start()
     up_ready.wait(20)
-    sock_path = os.path.join(workdir, "egress.sock")
-    proxy = ctx.Process(
-        target=_proxy_main, args=(sock_path, tls_port.value, workdir, proxy_ready), daemon=True
-    )
-    proxy.start()
-    proxy_ready.wait(30)
-    target = Target(
-        sock_path,
-        port.value,
-        tls_port.value,
-        os.path.join(upstream_ca, "ca.crt"),
-        os.path.join(workdir, "home", "ca", "ca.crt"),
-    )
+    proxies = {"": _start_proxy(ctx, workdir, tls_port.value, upstream_ca, None)}
+    if args.compare is not None:
+        proxies[COMPARED] = _start_proxy(
+            ctx,
+            os.path.join(workdir, "compare"),
+            tls_port.value,
+            upstream_ca,
+            str(args.compare.resolve()),
+        )
+    targets = {
+        suffix: Target(
+            sock_path, port.value, tls_port.value, os.path.join(upstream_ca, "ca.crt"), ca_path
+        )
+        for suffix, (_proc, sock_path, ca_path) in proxies.items()
+    }
     wanted = {m.strip() for m in args.modes.split(",") if m.strip()}
     unknown = wanted - set(MODES)
     if unknown:
         parser.error(f"unknown mode(s): {', '.join(sorted(unknown))}; known: {', '.join(MODES)}")
     wanted |= {_baseline(m) for m in wanted}
     modes = [m for m in MODES if m in wanted]
+    # (label, mode, through which proxy): a compared mode right after its own.
+    measured = [
+        (mode + suffix, mode, suffix)
+        for mode in modes
+        for suffix in proxies
+        if not suffix or mode in PROXIED
+    ]
     load_before = os.getloadavg()
     try:
         size = args.mib * MiB
-        throughput: dict[str, list[float]] = {mode: [] for mode in modes}
-        # The proxy's own CPU per mode: unlike wall time it hardly moves with the machine's
+        throughput: dict[str, list[float]] = {label: [] for label, _, _ in measured}
+        # The proxy's own CPU per run: unlike wall time it hardly moves with the machine's
         # load, so it compares two versions of the proxy on a shared host.
-        proxy_cpu = {mode: 0.0 for mode in modes}
+        proxy_cpu: dict[str, list[float]] = {label: [] for label, _, _ in measured}
         for _ in range(args.runs):  # interleaved, so drift hits every mode alike
-            for mode in throughput:
-                before = _cpu_seconds(proxy.pid)
-                throughput[mode].append(download(mode, target, size))
-                proxy_cpu[mode] += _cpu_seconds(proxy.pid) - before
+            for label, mode, suffix in measured:
+                pid = proxies[suffix][0].pid
+                before = _cpu_seconds(pid)
+                throughput[label].append(download(mode, targets[suffix], size))
+                proxy_cpu[label].append((_cpu_seconds(pid) - before) * 100 / args.mib)
         latency = {}
         proxy_cpu_small = {}
-        for mode in modes:
-            before = _cpu_seconds(proxy.pid)
-            latency[mode] = small_requests(mode, target, args.small)
-            proxy_cpu_small[mode] = _cpu_seconds(proxy.pid) - before
+        for label, mode, suffix in measured:
+            pid = proxies[suffix][0].pid
+            before = _cpu_seconds(pid)
+            latency[label] = small_requests(mode, targets[suffix], args.small)
+            proxy_cpu_small[label] = _cpu_seconds(pid) - before
     finally:
-        proxy.terminate()
+        for proc, _sock, _ca in proxies.values():
+            proc.terminate()
         upstream.terminate()
-        proxy.join(5)
+        for proc, _sock, _ca in proxies.values():
+            proc.join(5)
         upstream.join(5)
 
+    modes = list(throughput)
     direct_tp = {m: statistics.median(throughput[_baseline(m)]) for m in modes}
+    # Each run against its baseline's run of the same round.
+    ratios = {
+        m: [x / base for x, base in zip(throughput[m], throughput[_baseline(m)], strict=True)]
+        for m in modes
+    }
     direct_p50 = {m: statistics.median(latency[_baseline(m)]) for m in modes}
     # The host's 1-minute load average when the run began and ended: on a shared machine the
     # wall-time figures mean little without it (the proxy CPU columns move far less).
@@ -390,13 +455,25 @@ def main() -> None:
         "runs": args.runs,
         "small_requests": args.small,
         "cpus": os.cpu_count(),
+        "compare": str(args.compare) if args.compare is not None else None,
         "throughput_mib_s": {
             mode: {
                 "median": statistics.median(v),
                 "p95_low": _p95([-x for x in v]) * -1,
                 "baseline": _baseline(mode),
                 "ratio_to_direct": statistics.median(v) / direct_tp[mode],
-                "proxy_cpu_s_per_100mib": proxy_cpu[mode] * 100 / (args.runs * args.mib),
+                "runs": v,
+                "ratio_per_run": {
+                    "median": statistics.median(ratios[mode]),
+                    "p95_low": -_p95([-r for r in ratios[mode]]),
+                    "runs": ratios[mode],
+                },
+                "proxy_cpu_s_per_100mib": statistics.mean(proxy_cpu[mode]),
+                "proxy_cpu_per_run": {
+                    "median": statistics.median(proxy_cpu[mode]),
+                    "p95": _p95(proxy_cpu[mode]),
+                    "runs": proxy_cpu[mode],
+                },
             }
             for mode, v in throughput.items()
         },
@@ -417,19 +494,24 @@ def main() -> None:
 
     print("load average (1 min): {before:.2f} at the start, {after:.2f} at the end".format(**load))
     print("ratio and added p50 are against direct (plain modes) or direct-tls (TLS modes)")
+    if args.compare is not None:
+        print(f"MODE{COMPARED}: through a proxy from {args.compare}, interleaved with the rest")
     print(f"{args.mib} MiB download, {args.runs} runs (MiB/s; p95 = 95th percentile slowest)")
-    print("proxy CPU: the proxy process's CPU seconds per 100 MiB / CPU ms per request")
-    print(f"{'mode':<12}{'median':>10}{'p95':>10}{'ratio':>8}{'proxy CPU':>11}")
+    print("ratio: each run against its baseline's run of the same round, median and p95")
+    print("proxy CPU: the proxy process's CPU seconds per 100 MiB, per run (median, p95)")
+    print(f"{'mode':<16}{'median':>8}{'p95':>8}{'ratio':>8}{'p95':>7}{'proxy CPU':>11}{'p95':>8}")
     for mode, row in result["throughput_mib_s"].items():
+        ratio, cpu = row["ratio_per_run"], row["proxy_cpu_per_run"]
         print(
-            f"{mode:<12}{row['median']:>10.0f}{row['p95_low']:>10.0f}"
-            f"{row['ratio_to_direct']:>8.2f}{row['proxy_cpu_s_per_100mib']:>11.3f}"
+            f"{mode:<16}{row['median']:>8.0f}{row['p95_low']:>8.0f}"
+            f"{ratio['median']:>8.2f}{ratio['p95_low']:>7.2f}"
+            f"{cpu['median']:>11.3f}{cpu['p95']:>8.3f}"
         )
     print(f"\n{args.small} small requests on one kept-alive connection (ms per request)")
-    print(f"{'mode':<12}{'p50':>10}{'p95':>10}{'added p50':>11}{'proxy CPU':>11}")
+    print(f"{'mode':<16}{'p50':>10}{'p95':>10}{'added p50':>11}{'proxy CPU':>11}")
     for mode, row in result["latency_ms"].items():
         print(
-            f"{mode:<12}{row['p50']:>10.3f}{row['p95']:>10.3f}{row['added_p50']:>11.3f}"
+            f"{mode:<16}{row['p50']:>10.3f}{row['p95']:>10.3f}{row['added_p50']:>11.3f}"
             f"{row['proxy_cpu_ms_per_request']:>11.3f}"
         )
     print(f"\nwritten to {args.out}")

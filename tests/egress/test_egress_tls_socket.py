@@ -15,7 +15,9 @@ import asyncio
 import contextlib
 import gc
 import os
+import socket
 import ssl
+import tracemalloc
 
 import pytest
 from egress_tls import client_context, make_upstream_tls, open_tls_tunnel, request
@@ -30,6 +32,7 @@ from aamp.egress.proxy import EgressContext, EgressProxy
 from aamp.egress.resolver import StaticResolver
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import Bearer, Service, ServiceSet, VaultSecretReader
+from aamp.egress.tls_socket import handshake, open_stream
 from aamp.store import Store
 from aamp.vault import Vault
 
@@ -362,3 +365,107 @@ async def test_a_slow_guest_holds_back_the_upstream_and_then_gets_every_byte_scr
     service = [e for e in sink.read() if e.kind == "service"]
     assert len(service) == 1 and service[0].status == 200
     assert service[0].bytes_down == len(raw)  # every byte the guest got, counted once
+
+
+async def _transport_and_raw_peer(ca, send_buffer: int):
+    """A `TLSSocketTransport` (server side) and its peer as an `SSLObject` over raw reads, so
+    the peer sees every TLS record the transport wrote. With a small `send_buffer` the
+    transport's writes block part-way unless the peer reads."""
+    ours, theirs = socket.socketpair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+    theirs.setblocking(False)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    peer = client_context(ca.cert_path).wrap_bio(incoming, outgoing, server_hostname=HOST)
+    loop = asyncio.get_running_loop()
+    shaken = asyncio.ensure_future(
+        handshake(ours, ca.server_context(HOST), server_side=True, timeout=10)
+    )
+    while True:
+        try:
+            peer.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            await loop.sock_sendall(theirs, outgoing.read())
+            incoming.write(await loop.sock_recv(theirs, 65536))
+    await loop.sock_sendall(theirs, outgoing.read())
+    _reader, writer = open_stream(await shaken, ca.server_context(HOST), limit=65536)
+    writer.write(b"!")  # the session tickets go out with the first write: read them now
+    assert await _read_records(theirs, peer, incoming, 1) == (b"!", 3)
+    return writer, theirs, peer, incoming
+
+
+async def _read_records(theirs, peer, incoming, want: int) -> tuple[bytes, int]:
+    """Decrypt `want` bytes; (the bytes, how many application-data records carried them)."""
+    loop = asyncio.get_running_loop()
+    raw, out, records = bytearray(), bytearray(), 0
+    async with asyncio.timeout(30):
+        while len(out) < want:
+            raw += await loop.sock_recv(theirs, 1 << 20)
+            while len(raw) >= 5 and len(raw) >= 5 + int.from_bytes(raw[3:5], "big"):
+                size = 5 + int.from_bytes(raw[3:5], "big")
+                records += raw[0] == 23  # TLS 1.3 sends every record as application data
+                incoming.write(bytes(raw[:size]))
+                del raw[:size]
+            with contextlib.suppress(ssl.SSLWantReadError):
+                while chunk := peer.read(1 << 20):
+                    out += chunk
+    return bytes(out), records
+
+
+def _relayed(size: int) -> tuple[list[bytes | memoryview], bytearray]:
+    """What the scrubbed relay hands the guest leg for one piece: a chunk header, the
+    scrubber's held-back tail, a view of the upstream leg's receive buffer, the CRLF."""
+    receive = bytearray(os.urandom(size))
+    return [b"%x\r\n" % (size + 11), b"held-tail!!", memoryview(receive), b"\r\n"], receive
+
+
+SIZES = (300 * 1024 + 7, 48 * 1024, 5)
+
+
+async def test_writelines_makes_no_more_records_than_one_joined_write(ca):
+    writer, theirs, peer, incoming = await _transport_and_raw_peer(ca, 4 * 1024 * 1024)
+    transport = writer.transport
+    for size in SIZES:
+        pieces, _ = _relayed(size)
+        total = sum(len(p) for p in pieces)
+        tracemalloc.start()
+        try:
+            transport.writelines(pieces)
+            copied = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert copied < 64 * 1024  # the large piece was not copied (joined), whatever its size
+        assert not transport.get_write_buffer_size()  # it all went at once
+        got, records = await _read_records(theirs, peer, incoming, total)
+        assert got == b"".join(pieces)
+        assert records == -(-total // 16384)  # full 16 KiB records, the last one short
+    transport.abort()
+    theirs.close()
+
+
+async def test_writelines_blocked_part_way_sends_the_bytes_it_was_given(ca):
+    # The view is of a buffer read into again as soon as writelines returns: what could not
+    # go at once waits as a copy, in order, before anything written later.
+    writer, theirs, peer, incoming = await _transport_and_raw_peer(ca, 32 * 1024)
+    transport = writer.transport
+    sent = bytearray()
+    for size in SIZES:
+        pieces, receive = _relayed(size)
+        sent += b"".join(pieces)
+        transport.writelines(pieces)
+        receive[:] = bytes(size)
+    assert transport.get_write_buffer_size()  # the peer read nothing yet: the rest waits
+    got, _ = await _read_records(theirs, peer, incoming, len(sent))
+    assert got == bytes(sent)
+    transport.abort()
+    theirs.close()
+
+
+async def test_writelines_joins_small_pieces_into_one_record(ca):
+    writer, theirs, peer, incoming = await _transport_and_raw_peer(ca, 4 * 1024 * 1024)
+    pieces = [b"6\r\n", b"abcdef", b"\r\n", b"0\r\n\r\n"]
+    writer.transport.writelines(pieces)
+    got, records = await _read_records(theirs, peer, incoming, len(b"".join(pieces)))
+    assert got == b"".join(pieces) and records == 1
+    writer.transport.abort()
+    theirs.close()

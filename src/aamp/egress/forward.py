@@ -52,11 +52,6 @@ from aamp.policy.hosts import Host
 
 # Response headers dropped when a service response is scrubbed: its bytes change.
 _BODY_DIGESTS = frozenset({"content-md5", "digest", "content-digest", "repr-digest"})
-# Up to this much, what is ready goes to the guest as one joined write: TLS makes records per
-# write (a 6-byte chunk header would be a record of its own, for the guest to decrypt too),
-# and a copy this size costs less than the records it saves. Below the allocator's 128 KiB
-# mmap threshold, so the joined buffers are reused memory, not fresh pages.
-_JOINED_WRITE = 128 * 1024 - 4096
 
 
 class Forwarding:
@@ -357,10 +352,10 @@ class Forwarding:
             if not body_ready:
                 return False
             size = sum(len(p) for p in ready)
-            if size <= _JOINED_WRITE:
-                sink.write(b"".join(ready))
-            else:
-                sink.writelines(ready)
+            # One write: TLS makes records per write (a 6-byte chunk header would be a record
+            # of its own, for the guest to decrypt too); `TLSSocketTransport.writelines` joins
+            # the small pieces and sends a large one's whole records without copying them.
+            sink.writelines(ready)
             meter.count(attempt, size, up=False)
             ready.clear()
             body_ready = False

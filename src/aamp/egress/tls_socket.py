@@ -10,11 +10,12 @@ writing the socket itself, as a blocking `ssl.SSLSocket` does, needs about 0.2 s
 `TLSSocketTransport` is an asyncio transport over a non-blocking `ssl.SSLSocket`: OpenSSL
 reads records from the descriptor and decrypts them straight into one receive buffer of the
 connection's own, as many as are ready (up to `RECEIVE_BYTES`) per wake-up, handed to the
-protocol in one `data_received`; a write is one `SSL_write` on the socket. It is driven by the
-event loop's readiness callbacks like any socket transport — no thread, no state outside the
-connection — so everything above it is unchanged: the same `StreamReader`/`StreamWriter`, the
-same parser, decision, scrubbing, byte meter, ledger, timeouts (they are the streams') and
-flow control (`pause_reading` / write buffer limits).
+protocol in one `data_received`; a write is one `SSL_write` on the socket (`writelines`: no
+more records than one joined write, a large piece's whole records sent from its own memory,
+not copied). It is driven by the event loop's readiness callbacks like any socket transport —
+no thread, no state outside the connection — so everything above it is unchanged: the same
+`StreamReader`/`StreamWriter`, the same parser, decision, scrubbing, byte meter, ledger,
+timeouts (they are the streams') and flow control (`pause_reading` / write buffer limits).
 
 OpenSSL may need to write while reading (a TLS 1.3 key update answered) or to read while
 writing: `SSLWantWriteError` in a read waits for the socket to be writable before reading on,
@@ -50,6 +51,8 @@ from typing import Any
 from aamp.egress.splice import wait_ready
 
 RECEIVE_BYTES = 256 * 1024  # decrypted bytes gathered per wake-up, into one buffer
+TLS_RECORD = 16 * 1024  # OpenSSL writes a record per 16 KiB (TLS's largest plaintext)
+_JOIN_BELOW = 2 * TLS_RECORD  # writelines joins pieces up to this much into one write
 CLOSE_TIMEOUT = 10.0  # how long `close` waits for buffered bytes to leave before cutting
 
 
@@ -251,9 +254,11 @@ class TLSSocketTransport(asyncio.Transport):
         self._flush()
 
     def writelines(self, list_of_data: Any) -> None:
-        # One SSL_write: records are per write, and each costs the guest a decryption. The
-        # pieces are joined into the transport's own buffer; only what OpenSSL did not take
-        # at once is copied out to wait.
+        # As few records as one joined SSL_write would make (each costs the guest a
+        # decryption), without copying a large piece: small pieces are joined into the
+        # transport's own buffer, topped up to a record boundary from the next large piece,
+        # whose whole records then go straight from its memory; its rest starts the next
+        # joined write. Only what OpenSSL did not take at once is copied out to wait.
         if self.is_closing():
             return
         if self._retry is not None or self._out or self._write_wants_read:
@@ -261,12 +266,31 @@ class TLSSocketTransport(asyncio.Transport):
             return
         joined = self._joined
         joined[:] = b""
-        for piece in list_of_data:
-            joined += piece
-        if not joined:
-            return
+        pieces = iter(list_of_data)
+        for piece in pieces:
+            if len(joined) + len(piece) < _JOIN_BELOW:
+                joined += piece
+                continue
+            view = memoryview(piece)
+            head = -len(joined) % TLS_RECORD
+            whole = head + (len(view) - head) // TLS_RECORD * TLS_RECORD
+            joined += view[:head]
+            if joined and not self._send_now(joined):
+                self._queue_rest(view[head:], pieces)
+                return
+            if whole > head and not self._send_now(view[head:whole]):
+                self._queue_rest(view[whole:], pieces)
+                return
+            joined[:] = view[whole:]
+        if joined:
+            self._send_now(joined)
+
+    def _send_now(self, data: bytes | bytearray | memoryview) -> bool:
+        """One SSL_write with nothing waiting before it. False if OpenSSL did not take all of
+        `data` (it is repeated later with the same bytes, copied now: `data` may be reused
+        memory) or the connection failed."""
         try:
-            sent = self._tls.send(joined)
+            sent = self._tls.send(data)
         except ssl.SSLWantWriteError:
             sent = 0
         except ssl.SSLWantReadError:
@@ -274,12 +298,19 @@ class TLSSocketTransport(asyncio.Transport):
             self._write_wants_read = True
         except (OSError, ValueError) as exc:
             self._fatal(exc)
-            return
-        if sent < len(joined):
+            return False
+        if sent < len(data):
             # OpenSSL began the write: it is repeated with the same bytes (from the start).
-            self._retry = bytes(joined) if sent == 0 else bytes(memoryview(joined)[sent:])
+            self._retry = bytes(data) if sent == 0 else bytes(memoryview(data)[sent:])
             self._flow()
             self._arm()
+            return False
+        return True
+
+    def _queue_rest(self, rest: memoryview, pieces: Any) -> None:
+        """What `writelines` had not written yet, after a write that has to wait."""
+        if not self._closed:
+            self._queue(b"".join([rest, *pieces]))
 
     def tap(self, length: int, deliver: Callable[[memoryview], bool]) -> asyncio.Future[int]:
         """Hand the next (at most) `length` bytes read to `deliver` instead of the protocol:
@@ -369,9 +400,12 @@ class TLSSocketTransport(asyncio.Transport):
         tls = self._tls
         tap = self._tap
         room = len(into) if tap is None else min(len(into), self._tap_left)
+        # One record per call: the C method itself, not `SSLSocket.recv_into`, which wraps
+        # it in two Python frames (and turns a ragged EOF into 0, done here below).
+        read = tls._sslobj.read  # type: ignore[attr-defined]
         try:
             while got < room:
-                n = tls.recv_into(into[got:room])
+                n = read(room - got, into[got:room])
                 if n == 0:
                     ended = True
                     break
@@ -380,6 +414,8 @@ class TLSSocketTransport(asyncio.Transport):
             pass
         except ssl.SSLWantWriteError:
             self._read_wants_write = True
+        except ssl.SSLEOFError:  # the TCP stream ended without close_notify: the end too
+            ended = True
         except (OSError, ValueError) as exc:  # SSLError included: a bad record, an alert
             error = exc
         if got and tap is not None:
