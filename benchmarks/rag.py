@@ -9,15 +9,21 @@ Prints and writes benchmarks/results/rag.json:
   (target: hybrid at least the better of the other two);
 - indexing throughput of that set through the worker (pages/s, chunks/s);
 - search latency p50/p95 on an index grown to `--chunks` passages (target p50 <= 50 ms in a
-  warm sandbox), in the same run: before — a worker process per search, as the rag tool had
-  (Python start, model load, index open, search), timed on the host around each call; after
-  — the resident worker the rag tool keeps (`SearchWorker`), timed on the host around each
-  call, per mode (a worker each, the modes taking turns query by query); and inside the
-  worker around each query alone; and a new worker's first search, the worker started by it
-  (before) or AHEAD_S ahead, as a run starts it (after). The growth passages are not
-  embedded — `RandomUnitVectors`, a stand-in named as such, gives them random unit vectors —
-  since search cost depends on the count of rows, not on what the vectors say; the queries
-  themselves go through the real model;
+  warm sandbox), in the same run, all timed on the host around each call: before — a new
+  worker process per search, as the rag tool first had (Python start, model load, index
+  open, search); after — the resident worker the rag tool keeps (`SearchWorker`), per mode
+  (a worker each, the modes taking turns query by query). For the resident worker also, per
+  search, what the worker itself timed: the search alone, the channel and request loop (the
+  round trip less that), and the median wall and guest-CPU ms of each part (query
+  embedding, vector scan, BM25, fusion, passage fetch); then the sandbox's CPU ms per
+  search as the host's cgroup counts it (robust to the host's load as wall time is not);
+  and a new worker's first search, the worker started by it (before) or AHEAD_S ahead, as
+  a run starts it (after). The load average is printed before and after. The growth
+  passages are not embedded — `RandomUnitVectors`, a stand-in named as such, gives them
+  random unit vectors — since search cost depends on the count of rows, not on what the
+  vectors say; the queries themselves go through the real model. Their text is 16 made-up
+  words each after one of English's 7 commonest ("the", "of", ...), so BM25 meets the
+  words nearly every passage holds, as on real documents;
 - index size per 1,000 chunks, of the quality index and of the grown one.
 Needs root, runsc and a built rag image (`aamp image build rag`).
 """
@@ -38,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from rag_corpus import KINDS, make_corpus
 
 from aamp.config import Settings
+from aamp.guest import rag_search
 from aamp.policy.resources import Resources
 from aamp.sandbox.gvisor import GVisorDriver
 from aamp.sandbox.images import ImageStore
@@ -66,11 +73,15 @@ db = rag_index.connect("/workspace/kb/grown.sqlite")
 have = db.execute("SELECT count(*) FROM chunks").fetchone()[0]
 words = ("harbour ledger turbine orchard granite festival archive signal meadow copper "
          "lantern valley quarry beacon circuit pottery").split()
+# English's commonest words, as any English text has them: each is in ~99% of the passages,
+# so BM25 pays for them as it would on real documents.
+common = "the of and to in is a".split()
 rng = random.Random(15)
 embedder, n = RandomUnitVectors(), 0
 while have < target:
     count = min(500, target - have)
-    sections = [(None, f"filler {n}-{i}", " ".join(rng.choice(words) for _ in range(60)))
+    sections = [(None, f"filler {n}-{i}",
+                 " ".join(f"{rng.choice(common)} {rng.choice(words)}" for _ in range(30)))
                 for i in range(count)]
     have += rag_index.put_document(db, embedder, f"filler-{n}", f"filler-{n}.md", sections)
     n += 1
@@ -116,46 +127,107 @@ async def first_searches(channel, sample: list[str], ahead: bool) -> dict[str, f
     return spread(times)
 
 
-async def latencies(channel, sample: list[str], before_n: int) -> dict[str, dict[str, float]]:
-    """Search latency on the grown index: a process per search (before), the resident worker
-    (after), per mode, and each query alone inside the worker; the first query of each
+def cgroup_cpu_ms(driver: GVisorDriver, sandbox_id: str) -> float | None:
+    """The sandbox's CPU time so far as the host counts it (its cpuacct cgroup: the gVisor
+    kernel and every guest thread), in ms; None where the host keeps no such count."""
+    path = Path("/sys/fs/cgroup/cpuacct") / driver.cgroup_parent / sandbox_id / "cpuacct.usage"
+    try:
+        return int(path.read_text()) / 1e6
+    except (OSError, ValueError):
+        return None
+
+
+def median(values: list[float]) -> float:
+    return percentile(values, 0.5)
+
+
+async def latencies(
+    channel, sample: list[str], before_n: int, cpu_ms
+) -> dict[str, dict[str, object]]:
+    """Search latency on the grown index, timed on the host around each call: a new worker
+    process per search (before), and a resident worker per mode (after), the modes taking
+    turns query by query (in a rotating order) so a change of the shared host's load falls
+    on every mode alike. The resident worker also says, per search, its own time for the
+    search and each part's wall and CPU ms (`rag_search.Parts`); the host round trip less
+    the search is the channel and the worker's request loop. Then per mode, the sandbox's
+    CPU per search as the host counts it (`cpu_ms`, over SEARCHES_FOR_CPU back-to-back
+    searches, less what the idle sandbox used over as long). The first query of each series
     warms caches and is not counted."""
-    found: dict[str, dict[str, float]] = {}
+    found: dict[str, dict[str, object]] = {}
     times = []
     for query in sample[: before_n + 1]:
         request = {"action": "search", "index": "kb/grown.sqlite", "query": query, "k": 5}
         started = time.perf_counter()
         assert (await call(channel, request, 600))["ok"] is True
         times.append((time.perf_counter() - started) * 1000)
-    found["hybrid, a process per search (before)"] = spread(times[1:])
-    # A resident worker per mode, the modes taking turns on each query (in a rotating order),
-    # so a change of the shared host's load falls on every mode alike.
+    found["hybrid, a new worker process per search (before)"] = spread(times[1:])
     workers = {mode: SearchWorker() for mode in MODES}
-    by_mode: dict[str, list[float]] = {mode: [] for mode in MODES}
+    answers: dict[str, list[tuple[float, dict]]] = {mode: [] for mode in MODES}
     for n, query in enumerate(sample):
         for mode in MODES[n % len(MODES) :] + MODES[: n % len(MODES)]:
-            request = {"index": "kb/grown.sqlite", "query": query, "k": 5, "mode": mode}
+            request = {"index": "kb/grown.sqlite", "query": query, "k": 5, "mode": mode,
+                       "timings": True}  # fmt: skip
             started = time.perf_counter()
             try:
-                assert (await workers[mode].search(channel, request, 600))["ok"] is True
+                answer = await workers[mode].search(channel, request, 600)
             except WorkerFailed as exc:
                 took = time.perf_counter() - started
                 raise SystemExit(f"{mode} search {n} failed after {took:.1f} s: {exc}") from None
-            by_mode[mode].append((time.perf_counter() - started) * 1000)
+            assert answer["ok"] is True, answer
+            answers[mode].append(((time.perf_counter() - started) * 1000, answer))
+    for mode in MODES:
+        timed = answers[mode][1:]
+        trips = [t for t, _ in timed]
+        inside = [a["seconds"] * 1000 for _, a in timed]
+        found[f"{mode}, resident worker: host round trip (after)"] = spread(trips)
+        found[f"{mode}, resident worker: the search in the worker"] = spread(inside)
+        found[f"{mode}, resident worker: channel and request loop"] = spread(
+            [t - i for t, i in zip(trips, inside, strict=True)]
+        )
+        parts = {}
+        for part in rag_search.PARTS:
+            walls = [a["parts"]["wall_ms"][part] for _, a in timed if part in a["parts"]["wall_ms"]]
+            cpus = [a["parts"]["cpu_ms"][part] for _, a in timed if part in a["parts"]["cpu_ms"]]
+            if walls:
+                parts[part] = {"wall_p50_ms": median(walls), "guest_cpu_p50_ms": median(cpus)}
+        found[f"{mode}, resident worker: parts of the search (medians)"] = parts
+    found["sandbox CPU per search, host cgroup count"] = await sandbox_cpu(
+        channel, workers, sample, cpu_ms
+    )
     for mode in MODES:
         await workers[mode].close()
-        found[f"{mode}, resident worker (after)"] = spread(by_mode[mode][1:])
     found["first search, worker started by it (before)"] = await first_searches(
         channel, sample, ahead=False
     )
     found[f"first search, worker started {AHEAD_S:g} s ahead (after)"] = await first_searches(
         channel, sample, ahead=True
     )
+    return found
+
+
+SEARCHES_FOR_CPU = 50
+IDLE_S = 5.0
+
+
+async def sandbox_cpu(channel, workers, sample: list[str], cpu_ms) -> dict[str, float]:
+    """Per mode, the sandbox's host-counted CPU ms per search over SEARCHES_FOR_CPU searches
+    back to back (queries not embedded before: each is the model's work), less what the idle
+    sandbox (its workers waiting) uses over as long, measured over IDLE_S first. Robust to
+    the host's load as wall time is not (though a busy host's shared caches still cost)."""
+    if cpu_ms() is None:
+        return {}
+    used = cpu_ms()
+    await asyncio.sleep(IDLE_S)
+    idle_per_s = (cpu_ms() - used) / IDLE_S
+    found = {"idle_sandbox_ms_per_s": idle_per_s}
     for mode in MODES:
-        request = {"action": "search", "index": "kb/grown.sqlite", "queries": sample,
-                   "k": 5, "mode": mode}  # fmt: skip
-        results = (await call(channel, request, 3600))["results"]
-        found[f"{mode}, inside the worker"] = spread([r["seconds"] * 1000 for r in results[1:]])
+        started, used = time.perf_counter(), cpu_ms()
+        for query in sample[:SEARCHES_FOR_CPU]:
+            request = {"index": "kb/grown.sqlite", "query": f"{query} ({mode})", "k": 5,
+                       "mode": mode}  # fmt: skip
+            assert (await workers[mode].search(channel, request, 600))["ok"] is True
+        used = cpu_ms() - used - idle_per_s * (time.perf_counter() - started)
+        found[f"{mode}_ms"] = used / SEARCHES_FOR_CPU
     return found
 
 
@@ -218,7 +290,10 @@ async def figures(
             out["grown_chunks"] = grown_chunks
             out["grown_index_bytes_per_1000_chunks"] = size / grown_chunks * 1000
             sample = queries[:101]
-            out["search_latency"] = await latencies(channel, sample, process_per_search)
+            driver = drivers["gvisor"]
+            out["search_latency"] = await latencies(
+                channel, sample, process_per_search, lambda: cgroup_cpu_ms(driver, sandbox.id)
+            )
             out["load_after"] = load_average()
         await manager.destroy(sandbox.id)
     finally:
@@ -256,8 +331,18 @@ def main() -> int:
           f"{ix['pages_per_s']:.2f} pages/s, {ix['chunks_per_s']:.2f} chunks/s")  # fmt: skip
     print(f"\nsearch on {found['grown_chunks']} chunks (inside the warm sandbox, load "
           f"{found['load_before']} before, {found['load_after']} after):")  # fmt: skip
-    for mode, s in found["search_latency"].items():  # type: ignore[attr-defined]
-        print(f"{mode:40} p50 {s['p50_ms']:7.1f} ms   p95 {s['p95_ms']:7.1f} ms   n={s['n']}")
+    for name, s in found["search_latency"].items():  # type: ignore[attr-defined]
+        if "p50_ms" in s:
+            print(f"{name:52} p50 {s['p50_ms']:7.1f} ms   p95 {s['p95_ms']:7.1f} ms   n={s['n']}")
+        elif name.startswith("sandbox CPU") and not s:
+            print(f"{name}: none (no cpuacct cgroup here)")
+        elif name.startswith("sandbox CPU"):
+            print(f"{name} (less {s['idle_sandbox_ms_per_s']:.1f} ms/s idle): "
+                  + ", ".join(f"{m} {s[m + '_ms']:.1f} ms" for m in MODES))  # fmt: skip
+        else:
+            print(f"{name}, wall / guest CPU ms:")
+            print("    " + "   ".join(f"{part} {v['wall_p50_ms']:.2f} / {v['guest_cpu_p50_ms']:.2f}"
+                                      for part, v in s.items()))  # fmt: skip
     quality = found["quality_index_bytes_per_1000_chunks"] / 2**20  # type: ignore[operator]
     grown = found["grown_index_bytes_per_1000_chunks"] / 2**20  # type: ignore[operator]
     print(f"\nindex size per 1,000 chunks: {quality:.2f} MiB (quality set), {grown:.2f} MiB")

@@ -234,6 +234,11 @@ async def _resident(channel, queries: list[str]) -> dict:
         request = {"index": "kb/index.sqlite", "query": query, "k": 5, "mode": "hybrid"}
         out["answers"].append(await worker.search(channel, request, 120))
     out["after_six"] = await servers()
+    out["timed"] = {
+        mode: await worker.search(channel, {"index": "kb/index.sqlite", "query": queries[0],
+                                            "k": 5, "mode": mode, "timings": True}, 120)
+        for mode in ("hybrid", "vector", "bm25")
+    }  # fmt: skip
     out["bad"] = await worker.search(channel, {"index": "kb/index.sqlite", "query": ""}, 60)
     out["after_bad"] = await servers()
     out["killed"] = await servers("kill")
@@ -440,6 +445,28 @@ def test_a_resident_worker_answers_many_searches_as_one_process_and_restarts_whe
     assert len(resident["restarted"]) == 1 and resident["restarted"] != resident["killed"]
     assert resident["timed_out"] == "the search worker took longer than 0.001 s"
     assert resident["after_timeout"] == []  # a worker whose answer is late is ended
+
+
+def test_a_search_asked_for_its_timings_says_where_its_time_went_part_by_part(report) -> None:
+    """With `timings`, a resident worker's answer carries the wall and CPU ms of each part its
+    mode ran, in order, within the search's own time, and the same passages as untimed;
+    without it, no parts."""
+    resident = report["resident"]
+    query = CORPUS.questions[0].text
+    assert "parts" not in resident["answers"][0] and resident["answers"][0]["seconds"] > 0
+    ran = {"hybrid": ["embed", "vector", "bm25", "fuse", "fetch"],
+           "vector": ["embed", "vector", "fetch"], "bm25": ["bm25", "fetch"]}  # fmt: skip
+    for mode, answer in resident["timed"].items():
+        assert answer["ok"] is True, answer
+        alone = report["searches"][(query, mode)]["passages"]
+        assert [p["text"] for p in answer["passages"]] == [p["text"] for p in alone]
+        wall, cpu = answer["parts"]["wall_ms"], answer["parts"]["cpu_ms"]
+        assert list(wall) == list(cpu) == ran[mode], answer["parts"]
+        assert all(v >= 0 for v in [*wall.values(), *cpu.values()]), answer["parts"]
+        assert sum(wall.values()) <= answer["seconds"] * 1000, answer
+    # The query was embedded by the untimed search before: its embedding is kept, so the
+    # embedding part is a lookup, a sliver of the search.
+    assert resident["timed"]["hybrid"]["parts"]["wall_ms"]["embed"] < 5
 
 
 def test_a_resident_worker_reads_an_index_changed_under_its_path_afresh(report) -> None:

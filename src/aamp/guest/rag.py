@@ -12,7 +12,9 @@ with one JSON request on stdin and reads one JSON answer from the last line of s
   time), chunked, embedded and put into the index file at PATH in place of its earlier rows.
   A document that fails is reported with why, and the others are indexed all the same.
 - `{"action": "remove", "index": PATH, "ids": [...]}` — those documents' rows go.
-- `{"action": "search", "index": PATH, "query", "k", "mode"}` — passages, best first.
+- `{"action": "search", "index": PATH, "query", "k", "mode"}` — passages, best first, and
+  the search's `seconds` in the worker; with `"timings": true`, also its `parts`: the wall
+  and CPU milliseconds of each part (`rag_search.Parts`: embed, vector, bm25, fuse, fetch).
 
 Or, as `... main" LIB serve [INDEX...]`, a resident search worker for a run's sandbox: one
 search request per line on stdin, one answer per line on stdout (file descriptor 1 is handed
@@ -222,16 +224,21 @@ def search(request: dict[str, Any], searcher: Searcher | None = None) -> dict[st
     k = request.get("k") or 5
     if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= rag_search.MAX_K:
         raise DocumentError(f"k must be a whole number from 1 to {rag_search.MAX_K}")
+    timed = request.get("timings") is True
     index = searcher.index(workspace_file(request.get("index")))
     embed = None if mode == "bm25" else searcher.embed
     results = []
     for query in queries:
+        parts = rag_search.Parts() if timed else None
         started = time.perf_counter()
-        passages = rag_search.search(index, embed, query, k, mode)
-        results.append({"passages": passages, "seconds": time.perf_counter() - started})
+        passages = rag_search.search(index, embed, query, k, mode, parts)
+        result: dict[str, Any] = {"passages": passages, "seconds": time.perf_counter() - started}
+        if parts is not None:
+            result["parts"] = parts.as_dict()
+        results.append(result)
     if isinstance(many, list):
         return {"ok": True, "results": results}
-    return {"ok": True, "passages": results[0]["passages"]}
+    return {"ok": True, **results[0]}
 
 
 def answer(text: str, actions: dict[str, Any]) -> dict[str, Any]:
