@@ -65,7 +65,7 @@ async def test_a_host_gets_leaves_only_for_its_own_sandboxes_granted_https_hosts
 
     async def place(services: tuple[str, ...], sandbox_id: str) -> None:
         placed = placement.place(NEED, ("h1",))
-        await placer.placed(Reservation(placed, NEED), sandbox_id, services)
+        await placer.placed(Reservation(placed, NEED), sandbox_id, 3600.0, services)
 
     await place(("crm", "ipsvc", "plain"), "sb-aaaaaaaaaaaa")
     await place((), "sb-bbbbbbbbbbbb")
@@ -119,6 +119,13 @@ async def test_a_host_gets_leaves_only_for_its_own_sandboxes_granted_https_hosts
         ),
         "malformed": await leaves.decide("h1", {"sandbox": ["x"]}),
         "a control character": await ask("h1", "sb-aaaaaaaaaaaa", "crm", "crm.test\x1b[31m"),
+        # NULs inside the request's own names: refused with the names escaped, so recorded.
+        "a NUL in the common name": await ask(
+            "h1", "sb-aaaaaaaaaaaa", "crm", "crm.test", csr("crm.test", cn="crm.test\x00.evil")
+        ),
+        "a NUL in an alternative name": await ask(
+            "h1", "sb-aaaaaaaaaaaa", "crm", "crm.test", csr("crm.test", "bank\x00.example")
+        ),
     }
     registry.lost_after = 0.0  # both silent from now: marked lost, their sandboxes with them
     assert sorted(h.id for h in registry.mark_lost()) == ["h1", "h2"]
@@ -137,6 +144,8 @@ async def test_a_host_gets_leaves_only_for_its_own_sandboxes_granted_https_hosts
     assert "EC P-256" in rules["an RSA key"]
     assert "PEM CSR" in rules["no request"]
     assert "not live" in rules["lost"]
+    assert "\\x00" in rules["a NUL in the common name"]
+    assert "\\x00" in rules["a NUL in an alternative name"]
     issued = _records(store, "certificate.issued")
     assert [(r.actor, r.decision) for r in issued] == [("host:h1", "allow")] * 2
     denials = _records(store, "certificate.refused")

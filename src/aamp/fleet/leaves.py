@@ -17,6 +17,7 @@ here, not copied from the request — that one name, server authentication only,
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,8 @@ from aamp.egress.services import Service
 from aamp.errors import NotFound
 from aamp.fleet.credentials import ask_names, granted_refusal
 from aamp.store import Store
+
+log = logging.getLogger(__name__)
 
 HOST_LEAF_VALIDITY = dt.timedelta(hours=1)
 MAX_CSR = 4096
@@ -89,9 +92,13 @@ class HostLeaves:
         key = csr.public_key()
         if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name != "secp256r1":
             return "the certificate request's key is not EC P-256", None
-        others = sorted({n for n in _csr_names(csr) if n != name})
+        try:
+            others = sorted({n for n in _csr_names(csr) if n != name})
+        except (ValueError, x509.DuplicateExtension, x509.UnsupportedGeneralNameType):
+            return "the certificate request's extensions cannot be read", None
         if others:
-            shown = ", ".join(n[:64] for n in others[:5])
+            # Shown escaped: a name is the host's text, and a refusal must stay recordable.
+            shown = ", ".join(ascii(n)[:66] for n in others[:5])
             return f"the certificate request names more than {name}: {shown}", None
         return None, csr
 
@@ -105,9 +112,13 @@ class HostLeaves:
             sandbox_id = service = name = "?"
         else:
             sandbox_id, service, name = names
-            why, csr = await self.store.run(
-                self.refusal, host_id, sandbox_id, service, name, ask.get("csr")
-            )
+            try:
+                why, csr = await self.store.run(
+                    self.refusal, host_id, sandbox_id, service, name, ask.get("csr")
+                )
+            except Exception:  # whatever a request's bytes make fail is refused, recorded
+                log.exception("reading a certificate request of host %s", host_id)
+                why, csr = "the certificate request cannot be read", None
         details = {"sandbox": sandbox_id, "name": name, "host": host_id}
         if why is not None or csr is None:
             await self.audit.record(
