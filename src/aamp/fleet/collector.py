@@ -201,7 +201,6 @@ class HostCollectors:
         body = item["body"]
         sandbox_id, host, port = body.get("sandbox"), body.get("host"), body.get("port")
         try:
-            approver = self.approvers(sandbox_id) if self.approvers is not None else None
             well_formed = (
                 isinstance(host, str)
                 and 0 < len(host) <= 255
@@ -210,11 +209,16 @@ class HostCollectors:
                 and 0 < port < 65536
                 and await self._may_report(link.host_id, sandbox_id)
             )
+            approver = None
+            if well_formed and self.approvers is not None:  # an id the one rule took
+                approver = self.approvers(sandbox_id)
             if not well_formed:
-                await self._report_refused(link.host_id, [f"a question of {str(sandbox_id)[:64]}"])
+                shown = str(sandbox_id).encode("unicode_escape").decode()[:64]
+                await self._report_refused(link.host_id, [f"a question of {shown}"])
                 answer = {"status": "denied", "by": "system", "note": "not a question of yours"}
             elif approver is None:
                 note = f"no run on replica {self.own_host} drives sandbox {sandbox_id}"
+                await self._report_refused(link.host_id, [f"a question of {sandbox_id}: {note}"])
                 answer = {"status": "denied", "by": "system", "note": note}
             else:
                 # A task of its own, as the proxy's own approvals make one: the run holds the

@@ -13,6 +13,7 @@ and named, for the caller to record.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -33,12 +34,18 @@ class NotTaken(ValueError):
 Check = Callable[[str, object], object]
 
 
+# A host's text reaches API clients, terminals and the audit chain: no control characters.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
 def text(limit: int = MAX_TEXT, *, none: bool = False, empty: bool = True) -> Check:
     def check(name: str, value: object) -> object:
         if value is None and none:
             return None
-        if not isinstance(value, str) or len(value) > limit or "\x00" in value:
-            raise NotTaken(f"{name} is not text of at most {limit} characters")
+        if not isinstance(value, str) or len(value) > limit or _CONTROL.search(value):
+            raise NotTaken(
+                f"{name} is not text of at most {limit} characters without control characters"
+            )
         if not empty and not value:
             raise NotTaken(f"{name} is empty")
         return value
@@ -113,7 +120,10 @@ def fields(
     Others refuse it, or with `extra` are left out and named (the second value)."""
     if not isinstance(body, dict):
         raise NotTaken(f"{what} is not a JSON object")
-    others = sorted(str(k)[:MAX_NAME] for k in body if k not in shape)
+    # Escaped: a key is the host's text, and the refusal naming it must stay recordable.
+    others = sorted(
+        str(k).encode("unicode_escape").decode()[:MAX_NAME] for k in body if k not in shape
+    )
     if others and not extra:
         raise NotTaken(f"{what} has fields no such record has: {', '.join(others[:8])}")
     missing = [k for k in shape if k not in body]
