@@ -198,13 +198,17 @@ async def test_a_silent_host_is_marked_lost_once_and_must_register_again(
         late = await _beat(host_side, "h1", token, 1, link.heartbeat_secrets[0])
         assert late.status_code == 409 and "marked lost" in late.json()["message"]
         again = await link.register(host_side, token, FACTS)
-        assert again.json() | {"heartbeat_seconds": 0, "heartbeat_secret": ""} == {
+        # (its answer also hands the host the installation CA's certificate, public)
+        assert again.json()["egress_ca"].startswith("-----BEGIN CERTIFICATE-----")
+        blanked = {"heartbeat_seconds": 0, "heartbeat_secret": "", "egress_ca": ""}
+        assert again.json() | blanked == {
             "id": "h1",
             "epoch": 2,
             "state": "active",
             "heartbeat_seconds": 0,
             "lost_after_seconds": LOST_SECONDS,
             "heartbeat_secret": "",
+            "egress_ca": "",
         }
 
 
