@@ -19,7 +19,7 @@ __all__, __getattr__ = surface(
         given_ca_cert_path leaf_context load_pem_chain san_for
     intercept: tls_server_name
     installation: InstallationListeners Listener announce listeners_dir
-    ledger: AuditEgressSink EgressEvent EgressSink JsonLinesSink
+    ledger: EVENT_DECISIONS EVENT_KINDS AuditEgressSink EgressEvent EgressSink JsonLinesSink
     proxy: EgressContext EgressProxy EgressStats
     recent: EgressView RecentEgress
     registered: AddressVerdict CheckedTransport ConnectionRefused RegisteredUrl UrlError
