@@ -374,6 +374,9 @@ def test_create_with_a_policy_file(cp, tmp_path):
     assert ids() == before
     missing = cp.aamp("sandbox", "create", "--policy", str(tmp_path / "nope.yaml"))
     assert missing.returncode != 0 and b"cannot read the policy file" in missing.stderr
+    both = cp.aamp("sandbox", "create", "--policy", str(good), "--image", "browser")
+    assert both.returncode != 0 and b"image: the policy sets" in both.stderr, both.stderr
+    assert ids() == before
 
 
 def test_wheelhouse_add_from_a_directory_ls_rm_and_a_refused_policy(cp, tmp_path):

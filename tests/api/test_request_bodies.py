@@ -38,3 +38,26 @@ async def test_an_unknown_field_is_refused_naming_it(plane) -> None:
         assert refused.status_code == 422 and refused.json()["code"] == "invalid_request"
         assert "resources.memory" in refused.json()["message"]
         assert (await c.get("/v1/sandboxes")).json() == []
+
+
+async def test_a_policy_and_the_fields_it_sets_are_not_both_accepted(plane) -> None:
+    """A request naming a policy that also gives an image, lifetime or resources was created
+    from the policy with those fields dropped in silence; now it is refused naming them."""
+    inline = "name: inline\nimage: base\n"
+    async with plane.client(plane.admin_token) as c:
+        agent = (await c.post("/v1/agents", json={"name": "fin"})).json()["id"]
+        policy = {"name": "small", "image": "base", "lifetime": {"ttl": "5m", "idle": "2m"}}
+        assert (await c.put("/v1/policies/small", json=policy)).status_code == 200
+        for kind, name in (("policy", "small"), ("image", "base")):
+            r = await c.post(f"/v1/agents/{agent}/resources", json={"kind": kind, "name": name})
+            assert r.status_code == 201, r.text
+        for body, named in (
+            ({"policy_document": inline, "image": "browser"}, "image"),
+            ({"policy_document": inline, "ttl_seconds": 60, "idle_seconds": 30}, "ttl_seconds"),
+            ({"agent": agent, "policy": "small", "resources": {"cpus": 2}}, "resources"),
+            ({"agent": agent, "policy": "small", "idle_seconds": 10}, "idle_seconds"),
+        ):
+            refused = await c.post("/v1/sandboxes", json=body)
+            assert refused.status_code == 400, (body, refused.text)
+            assert refused.json()["message"].startswith(f"{named}: the policy sets"), refused.text
+        assert (await c.get("/v1/sandboxes")).json() == []

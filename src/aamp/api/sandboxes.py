@@ -47,7 +47,8 @@ class SandboxIn(Body):
     """Admins may give image, lifetime and resources directly, or a whole policy document
     (`policy_document`, YAML as in PRODUCT.md; `aamp sandbox create --policy FILE`). Everyone
     else names an agent they can run and a policy granted to it; the policy then sets image,
-    lifetime, resources, egress and services (and the fields here are ignored)."""
+    lifetime, resources, egress and services, so naming a policy and also giving `image`,
+    `ttl_seconds`, `idle_seconds` or `resources` is refused rather than half-honoured."""
 
     agent: str | None = Field(None, min_length=1, max_length=32)
     policy: str | None = Field(None, min_length=1, max_length=64)
@@ -65,6 +66,23 @@ class ExecIn(Body):
     cwd: str | None = None
     stdin_b64: str | None = None
     timeout_seconds: float | None = Field(None, gt=0, le=24 * 3600)
+
+
+# What a policy decides, so a request naming one may not also give them.
+POLICY_SETS = ("image", "ttl_seconds", "idle_seconds", "resources")
+
+
+def _policy_conflict(body: SandboxIn) -> ApiError | None:
+    if body.policy is None and body.policy_document is None:
+        return None
+    given = [name for name in POLICY_SETS if name in body.model_fields_set]
+    if not given:
+        return None
+    message = (
+        f"{given[0]}: the policy sets the sandbox's image, lifetime and resources; leave "
+        f"{'these' if len(given) > 1 else 'it'} out ({', '.join(given)})"
+    )
+    return ApiError(400, "invalid_request", message)
 
 
 SandboxId = Annotated[str, Path(min_length=1, max_length=64)]
@@ -189,6 +207,8 @@ def sandbox_from(needs: AgentNeeds, driver: str | None = None) -> CreateRequest:
 
 async def _create_request(cp: ControlPlane, body: SandboxIn, plan: SandboxPlan) -> CreateRequest:
     """Build what the guard allowed: an inline policy, a named one, or (admins) neither."""
+    if (conflict := _policy_conflict(body)) is not None:
+        raise conflict
     if body.policy_document is not None:
         try:
             policy = parse_policy_document(body.policy_document, "yaml")

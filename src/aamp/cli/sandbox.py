@@ -36,7 +36,7 @@ def _positive_seconds(text: str) -> float:
 def sandbox_arguments(p: argparse.ArgumentParser) -> None:
     sb = actions(p)
     create = action(sb, "create", "create a sandbox and print its id")
-    create.add_argument("--image", default="base")
+    create.add_argument("--image", help="the guest image (default base; a --policy sets it)")
     create.add_argument("--ttl", type=_positive_seconds, default=None, help="lifetime in seconds")
     create.add_argument(
         "--idle", type=_positive_seconds, default=None, help="idle timeout in seconds"
@@ -90,7 +90,9 @@ def sandbox(client: Client, args: argparse.Namespace) -> int:
 
 
 def _create_body(args: argparse.Namespace) -> dict[str, Any]:
-    body: dict[str, Any] = {"image": args.image}
+    body: dict[str, Any] = {}
+    if args.image:
+        body["image"] = args.image
     if args.policy is not None:
         try:
             body["policy_document"] = args.policy.read_text()
