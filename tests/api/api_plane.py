@@ -62,6 +62,21 @@ class Plane:
                 {"r": request_id},
             ).scalar()
 
+    async def runnable_agent(self, name: str, policy: dict[str, object]) -> str:
+        """As admin: an agent granted `policy` (stored under its name) and the policy's image;
+        returns the agent's id."""
+        async with self.client(self.admin_token) as admin:
+            agent = (await admin.post("/v1/agents", json={"name": name})).json()["id"]
+            stored = await admin.put(f"/v1/policies/{policy['name']}", json=policy)
+            assert stored.status_code == 200, stored.text
+            for kind in ("policy", "image"):
+                granted = policy["name" if kind == "policy" else "image"]
+                r = await admin.post(
+                    f"/v1/agents/{agent}/resources", json={"kind": kind, "name": granted}
+                )
+                assert r.status_code == 201, r.text
+        return agent
+
     async def user(self, username: str, role: str, password: str | None = None) -> str:
         """Create a user as admin; returns an API token of theirs."""
         cp = self.cp

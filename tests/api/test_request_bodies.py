@@ -44,13 +44,9 @@ async def test_a_policy_and_the_fields_it_sets_are_not_both_accepted(plane) -> N
     """A request naming a policy that also gives an image, lifetime or resources was created
     from the policy with those fields dropped in silence; now it is refused naming them."""
     inline = "name: inline\nimage: base\n"
+    policy = {"name": "small", "image": "base", "lifetime": {"ttl": "5m", "idle": "2m"}}
+    agent = await plane.runnable_agent("fin", policy)
     async with plane.client(plane.admin_token) as c:
-        agent = (await c.post("/v1/agents", json={"name": "fin"})).json()["id"]
-        policy = {"name": "small", "image": "base", "lifetime": {"ttl": "5m", "idle": "2m"}}
-        assert (await c.put("/v1/policies/small", json=policy)).status_code == 200
-        for kind, name in (("policy", "small"), ("image", "base")):
-            r = await c.post(f"/v1/agents/{agent}/resources", json={"kind": kind, "name": name})
-            assert r.status_code == 201, r.text
         for body, named in (
             ({"policy_document": inline, "image": "browser"}, "image"),
             ({"policy_document": inline, "ttl_seconds": 60, "idle_seconds": 30}, "ttl_seconds"),

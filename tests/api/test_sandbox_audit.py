@@ -25,13 +25,9 @@ async def test_operator_sandbox_lifecycle_is_authorised_and_audited(real_plane) 
     plane, cp = real_plane, real_plane.cp
     op = await plane.user("op", "operator")
     other = await plane.user("op2", "operator")
+    policy = {"name": "small", "image": "base", "lifetime": {"ttl": "5m", "idle": "2m"}}
+    agent = await plane.runnable_agent("fin", policy)
     async with plane.client(plane.admin_token) as admin:
-        agent = (await admin.post("/v1/agents", json={"name": "fin"})).json()["id"]
-        policy = {"name": "small", "image": "base", "lifetime": {"ttl": "5m", "idle": "2m"}}
-        assert (await admin.put("/v1/policies/small", json=policy)).status_code == 200
-        for kind, name in (("policy", "small"), ("image", "base")):
-            r = await admin.post(f"/v1/agents/{agent}/resources", json={"kind": kind, "name": name})
-            assert r.status_code == 201
         r = await admin.post(f"/v1/agents/{agent}/grants", json={"user": "op", "level": "run"})
         assert r.status_code == 201
     async with plane.client(op) as c, plane.client(other) as c2:
