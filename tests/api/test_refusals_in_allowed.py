@@ -222,3 +222,19 @@ async def test_the_openapi_document_needs_a_signed_in_user_and_is_audited(plane)
     assert got.status_code == 200 and "/v1/agents/{agent_id}/runs" in got.json()["paths"]
     [record] = records(plane, got.headers["x-request-id"])
     assert (record["actor"], record["decision"]) == ("user:olly", "allow")
+
+
+async def test_a_path_with_control_characters_is_refused_and_recorded(plane) -> None:
+    """A control character in a path's id (`%01`, an escape sequence) reached the audit record
+    as it was and failed as bad audit input: a 400 with no record of who asked. Now it is named
+    escaped in the guard's one record."""
+    op = await plane.user("op", "operator")
+    async with plane.client(op) as c:
+        refused = await c.delete("/v1/agents/%1b%5b31m")
+    denial = the_one_denial(plane, refused, "agent.delete", "user:op")
+    assert denial["resource"] == "agent:\\x1b[31m"
+    async with plane.client(plane.admin_token) as c:
+        missing = await c.get("/v1/sandboxes/a%01b")
+    assert missing.status_code == 404, missing.text
+    found = records(plane, missing.headers["x-request-id"])
+    assert [(r["resource"], r["decision"]) for r in found][:1] == [("sandbox:a\\x01b", "allow")]

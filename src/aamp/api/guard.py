@@ -56,6 +56,7 @@ from fastapi.routing import APIRoute
 
 from aamp.api.context import ControlPlane
 from aamp.api.errors import ERROR_RESPONSES, ApiError
+from aamp.audit import recordable
 from aamp.identity import credentials as cred
 from aamp.identity.authz import PUBLIC_ACTIONS, allowed
 from aamp.identity.errors import AuthenticationFailed
@@ -234,7 +235,7 @@ async def _record(
     await cp.audit.record(
         actor=actor.audit_name,
         action=action,
-        resource=resource[:512],
+        resource=recordable("resource", resource),
         decision=decision.word,
         reason=decision.reason,
         request_id=request_id(request),
@@ -330,7 +331,7 @@ async def _record_route_outcome(
     await cp.audit.record(
         actor=actor_of(request).audit_name,
         action=action,
-        resource=resource[:512],
+        resource=recordable("resource", resource),
         decision=decision,
         reason=reason,
         request_id=request_id(request),

@@ -21,6 +21,7 @@ from aamp.audit.record import (
     Decision,
     EventFields,
     ShownRecord,
+    recordable,
 )
 from aamp.audit.signing import SIGNING_KEY_FILENAME, CheckpointSigner
 from aamp.audit.verify import verify, verify_installation
@@ -46,6 +47,7 @@ __all__ = [
     "WitnessFile",
     "WitnessReader",
     "export",
+    "recordable",
     "verify",
     "verify_export",
     "verify_installation",

@@ -158,6 +158,14 @@ class AuditSink(Protocol):
     async def record(self, **event: Unpack[EventFields]) -> AuditRecord: ...
 
 
+def recordable(field: str, value: str) -> str:
+    """`value` — text a caller did not choose, such as a request's path — as audit field
+    `field` takes it: control characters written as `\\xNN` and cut to the field's limit, so
+    the refusal that names it is recorded instead of failing as bad audit input."""
+    escaped = _CONTROL_RE.sub(lambda m: f"\\x{ord(m.group()):02x}", value)
+    return escaped[: _LIMITS[field]]
+
+
 def _text(name: str, value: object, *, optional: bool = False) -> str | None:
     if value is None and optional:
         return None
