@@ -6,18 +6,25 @@ import base64
 import hashlib
 import subprocess
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
 def make_wheel(
-    directory: Path, name: str, version: str, code: str, requires: Sequence[str] = ()
+    directory: Path,
+    name: str,
+    version: str,
+    code: str,
+    requires: Sequence[str] = (),
+    extra: Mapping[str, str] | None = None,
 ) -> Path:
-    """A real (pure-Python) wheel: a module, METADATA, WHEEL and a RECORD with hashes. The same
-    arguments make the same bytes (every entry dated 1980-01-01, as reproducible wheels are), so
-    an image built with it is found again by its content hash."""
+    """A real (pure-Python) wheel: a module, METADATA, WHEEL, the `extra` files (path: text)
+    and a RECORD with hashes. The same arguments make the same bytes (every entry dated
+    1980-01-01, as reproducible wheels are), so an image built with it is found again by its
+    content hash."""
     dist = f"{name}-{version}.dist-info"
     files = {
+        **(extra or {}),
         f"{name}.py": code,
         f"{dist}/METADATA": "Metadata-Version: 2.1\n"
         f"Name: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires),

@@ -15,6 +15,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 # pip runs on the host; `guest_pip_target_args` makes it choose wheels for the guest.
 PIP = (sys.executable, "-m", "pip")
@@ -143,6 +144,22 @@ def run_command(
             f"  last output:\n{output}"
         )
     return "\n".join(tail)
+
+
+def compile_guest_python(rootfs: Path, paths: Sequence[str], progress: Progress) -> None:
+    """Byte-compile `paths` (absolute in the guest) with the guest's own interpreter (so the
+    cache tags match), since the tree is read-only in a sandbox.
+
+    This runs as root in a chroot, which is no boundary, so it must run no code of what it
+    compiles: `-S` keeps `site` from executing the `.pth` files a wheel installs, and `-I` from
+    reading the environment or a user site; compiling executes nothing."""
+    run_command(
+        [find_tool("chroot"), str(rootfs), "/usr/bin/python3", "-I", "-S", "-m", "compileall",
+         "-q", "-j", "0", "--invalidation-mode", "unchecked-hash", *paths],
+        label="compileall",
+        progress=progress,
+        isolate=True,
+    )  # fmt: skip
 
 
 def capture_command(argv: Sequence[str], *, label: str) -> str:

@@ -8,7 +8,13 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from aamp.sandbox.image_commands import PIP, ImageBuildError, Progress, find_tool, run_command
+from aamp.sandbox.image_commands import (
+    PIP,
+    ImageBuildError,
+    Progress,
+    compile_guest_python,
+    run_command,
+)
 from aamp.sandbox.image_ext4 import make_ext4
 from aamp.sandbox.image_recipes import GUEST_SITE_PACKAGES, guest_pip_target_args
 
@@ -76,11 +82,5 @@ def derive_tree(
     requirements.unlink()
     sources = [m for m in moved if m.endswith(".py") or (rootfs / m.lstrip("/")).is_dir()]
     if sources:
-        run_command(
-            [find_tool("chroot"), str(rootfs), "/usr/bin/python3", "-m", "compileall", "-q",
-             "-j", "0", "--invalidation-mode", "unchecked-hash", *sources],
-            label="compileall",
-            progress=progress,
-            isolate=True,
-        )  # fmt: skip
+        compile_guest_python(rootfs, sources, progress)
     make_ext4(rootfs, directory / "rootfs.ext4", content_hash, progress)

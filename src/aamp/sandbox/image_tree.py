@@ -24,6 +24,7 @@ from aamp.sandbox.image_commands import (
     ImageBuildError,
     Progress,
     capture_command,
+    compile_guest_python,
     find_tool,
     run_command,
 )
@@ -307,18 +308,10 @@ class TreeBuilder:
         )
 
     def compile_python(self) -> None:
-        # The tree is read-only in a sandbox, so byte-code is written now, by the guest's own
-        # interpreter (so the cache tags match), once.
         dirs = ["/opt/aamp/lib"]
         if (self.rootfs / GUEST_SITE_PACKAGES.lstrip("/")).is_dir():
             dirs.append(GUEST_SITE_PACKAGES)
-        run_command(
-            [find_tool("chroot"), str(self.rootfs), "/usr/bin/python3", "-m", "compileall",
-             "-q", "-j", "0", "--invalidation-mode", "unchecked-hash", *dirs],
-            label="compileall",
-            progress=self.progress,
-            isolate=True,
-        )  # fmt: skip
+        compile_guest_python(self.rootfs, dirs, self.progress)
 
     def record_packages(self) -> None:
         out = capture_command(
