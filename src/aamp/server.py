@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import ipaddress
 import logging
 
 import uvicorn
@@ -91,6 +92,46 @@ def _seconds(settings: Settings, name: str, default: float) -> float:
     if not 0 < value <= 86400:
         raise ValueError(f"{name} must be more than 0 and at most 86400 seconds, got {raw!r}")
     return value
+
+
+def trusted_proxies(settings: Settings) -> list[str]:
+    """AAMP_TRUSTED_PROXIES: the addresses (or networks) of the reverse proxies in front of
+    the API, whose `X-Forwarded-For` names the client. None by default: otherwise any client
+    of a loopback listener (every client, on one machine) could name its own address, which
+    the login throttle counts and the audit log records."""
+    raw = settings.env.get("AAMP_TRUSTED_PROXIES", "").strip()
+    found = []
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        try:
+            found.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise ValueError(
+                f"AAMP_TRUSTED_PROXIES: {item!r} is not an IP address or network "
+                "(give the proxies' addresses, comma-separated)"
+            ) from None
+    return found
+
+
+def http_config(app: object, settings: Settings) -> uvicorn.Config:
+    """How the API is served (uvicorn): on AAMP_HOST:AAMP_PORT, a client's address taken from
+    `X-Forwarded-For` only when it connects from a trusted proxy."""
+    proxies = trusted_proxies(settings)
+    return uvicorn.Config(
+        app,  # type: ignore[arg-type]
+        host=settings.listen_host,
+        port=settings.listen_port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+        # Idle keep-alive connections are closed by the server only after clients have long
+        # let them go (httpx forgets one after 5 s). With uvicorn's default of 5 s the two
+        # race: a client reusing a connection just as the server closes it gets the
+        # connection reset (`httpx.ReadError`), which crashed the API benchmark under load.
+        timeout_keep_alive=KEEP_ALIVE_S,
+        proxy_headers=bool(proxies),
+        forwarded_allow_ips=proxies or None,
+    )
 
 
 def build_fleet(
@@ -211,6 +252,7 @@ def build_control_plane(
 
 def serve(settings: Settings, role: str = "both") -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    trusted_proxies(settings)  # a bad value stops `aamp up` before anything starts
     cp, password = build_control_plane(settings, role=role)
     app = create_site(cp)
     if password is not None:
@@ -232,20 +274,7 @@ def serve(settings: Settings, role: str = "both") -> None:
     )
     from aamp.mcp import with_mcp  # /mcp beside the API, acting through it
 
-    config = uvicorn.Config(
-        with_mcp(app, cp, settings.api_url),
-        host=settings.listen_host,
-        port=settings.listen_port,
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=5,
-        # Idle keep-alive connections are closed by the server only after clients have long
-        # let them go (httpx forgets one after 5 s). With uvicorn's default of 5 s the two
-        # race: a client reusing a connection just as the server closes it gets the
-        # connection reset (`httpx.ReadError`), which crashed the API benchmark under load.
-        timeout_keep_alive=KEEP_ALIVE_S,
-    )
+    config = http_config(with_mcp(app, cp, settings.api_url), settings)
     # Everything built so far lives as long as the process: move it out of the cyclic GC's
     # sight, whose full collections otherwise walked all of it (100 ms pauses under load).
     gc.collect()
