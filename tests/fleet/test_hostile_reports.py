@@ -323,8 +323,8 @@ async def test_a_remote_sandboxs_egress_rules_go_over_the_link_and_its_view_is_c
                 assert (await admin.post(f"/v1/hosts/{own}/drain")).status_code == 200
             sandbox = await a.cp.manager.create(CreateRequest(image="base"), actor="user:t")
             assert (sandbox.id, sandbox.host) == (CREATED, HOST)
-            crm = Service.from_dict({"name": "crm", "upstream": "http://crm.test",
-                                     "auth": {"type": "bearer", "secret": "crm_token"}})  # fmt: skip
+            auth = {"type": "bearer", "secret": "crm_token"}
+            crm = Service.from_dict({"name": "crm", "upstream": "http://crm.test", "auth": auth})
             rules = EgressRules.from_lists("block", allow=["a.test"])
             await a.cp.manager.update_egress(CREATED, rules, ServiceSet([crm]), actor="user:t")
             assert seen["egress_put"] == [
