@@ -16,7 +16,9 @@ through the store (docs/deployment.md).
   certificate requests, waiting for a replica; `HostCollectors` (`collector.py`) — each
   replica's collection of them, `HostCredentials` (`credentials.py`) — the one decision on a
   host's credential ask, and `HostLeaves` (`leaves.py`) — on its request for a leaf of the
-  installation's egress CA.
+  installation's egress CA;
+- `HostFiles` (`host_files.py`) — the read-only files a host keeps, by SHA-256, for the
+  sandboxes that mount them (a knowledge base's index), sent over the link by a replica.
 
 Names load on first use (`aamp.surface`).
 """
@@ -38,6 +40,7 @@ __all__, __getattr__ = surface(
     credentials: HostCredentials
     leaves: HostLeaves
     collector: HostCollectors
+    host_files: FileRefused HostFiles
     local_link: LocalLink
     link_egress: MAX_VIEW_ANSWER MAX_VIEW_EVENTS LinkEgressView
     """,

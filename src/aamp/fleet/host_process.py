@@ -14,7 +14,10 @@ must be readable by this user only, or the host does not start.
 At start-up the manager reaps whatever an earlier process left (a `kill -9`'d host starts
 with nothing), and only then does it register; a heartbeat refused as stale (409: marked
 lost while it stalled, or not of its current registration) destroys everything it still runs
-before it registers again. The control plane answers each heartbeat with the reported
+before it registers again. The read-only files its creates mount (`host_files.py`,
+`$AAMP_HOME/host-files`) are all deleted at start-up and when its epoch is found stale, and
+each one as soon as no sandbox it runs uses it (checked at every heartbeat too). The control
+plane answers each heartbeat with the reported
 sandboxes it has no record of in this epoch (a create whose record failed): the host destroys
 those once they are older than a few heartbeats (a sandbox created a moment ago may not be
 recorded yet).
@@ -37,6 +40,7 @@ import httpx
 
 from aamp.egress.ca import given_ca_cert_path
 from aamp.errors import AampError
+from aamp.fleet.host_files import HostFiles
 from aamp.fleet.host_outbox import HostOutbox
 from aamp.fleet.link_server import link_app, link_server
 from aamp.fleet.upkeep import images_present, machine_facts
@@ -93,6 +97,7 @@ class SandboxHost:
         self.config = config
         self.manager = manager
         self.outbox = outbox  # egress records and credential asks, collected by replicas
+        self.files = HostFiles(manager.settings.home / "host-files", manager.recorder)
         self.epoch = 0
         self.interval = 3.0
         self.heartbeat_secret = ""
@@ -159,6 +164,7 @@ class SandboxHost:
 
     async def heartbeat(self) -> None:
         running = {s.id: s.created_at for s in self.manager.list()}
+        self.files.sweep(set(running))  # a sandbox its ttl or idle ended took its files along
         response = await self._call(
             "heartbeat",
             {
@@ -191,6 +197,7 @@ class SandboxHost:
                     reason=f"its host {self.config.host_id} was marked lost; "
                     "destroyed before new work",
                 )
+        self.files.clear()
         await self.register()
 
     async def _beat(self) -> None:
@@ -204,8 +211,14 @@ class SandboxHost:
     async def serve(self) -> None:
         cert, key, ca = self.config.cert_paths()
         await self.manager.start()  # reaps what an earlier process left
+        self.files.clear()  # and what it kept for its sandboxes' mounts
         app = link_app(
-            self.manager, lambda: self.epoch, self.config.host_id, lambda: self.proof, self.outbox
+            self.manager,
+            lambda: self.epoch,
+            self.config.host_id,
+            lambda: self.proof,
+            self.outbox,
+            self.files,
         )
         server = link_server(app, cert, key, ca, self.config.listen_host, self.config.listen_port)
         # uvicorn catches SIGTERM while its server runs and raises it again once the server

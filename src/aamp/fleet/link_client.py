@@ -1,7 +1,9 @@
 """A replica's end of the link to one sandbox host: `LinkClient` (create, describe, list,
 destroy, new egress rules) and `LinkChannel`, which does for a sandbox on that host what
 `GuestChannel` does for a local one (exec, run, put, get, browser) — through the host, never
-to the guest.
+to the guest. A create's read-only files (a knowledge base's index) go ahead of it by SHA-256
+(`send_files`): each held on the host for that create, and sent only if the host does not
+have it already (`host_files.py` checks its size and hash before keeping it).
 
 Every connection is TLS with the replica's client certificate from the link CA, and the
 host must present the certificate issued for exactly the host id the replica means
@@ -11,12 +13,16 @@ certificate from another CA, fails the handshake and is never sent a byte.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import dataclasses
+import hashlib
 import json
 import logging
+import os
 import re
+import secrets
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -32,7 +38,7 @@ from aamp.fleet.reports import NotTaken, description
 from aamp.sandbox.channel.errors import GuestError, GuestTimeout
 from aamp.sandbox.channel.exec_session import ExecResult, Output
 from aamp.sandbox.channel.guest_channel import Command, RunsToEnd
-from aamp.sandbox.driver import SANDBOX_ID_RE
+from aamp.sandbox.driver import SANDBOX_ID_RE, ReadOnlyFile
 from aamp.sandbox.manager import CreateRequest, SandboxUnavailable
 
 log = logging.getLogger("aamp.fleet")
@@ -48,6 +54,40 @@ HOST_STATUSES = frozenset({400, 404, 409, 410, 411, 413, 422, 503})
 CODE_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 MAX_MESSAGE = 500
 Refusals = Callable[[str, str], Awaitable[None]]  # (host id, why): each refusal is recorded
+UPLOAD_CHUNK = 1 << 20
+# Each file's SHA-256 by what identifies its content on this file system (path, inode,
+# size, change time): a knowledge base's index is hashed once, not at every create.
+_HASHES: dict[tuple[str, int, int, int], str] = {}
+
+
+def file_sha256(path: Path) -> tuple[str, int]:
+    """(Blocking.) The file's SHA-256 and size."""
+    info = path.stat()
+    key = (str(path), info.st_ino, info.st_size, info.st_mtime_ns)
+    if key not in _HASHES:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(UPLOAD_CHUNK), b""):
+                h.update(block)
+        if len(_HASHES) > 1024:
+            _HASHES.clear()
+        _HASHES[key] = h.hexdigest()
+    return _HASHES[key], info.st_size
+
+
+async def _chunks(path: Path, size: int) -> AsyncIterator[bytes]:
+    """The first `size` bytes of `path`, read off the event loop."""
+    fd = await asyncio.to_thread(os.open, path, os.O_RDONLY)
+    try:
+        left = size
+        while left > 0:
+            block = await asyncio.to_thread(os.read, fd, min(UPLOAD_CHUNK, left))
+            if not block:
+                return
+            left -= len(block)
+            yield block
+    finally:
+        os.close(fd)
 
 
 class LinkError(AampError, code="host_unreachable", status=502):
@@ -210,7 +250,35 @@ class LinkClient:
             raise await self.refuse("GET /link/hello: the answer is not a JSON object")
         return hello
 
+    async def send_files(self, files: tuple[ReadOnlyFile, ...]) -> tuple[str, list[dict[str, str]]]:
+        """Have the host hold each of `files` for one create, sending those it lacks; the
+        create's hold id and what its body names them by."""
+        hold, named = secrets.token_hex(16), []
+        for f in files:
+            sha, size = await asyncio.to_thread(file_sha256, f.source)
+            path = f"/link/files/{sha}"
+            held = await self._json("POST", path + "/hold", json={"hold": hold, "size": size})
+            if not isinstance(held, dict) or not isinstance(held.get("present"), bool):
+                raise await self.refuse(f"POST {path}/hold: the answer is not one")
+            if not held["present"]:
+                await self.request(
+                    "PUT",
+                    path,
+                    params={"hold": hold},
+                    content=_chunks(f.source, size),
+                    headers={"content-length": str(size)},
+                    timeout=httpx.Timeout(60, write=600),
+                )
+            named.append({"sha256": sha, "target": f.target})
+        return hold, named
+
     async def create(self, request: CreateRequest, epoch: int, actor: str) -> dict[str, Any]:
+        try:
+            hold, files = await self.send_files(request.read_only_files)
+        except HostMisbehaved:
+            raise
+        except LinkError as exc:
+            raise SandboxUnavailable(str(exc)) from None
         body = {
             "image": request.image,
             "driver": request.driver,
@@ -223,6 +291,9 @@ class LinkClient:
             "services": [s.to_dict() for s in request.services],
             "epoch": epoch,
             "actor": actor,
+            # Its read-only files, held on the host for it (`send_files`).
+            "files": files,
+            "hold": hold,
         }
         try:
             info = await self._json("POST", "/link/sandboxes", json=body)
@@ -376,6 +447,8 @@ class LinkGetStream:
 
 class LinkChannel(RunsToEnd[LinkExecSession]):
     """`GuestChannel`'s operations for a sandbox on another host, through its link."""
+
+    keeps_stdin_open = False  # one exec is one request: its stdin is sent whole
 
     def __init__(self, link: LinkClient, sandbox_id: str) -> None:
         self.link, self.sandbox_id = link, sandbox_id

@@ -1,11 +1,12 @@
 """The host's end of the link: what a control-plane replica may ask of the sandboxes this host
-runs — create (with its egress rules and services, never a secret), describe, list, destroy,
-exec, files in and out, the browser, who answers a sandbox's `default: ask` questions
-(`approver`: the replica whose run drives it), new egress rules and services for a sandbox
-(`PUT egress`) and its proxy's recent events (`GET egress`: a mark, or the events after one,
-at most `KEPT_PER_SANDBOX`; the replica checks them, `link_egress.py`) — and what it
-collects from the host (`collect`: egress records for the audit chain, credential asks, leaf
-certificate requests and egress questions, which it answers at `asks/{id}`;
+runs — create (with its egress rules and services, never a secret, and the read-only files
+it mounts, sent ahead by hash: `files/SHA/hold`, `files/SHA`; `host_files.py`), describe,
+list, destroy, exec, files in and out, the browser, who answers a sandbox's `default: ask`
+questions (`approver`: the replica whose run drives it), new egress rules and services for a
+sandbox (`PUT egress`) and its proxy's recent events (`GET egress`: a mark, or the events
+after one, at most `KEPT_PER_SANDBOX`; the replica checks them, `link_egress.py`) — and what
+it collects from the host (`collect`: egress records for the audit chain, credential asks,
+leaf certificate requests and egress questions, which it answers at `asks/{id}`;
 `host_outbox.py`).
 
 Served over TLS with the host's link certificate, and only to clients holding a replica's
@@ -28,6 +29,7 @@ import binascii
 import json
 import ssl
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +42,13 @@ from starlette.routing import Route
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import Service, ServiceError, ServiceSet
 from aamp.errors import AampError
+from aamp.fleet.host_files import HostFiles
 from aamp.fleet.host_outbox import HostOutbox, LinkApprover
 from aamp.policy import Resources
 from aamp.policy.hosts import HostError
 from aamp.sandbox.channel.errors import ChannelError, GuestError, GuestTimeout
 from aamp.sandbox.channel.exec_stream import exec_lines
+from aamp.sandbox.driver import ReadOnlyFile
 from aamp.sandbox.held_download import open_download
 from aamp.sandbox.manager import CreateRequest, SandboxManager, block_everything
 
@@ -67,10 +71,49 @@ def link_app(
     host_id: str,
     proof: Callable[[], str | None],
     outbox: HostOutbox | None = None,
+    files: HostFiles | None = None,
 ) -> Starlette:
     """The link's routes over `manager`; `epoch()` is the host's current life, `proof()` the
     nonce of its registration in flight (None between registrations), `outbox` what its
-    egress proxies have for the control plane (`host_outbox.py`; None: nothing)."""
+    egress proxies have for the control plane (`host_outbox.py`; None: nothing), `files`
+    where the read-only files of its creates are kept (None: it takes none)."""
+
+    def host_files() -> HostFiles:
+        if files is None:
+            raise _Refused(400, "invalid_request", "this host takes no read-only files")
+        return files
+
+    async def hold_file(request: Request) -> Response:
+        body = await _json(request)
+        store = host_files()
+        store.sweep({s.id for s in manager.list()})
+        sha, hold = request.path_params["sha"], str(body.get("hold", ""))
+        return JSONResponse({"present": await store.hold(sha, body.get("size"), hold)})
+
+    async def put_host_file(request: Request) -> Response:
+        raw = request.headers.get("content-length", "")
+        if not raw.isdigit():
+            raise _Refused(411, "length_required", "a file sent over the link needs its length")
+        hold = request.query_params.get("hold", "")
+        await host_files().put(request.path_params["sha"], hold, int(raw), request.stream())
+        return Response(status_code=204)
+
+    async def claimed(body: dict[str, Any]) -> tuple[str, tuple[ReadOnlyFile, ...]]:
+        """The create's hold id and its files, each claimed (held and present here)."""
+        wanted = body.get("files") or []
+        if not wanted:
+            return "", ()
+        if not isinstance(wanted, list) or not all(isinstance(f, dict) for f in wanted):
+            raise _Refused(400, "invalid_request", "files is a list of {sha256, target}")
+        hold = str(body.get("hold", ""))
+        paths = await host_files().claim(hold, [str(f.get("sha256")) for f in wanted])
+        try:
+            pairs = zip(paths, wanted, strict=True)
+            mounts = tuple(ReadOnlyFile(p, str(f.get("target"))) for p, f in pairs)
+        except ValueError as exc:
+            host_files().forget(hold)
+            raise _Refused(400, "invalid_request", f"files: {exc}") from None
+        return hold, mounts
 
     async def hello(request: Request) -> Response:
         # Only replicas get here (the handshake): one checking a registration compares
@@ -91,19 +134,28 @@ def link_app(
             )
         resources = Resources(**body.get("resources", {}))
         egress, services = egress_of(body)
-        sandbox = await manager.create(
-            CreateRequest(
-                image=body["image"],
-                driver=body.get("driver"),
-                ttl=body["ttl"],
-                idle=body["idle"],
-                resources=resources,
-                egress=egress,
-                services=services,
-            ),
-            actor=str(body.get("actor", "system")),
-            placed_on=host_id,  # the replica that sent it placed it and records it
+        wanted = CreateRequest(
+            image=body["image"],
+            driver=body.get("driver"),
+            ttl=body["ttl"],
+            idle=body["idle"],
+            resources=resources,
+            egress=egress,
+            services=services,
         )
+        hold, mounts = await claimed(body)
+        try:
+            sandbox = await manager.create(
+                replace(wanted, read_only_files=mounts),
+                actor=str(body.get("actor", "system")),
+                placed_on=host_id,  # the replica that sent it placed it and records it
+            )
+        except BaseException:
+            if mounts:
+                host_files().forget(hold)
+            raise
+        if mounts:
+            host_files().attach(hold, sandbox.id)
         return JSONResponse(sandbox.describe(), status_code=201)
 
     def egress_of(body: dict[str, Any]) -> tuple[EgressRules, ServiceSet]:
@@ -180,6 +232,8 @@ def link_app(
         await manager.destroy(request.path_params["sandbox_id"], reason=reason, actor=actor)
         if outbox is not None:
             outbox.answer_for(request.path_params["sandbox_id"], None)
+        if files is not None:  # the files only it mounted go now
+            files.sweep({s.id for s in manager.list()})
         return Response(status_code=204)
 
     async def exec_(request: Request) -> Response:
@@ -266,6 +320,8 @@ def link_app(
             Route("/link/hello", guarded(hello)),
             Route("/link/collect", guarded(collect), methods=["POST"]),
             Route("/link/asks/{ask_id:str}", guarded(answer), methods=["POST"]),
+            Route("/link/files/{sha:str}/hold", guarded(hold_file), methods=["POST"]),
+            Route("/link/files/{sha:str}", guarded(put_host_file), methods=["PUT"]),
             Route("/link/sandboxes", guarded(create), methods=["POST"]),
             Route("/link/sandboxes", guarded(listing), methods=["GET"]),
             Route(sb, guarded(describe), methods=["GET"]),

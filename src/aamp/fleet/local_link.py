@@ -10,7 +10,10 @@ installation's link CA, which a replica holds anyway (`$AAMP_HOME/link-ca`); the
 and its key are written, 0600, to this process's runtime directory only for the TLS server
 to load, and removed when it stops. The local host registers in its process (its link
 needs no proof: the process holds the CA) with the address other replicas dial
-(`AAMP_FLEET_LINK_ADVERTISE`, default the listen address).
+(`AAMP_FLEET_LINK_ADVERTISE`, default the listen address). The read-only files other
+replicas' creates send it (`host_files.py`) are kept under `$AAMP_HOME/host-files/HOST_ID`
+(the home may be the replicas' shared one: each own host has its directory), emptied at start
+and stop; one no sandbox uses is deleted at the next file or destroy request of the link.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 
 import uvicorn
 
+from aamp.fleet.host_files import HostFiles
 from aamp.fleet.link_ca import LinkCA
 from aamp.fleet.link_server import link_app, link_server
 from aamp.fleet.links import check_address
@@ -45,6 +49,8 @@ class LocalLink:
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
         self._dir: Path | None = None
+        root = manager.settings.home / "host-files" / host_id
+        self.files = HostFiles(root, manager.recorder)
 
     async def start(self, epoch: Callable[[], int]) -> None:
         """Serve the link (`epoch()`: the local host's current life) until `stop`."""
@@ -61,7 +67,8 @@ class LocalLink:
                 out.write(data)
             files.append(path)
         host, port = self.listen.rsplit(":", 1)
-        app = link_app(self.manager, epoch, self.host_id, lambda: None)
+        self.files.clear()
+        app = link_app(self.manager, epoch, self.host_id, lambda: None, files=self.files)
         self._server = server = link_server(
             app, files[0], files[1], self.ca.cert_path, host.strip("[]"), int(port)
         )
@@ -80,3 +87,4 @@ class LocalLink:
         self._server = self._task = None
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
+            shutil.rmtree(self.files.root, ignore_errors=True)

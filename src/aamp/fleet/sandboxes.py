@@ -7,8 +7,9 @@ The candidates are the hosts this replica can drive: the one in its own process 
 `aamp up --role api`), and the hosts on other machines that registered a link (`aamp host
 serve`; `link_client.py`); with none to ask, a create is refused (503 `no_capacity`) saying
 that no host is available. A create a remote host cannot serve yet (`CreateRequest.portable`:
-packages or host files; docs/deployment.md) is placed on the
-replica's own host only; egress rules and services travel with the create (their
+packages; docs/deployment.md) is placed on the
+replica's own host only; egress rules, services and read-only files (by hash:
+`host_files.py`) travel with the create (their
 credentials never: the host asks for them call by call, `credentials.py`, and a replica signs
 its HTTPS services' leaves, `leaves.py`). A sandbox placed on
 a remote host is booted there over the link and recorded here; any replica then reaches it
@@ -92,8 +93,7 @@ NO_HOST = (
 )
 NO_HOST_FOR_THIS = (
     "no sandbox host is available for this sandbox: this replica runs no sandboxes of its own"
-    " (aamp up --role api), and a host on another machine does not take packages or host files"
-    " yet"
+    " (aamp up --role api), and a host on another machine does not take packages yet"
 )
 
 

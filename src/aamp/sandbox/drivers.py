@@ -13,6 +13,13 @@ def all_drivers(settings: Settings) -> list[Driver]:
     return [FirecrackerDriver(settings), GVisorDriver(settings.runtime_dir)]
 
 
+def driver_mounts_files(name: str) -> bool:
+    """Whether driver `name` (of any host, this one's or not) can show host files read-only."""
+    from aamp.sandbox.firecracker import FirecrackerDriver
+
+    return any(d.name == name and d.mounts_files for d in (FirecrackerDriver, GVisorDriver))
+
+
 def probe_all(settings: Settings) -> list[DriverStatus]:
     return [driver.probe() for driver in all_drivers(settings)]
 

@@ -239,8 +239,15 @@ class SandboxManager(WarmPools):
         return [*self.list(), *elsewhere]
 
     def can_mount_files(self, driver: str | None = None) -> bool:
-        """Whether sandboxes of `driver` (default: this host's) can have `read_only_files`."""
-        found = self.drivers.get(driver or self.default_driver)
+        """Whether sandboxes of `driver` (default: this host's) can have `read_only_files`;
+        in a process that runs none itself, whether that driver can on the hosts (the files
+        are sent to the host the sandbox is placed on: `aamp.fleet.host_files`)."""
+        name = driver or self.default_driver
+        if not self.drivers:
+            from aamp.sandbox.drivers import driver_mounts_files
+
+            return driver_mounts_files(name)
+        found = self.drivers.get(name)
         return found is not None and found.mounts_files
 
     async def create(

@@ -16,6 +16,7 @@ import asyncio
 import json
 from typing import Any
 
+from aamp.errors import AampError
 from aamp.sandbox.channel.errors import ChannelError
 from aamp.sandbox.channel.exec_session import ExecSession
 from aamp.sandbox.channel.guest_channel import GuestChannel
@@ -56,6 +57,11 @@ class SearchWorker:
     JSON answer per line on stdout. `start` returns once the process is started: the model
     loads in the guest meanwhile, and the first search waits only for what is left of it.
 
+    Through a channel that cannot keep a stdin open (`keeps_stdin_open` false: a sandbox on
+    another host, reached over its link) no worker stays: each search starts one (`call`,
+    the one-shot `search` action), which loads the model and opens the index for that search
+    alone, and `start` has nothing to do.
+
     One search at a time. A search that times out, a worker that died, or an answer that is
     not one JSON object of at most MAX_ANSWER bytes ends the worker (`WorkerFailed`); the next
     search starts a new one. Nothing here reads from the worker between searches, so it never
@@ -79,6 +85,12 @@ class SearchWorker:
     async def search(
         self, channel: GuestChannel, request: dict[str, Any], timeout: float
     ) -> dict[str, Any]:
+        if not channel.keeps_stdin_open:
+            async with self._lock:
+                try:
+                    return await call(channel, {**request, "action": "search"}, timeout)
+                except (ChannelError, AampError) as exc:  # the link's errors too
+                    raise WorkerFailed(f"the search worker could not run: {exc}") from None
         line = json.dumps({**request, "action": "search"}).encode() + b"\n"
         async with self._lock:
             try:
@@ -105,7 +117,10 @@ class SearchWorker:
             return answer
 
     async def start(self, channel: GuestChannel, timeout: float) -> None:
-        """Start the worker now if it is not running (`WorkerFailed` if it cannot be)."""
+        """Start the worker now if it is not running (`WorkerFailed` if it cannot be); one
+        started per search (`keeps_stdin_open` false) is not started ahead."""
+        if not channel.keeps_stdin_open:
+            return
         async with self._lock:
             try:
                 async with asyncio.timeout(timeout):

@@ -60,9 +60,9 @@ class CreateRequest:
         """Whether a host on another machine can serve it: the link carries its egress rules
         (`default: ask` questions go back to the replica whose run puts them to a person)
         and its services (their credentials asked for call by call, the leaves of HTTPS ones
-        signed by a replica: `aamp.fleet.host_outbox`), not yet packages or host files
-        (docs/deployment.md)."""
-        return not self.packages and not self.read_only_files
+        signed by a replica: `aamp.fleet.host_outbox`) and its read-only files (sent by
+        hash: `aamp.fleet.host_files`), not yet packages (docs/deployment.md)."""
+        return not self.packages
 
     def __post_init__(self) -> None:
         for name in ("ttl", "idle"):
