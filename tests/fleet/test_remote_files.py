@@ -1,0 +1,163 @@
+"""A run whose sandbox mounts a knowledge base's index on a sandbox host on another machine
+(`aamp host serve`, its own process and home), with a real replica on real PostgreSQL, real
+gVisor and the scripted model, loopback only. The replica's own host indexes the documents
+and is then drained, so the run's sandbox can only go to the remote host.
+
+- the index reaches the host over the link by its SHA-256 and is mounted read-only there:
+  the run's `search` finds the passage and cites its document and page; the guest cannot
+  write the file; the run's event says it was mounted read-only;
+- the host keeps no file once the run's sandbox is gone;
+- an upload whose bytes do not hash to the name it is sent under is refused (422) and
+  recorded as `host.file_refused` in the host's log, and nothing of it is kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+from pathlib import Path
+
+import httpx
+from fleet_processes import fleet_on_postgres, host_state, wait_for
+from rag_corpus import markdown, pdf
+
+from aamp.config import Settings
+from aamp.fleet.link_ca import LinkCA, link_name
+
+HEARTBEAT, LOST = "1", "6"
+POLICY = {"name": "kb-work", "image": "rag", "lifetime": {"ttl": "10m", "idle": "5m"}}
+GUIDE_PDF = pdf([
+    "Opening hours of the harbour office are nine to five on weekdays.",
+    "The Orme ferry carries at most 412 passengers on its crossing to Lowick.",
+])  # fmt: skip
+NOTES_MD = markdown("Notes", [("Vault", "The Quillfeather archive keeps its ledgers in vault 7.")])
+INDEX = "/workspace/.knowledge-bases/handbook.sqlite"
+WRITE = f"(echo x >> {INDEX}) 2>&1; echo rc=$?; wc -c < {INDEX}"
+
+
+def _agent(admin: httpx.Client, model_url: str) -> str:
+    agent = admin.post("/v1/agents", json={"name": "reader"}).json()["id"]
+    assert admin.put(f"/v1/policies/{POLICY['name']}", json=POLICY).status_code == 200
+    endpoint = {"base_url": model_url, "models": ["scripted"]}
+    assert admin.put("/v1/model-endpoints/llm-reader", json=endpoint).status_code == 200
+    grants = [("policy", POLICY["name"]), ("image", "rag"), ("model-endpoint", "llm-reader"),
+              ("knowledge-base", "handbook")]  # fmt: skip
+    for kind, item in grants:
+        r = admin.post(f"/v1/agents/{agent}/resources", json={"kind": kind, "name": item})
+        assert r.status_code == 201, r.text
+    definition = {
+        "model": {"endpoint": "llm-reader", "name": "scripted", "timeout": "60s", "retries": 0},
+        "system_prompt": "test",
+        "tools": ["shell", "knowledge-base:handbook"],
+        "policy": POLICY["name"],
+        "limits": {"max_steps": 10, "wall_time": "8m", "tool_timeout": "180s"},
+    }
+    r = admin.put(f"/v1/agents/{agent}/draft", json=definition)
+    assert r.status_code == 200, r.text
+    assert admin.post(f"/v1/agents/{agent}/publish").status_code == 200
+    return agent
+
+
+def _wait_end(admin: httpx.Client, run_id: str, timeout: float = 600) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        run = admin.get(f"/v1/runs/{run_id}").json()
+        if run["status"] in ("succeeded", "failed", "cancelled", "timed_out"):
+            return run
+        assert time.monotonic() < deadline, f"run {run_id} did not end: {run}"
+        time.sleep(0.5)
+
+
+def _events(admin: httpx.Client, run_id: str) -> list[dict]:
+    text = admin.get(f"/v1/runs/{run_id}/events").text
+    out = []
+    for block in text.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        if "event" in fields:
+            out.append({"event": fields["event"], "data": json.loads(fields.get("data", "{}"))})
+    return out
+
+
+def test_a_run_mounts_its_index_read_only_on_a_remote_host(
+    tmp_path: Path, rag_image, postgres_server
+) -> None:
+    from scripted_model import ScriptedModelServerForTests
+
+    fleet = fleet_on_postgres(tmp_path, postgres_server, HEARTBEAT, LOST)
+    query = {"kb": "handbook", "query": "how many passengers can the Orme ferry take?", "k": 3}
+    turns = [
+        {"tool_calls": [{"name": "rag", "arguments": query}]},
+        {"tool_calls": [{"name": "shell", "arguments": {"command": WRITE}}]},
+        {"content": "At most 412 passengers (guide.pdf, page 2)."},
+    ]
+    left: list[int] = []
+    try:
+        a = fleet.replica("rep-a")
+        # -- the replica's own host indexes the documents, then takes no more work ---------
+        assert a.post("/v1/knowledge-bases", json={"name": "handbook"}).status_code == 201
+        for name, data in (("guide.pdf", GUIDE_PDF), ("notes.md", NOTES_MD)):
+            added = a.put(f"/v1/knowledge-bases/handbook/documents/{name}", content=data)
+            assert added.status_code == 201, added.text
+        assert a.post("/v1/hosts/rep-a/drain").status_code == 200
+        h1 = fleet.add_host(a, "h1")
+        h1.start()
+        wait_for(lambda: host_state(a, "h1")["state"] == "active", 120)
+
+        with ScriptedModelServerForTests(turns) as model:
+            agent = _agent(a, model.base_url)
+            made = a.post(f"/v1/agents/{agent}/runs", json={"task": "ferry size?"})
+            assert made.status_code == 201, made.text
+            run = _wait_end(a, made.json()["id"])
+            requests = model.requests
+        assert run["status"] == "succeeded", run
+        events = _events(a, run["id"])
+        sandbox_id = next(e["data"]["sandbox"] for e in events if e["event"] == "sandbox.created")
+        created = a.get("/v1/audit", params={"action": "sandbox.create"}).json()["records"]
+        on = [r["details"].get("host") for r in created if r["resource"] == f"sandbox:{sandbox_id}"]
+        assert on == ["h1"], created
+        mounted = [e["data"] for e in events if e["event"] == "knowledge_base.mounted"]
+        assert [(m["name"], m["read_only"]) for m in mounted] == [("handbook", True)]
+
+        tool_messages = [m["content"] for m in requests[-1]["messages"] if m["role"] == "tool"]
+        found, wrote = tool_messages[0], tool_messages[1]
+        assert found.startswith("[1] guide.pdf, page 2 (score "), found
+        assert "The Orme ferry carries at most 412 passengers" in found
+        assert "Read-only file system" in wrote and "rc=0" not in wrote, wrote
+        assert f"\n{mounted[0]['size']}" in wrote, wrote  # the file unchanged
+
+        # -- the sandbox is gone: so is the file it mounted --------------------------------
+        files = h1.home / "host-files"
+        wait_for(lambda: files.is_dir() and list(files.iterdir()) == [], 30)
+        assert host_state(a, "h1")["used_sandboxes"] == 0
+
+        # -- bytes that are not the file their name says are refused and recorded ----------
+        link = httpx.Client(
+            base_url=f"https://127.0.0.1:{h1.port}",
+            verify=LinkCA.of(Settings.from_env({"AAMP_HOME": str(fleet.home)})).replica_context(),
+            timeout=30,
+        )
+        sni = {"sni_hostname": link_name("h1")}
+        meant, sent = b"the index meant " * 64, b"something else! " * 64
+        sha, hold = hashlib.sha256(meant).hexdigest(), secrets.token_hex(16)
+        held = link.post(
+            f"/link/files/{sha}/hold", json={"hold": hold, "size": len(meant)}, extensions=sni
+        )
+        assert held.status_code == 200 and held.json() == {"present": False}, held.text
+        put = link.put(f"/link/files/{sha}", params={"hold": hold}, content=sent, extensions=sni)
+        assert put.status_code == 422 and put.json()["code"] == "file_refused", put.text
+        unheld = link.put(
+            f"/link/files/{'0' * 64}", params={"hold": hold}, content=sent, extensions=sni
+        )
+        assert unheld.status_code == 404, unheld.text
+        link.close()
+        assert list(files.iterdir()) == []
+        log = h1.log.read_text()
+        refused = [line for line in log.splitlines() if "host.file_refused" in line]
+        assert len(refused) == 2, log[-3000:]
+        assert f"host-file:{sha}" in refused[0] and "deny" in refused[0]
+        assert "hash to " + hashlib.sha256(sent).hexdigest() in refused[0]
+    finally:
+        left = fleet.close()
+    assert left == []
