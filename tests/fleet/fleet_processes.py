@@ -14,6 +14,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import httpx
 
@@ -102,6 +103,26 @@ class HostProcess:
                 self.proc.kill()
                 self.proc.wait()
         shutil.rmtree(self.runtime, ignore_errors=True)
+
+
+def up_api(
+    home: Path, port: int, out: int | IO[bytes] = subprocess.PIPE, **env: str
+) -> subprocess.Popen[bytes]:
+    """`python -m aamp up --role api` as an operator starts it, its output to `out`; `env`
+    adds settings (the AAMP_* settings of this process are not passed on)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "aamp", "up", "--role", "api"],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("AAMP_")},
+            "AAMP_HOME": str(home),
+            "AAMP_HOST": "127.0.0.1",
+            "AAMP_PORT": str(port),
+            "AAMP_ADMIN_PASSWORD": "admin-password-for-tests",
+            **env,
+        },
+    )
 
 
 def wait_for(predicate, timeout: float = 60.0, every: float = 0.1) -> None:  # type: ignore[no-untyped-def]

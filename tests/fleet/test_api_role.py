@@ -13,35 +13,29 @@ real PostgreSQL and gVisor, loopback only.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import httpx
-from fleet_processes import HostProcess, exec_in, fleet_on_postgres, free_port, host_state, wait_for
+from fleet_processes import (
+    HostProcess,
+    exec_in,
+    fleet_on_postgres,
+    free_port,
+    host_state,
+    up_api,
+    wait_for,
+)
 
 HEARTBEAT, LOST = "1", "4"
 
 
 def _up_api(home: Path, port: int, **env: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "aamp", "up", "--role", "api"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={
-            **{k: v for k, v in os.environ.items() if not k.startswith("AAMP_")},
-            "AAMP_HOME": str(home),
-            "AAMP_HOST": "127.0.0.1",
-            "AAMP_PORT": str(port),
-            "AAMP_ADMIN_PASSWORD": "admin-password-for-tests",
-            "AAMP_FLEET_HEARTBEAT_SECONDS": HEARTBEAT,
-            "AAMP_FLEET_LOST_SECONDS": LOST,
-            **env,
-        },
+    return up_api(
+        home, port, AAMP_FLEET_HEARTBEAT_SECONDS=HEARTBEAT, AAMP_FLEET_LOST_SECONDS=LOST, **env
     )
 
 

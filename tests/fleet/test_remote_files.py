@@ -7,6 +7,8 @@ and is then drained, so the run's sandbox can only go to the remote host.
   the run's `search` finds the passage and cites its document and page; the guest cannot
   write the file; the run's event says it was mounted read-only;
 - the host keeps no file once the run's sandbox is gone;
+- a replica that runs no sandbox itself (`aamp up --role api`) mounts it the same way (its
+  run's index is not copied in);
 - an upload whose bytes do not hash to the name it is sent under is refused (422) and
   recorded as `host.file_refused` in the host's log, and nothing of it is kept.
 """
@@ -20,7 +22,7 @@ import time
 from pathlib import Path
 
 import httpx
-from fleet_processes import fleet_on_postgres, host_state, wait_for
+from fleet_processes import fleet_on_postgres, free_port, host_state, up_api, wait_for
 from rag_corpus import markdown, pdf
 
 from aamp.config import Settings
@@ -37,8 +39,8 @@ INDEX = "/workspace/.knowledge-bases/handbook.sqlite"
 WRITE = f"(echo x >> {INDEX}) 2>&1; echo rc=$?; wc -c < {INDEX}"
 
 
-def _agent(admin: httpx.Client, model_url: str) -> str:
-    agent = admin.post("/v1/agents", json={"name": "reader"}).json()["id"]
+def _agent(admin: httpx.Client, model_url: str, name: str) -> str:
+    agent = admin.post("/v1/agents", json={"name": name}).json()["id"]
     assert admin.put(f"/v1/policies/{POLICY['name']}", json=POLICY).status_code == 200
     endpoint = {"base_url": model_url, "models": ["scripted"]}
     assert admin.put("/v1/model-endpoints/llm-reader", json=endpoint).status_code == 200
@@ -80,11 +82,34 @@ def _events(admin: httpx.Client, run_id: str) -> list[dict]:
     return out
 
 
+def _run(admin: httpx.Client, turns: list[dict], name: str) -> tuple[dict, list[str], list[dict]]:
+    """A run of a new agent `name` answered by `turns`: the run, its tool messages as the
+    model last saw them, its events."""
+    from scripted_model import ScriptedModelServerForTests
+
+    with ScriptedModelServerForTests(turns) as model:
+        agent = _agent(admin, model.base_url, name)
+        made = admin.post(f"/v1/agents/{agent}/runs", json={"task": "ferry size?"})
+        assert made.status_code == 201, made.text
+        run = _wait_end(admin, made.json()["id"])
+        messages = model.requests[-1]["messages"]
+    return run, [m["content"] for m in messages if m["role"] == "tool"], _events(admin, run["id"])
+
+
+def _on_h1_read_only(admin: httpx.Client, events: list[dict]) -> dict:
+    """The run's sandbox was on host h1 and its index mounted read-only; the mount event."""
+    sandbox_id = next(e["data"]["sandbox"] for e in events if e["event"] == "sandbox.created")
+    created = admin.get("/v1/audit", params={"action": "sandbox.create"}).json()["records"]
+    on = [r["details"].get("host") for r in created if r["resource"] == f"sandbox:{sandbox_id}"]
+    assert on == ["h1"], created
+    mounted = [e["data"] for e in events if e["event"] == "knowledge_base.mounted"]
+    assert [(m["name"], m["read_only"]) for m in mounted] == [("handbook", True)], events
+    return mounted[0]
+
+
 def test_a_run_mounts_its_index_read_only_on_a_remote_host(
     tmp_path: Path, rag_image, postgres_server
 ) -> None:
-    from scripted_model import ScriptedModelServerForTests
-
     fleet = fleet_on_postgres(tmp_path, postgres_server, HEARTBEAT, LOST)
     query = {"kb": "handbook", "query": "how many passengers can the Orme ferry take?", "k": 3}
     turns = [
@@ -105,32 +130,40 @@ def test_a_run_mounts_its_index_read_only_on_a_remote_host(
         h1.start()
         wait_for(lambda: host_state(a, "h1")["state"] == "active", 120)
 
-        with ScriptedModelServerForTests(turns) as model:
-            agent = _agent(a, model.base_url)
-            made = a.post(f"/v1/agents/{agent}/runs", json={"task": "ferry size?"})
-            assert made.status_code == 201, made.text
-            run = _wait_end(a, made.json()["id"])
-            requests = model.requests
+        run, tool_messages, events = _run(a, turns, "reader")
         assert run["status"] == "succeeded", run
-        events = _events(a, run["id"])
-        sandbox_id = next(e["data"]["sandbox"] for e in events if e["event"] == "sandbox.created")
-        created = a.get("/v1/audit", params={"action": "sandbox.create"}).json()["records"]
-        on = [r["details"].get("host") for r in created if r["resource"] == f"sandbox:{sandbox_id}"]
-        assert on == ["h1"], created
-        mounted = [e["data"] for e in events if e["event"] == "knowledge_base.mounted"]
-        assert [(m["name"], m["read_only"]) for m in mounted] == [("handbook", True)]
-
-        tool_messages = [m["content"] for m in requests[-1]["messages"] if m["role"] == "tool"]
+        mounted = _on_h1_read_only(a, events)
         found, wrote = tool_messages[0], tool_messages[1]
         assert found.startswith("[1] guide.pdf, page 2 (score "), found
         assert "The Orme ferry carries at most 412 passengers" in found
         assert "Read-only file system" in wrote and "rc=0" not in wrote, wrote
-        assert f"\n{mounted[0]['size']}" in wrote, wrote  # the file unchanged
+        assert f"\n{mounted['size']}" in wrote, wrote  # the file unchanged
 
         # -- the sandbox is gone: so is the file it mounted --------------------------------
         files = h1.home / "host-files"
         wait_for(lambda: files.is_dir() and list(files.iterdir()) == [], 30)
         assert host_state(a, "h1")["used_sandboxes"] == 0
+
+        # -- a replica that runs no sandbox itself (`aamp up --role api`) sends it too -----
+        port = free_port()
+        with open(tmp_path / "api.log", "wb") as out:
+            proc = up_api(fleet.home, port, out, **fleet.env)
+        fleet.replicas.append((proc, str(tmp_path / "no-runtime"), port))
+        api = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=a.headers, timeout=120)
+
+        def up() -> bool:
+            assert proc.poll() is None, (tmp_path / "api.log").read_text()
+            try:
+                return api.get("/v1/health").status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(up, 180)
+        run, tool_messages, events = _run(api, [turns[0], turns[2]], "reader-api")
+        assert run["status"] == "succeeded", run
+        _on_h1_read_only(api, events)  # mounted, not copied: the host's gVisor binds it
+        assert tool_messages[0].startswith("[1] guide.pdf, page 2 (score "), tool_messages
+        wait_for(lambda: list(files.iterdir()) == [], 30)
 
         # -- bytes that are not the file their name says are refused and recorded ----------
         link = httpx.Client(
