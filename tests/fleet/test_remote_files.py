@@ -112,8 +112,10 @@ def test_a_run_mounts_its_index_read_only_on_a_remote_host(
 ) -> None:
     fleet = fleet_on_postgres(tmp_path, postgres_server, HEARTBEAT, LOST)
     query = {"kb": "handbook", "query": "how many passengers can the Orme ferry take?", "k": 3}
+    vault = {"kb": "handbook", "query": "which vault holds the Quillfeather ledgers?", "k": 3}
     turns = [
         {"tool_calls": [{"name": "rag", "arguments": query}]},
+        {"tool_calls": [{"name": "rag", "arguments": vault}]},
         {"tool_calls": [{"name": "shell", "arguments": {"command": WRITE}}]},
         {"content": "At most 412 passengers (guide.pdf, page 2)."},
     ]
@@ -133,9 +135,14 @@ def test_a_run_mounts_its_index_read_only_on_a_remote_host(
         run, tool_messages, events = _run(a, turns, "reader")
         assert run["status"] == "succeeded", run
         mounted = _on_h1_read_only(a, events)
-        found, wrote = tool_messages[0], tool_messages[1]
+        found, again, wrote = tool_messages
         assert found.startswith("[1] guide.pdf, page 2 (score "), found
         assert "The Orme ferry carries at most 412 passengers" in found
+        assert again.startswith("[1] notes.md") and "vault 7" in again, again
+        # The host keeps the resident worker: the second search pays no model load (a
+        # figure, never asserted).
+        took = [e["data"]["seconds"] for e in events if e["event"] == "tool.result"]
+        print(f"remote searches took {took[0]:.2f} s and {took[1]:.2f} s")
         assert "Read-only file system" in wrote and "rc=0" not in wrote, wrote
         assert f"\n{mounted['size']}" in wrote, wrote  # the file unchanged
 
@@ -159,7 +166,7 @@ def test_a_run_mounts_its_index_read_only_on_a_remote_host(
                 return False
 
         wait_for(up, 180)
-        run, tool_messages, events = _run(api, [turns[0], turns[2]], "reader-api")
+        run, tool_messages, events = _run(api, [turns[0], turns[-1]], "reader-api")
         assert run["status"] == "succeeded", run
         _on_h1_read_only(api, events)  # mounted, not copied: the host's gVisor binds it
         assert tool_messages[0].startswith("[1] guide.pdf, page 2 (score "), tool_messages

@@ -1,7 +1,8 @@
 """`serve_host`: `aamp host serve`'s start-up — this machine's settings and drivers, the
 host's credentials from `--cert-dir`, then `SandboxHost.serve` until stopped.
 
-The host keeps no audit log of its own: its sandboxes' lifecycle goes to its process log,
+The host keeps no audit log of its own: its sandboxes' lifecycle and its refusals of the
+read-only files a replica sends (`host.file_refused`, `host_files.py`) go to its process log,
 the control plane audits every request it sends over the link, and its egress proxies'
 records reach the control plane's audit chain through the link (`host_outbox.py`).
 """

@@ -47,6 +47,7 @@ log = logging.getLogger("aamp.fleet")
 # What a replica reads of a host's answer at most: more is refused, never buffered whole.
 MAX_ANSWER = 1 * 2**20  # one sandbox described, an error, a hello
 MAX_LIST_ANSWER = 16 * 2**20  # every sandbox a host runs, described
+MAX_SEARCH_ANSWER = 5 * 2**20  # one knowledge-base search (the worker's own cap is 4 MB)
 MAX_EXEC_LINE = 1 * 2**20  # one line of an exec stream (a guest's output chunk, base64)
 SUCCESS_STATUSES = frozenset({200, 201, 204})
 # The error statuses the link uses (`link_server.py`); any other is the host misbehaving.
@@ -448,8 +449,6 @@ class LinkGetStream:
 class LinkChannel(RunsToEnd[LinkExecSession]):
     """`GuestChannel`'s operations for a sandbox on another host, through its link."""
 
-    keeps_stdin_open = False  # one exec is one request: its stdin is sent whole
-
     def __init__(self, link: LinkClient, sandbox_id: str) -> None:
         self.link, self.sandbox_id = link, sandbox_id
         self._path = f"/link/sandboxes/{sandbox_id}"
@@ -492,6 +491,20 @@ class LinkChannel(RunsToEnd[LinkExecSession]):
             await response.aclose()
             raise await self.link.refuse("a file sent without its length")
         return LinkGetStream(response, int(size))
+
+    async def search_resident(
+        self, warm: tuple[str, ...], request: dict[str, Any] | None, timeout: float
+    ) -> dict[str, Any]:
+        """A search (or, `request` None, only a start) by the resident knowledge-base worker
+        its host keeps for this sandbox (`rag_worker.SearchWorker` there): a link exec keeps
+        no stdin open, so the worker cannot be driven from here."""
+        body = {"warm": list(warm), "request": request, "timeout": timeout}
+        answer = await self.link._json(
+            "POST", self._path + "/search", MAX_SEARCH_ANSWER, json=body, timeout=timeout + 30
+        )
+        if not isinstance(answer, dict):
+            raise await self.link.refuse("a search answer that is not a JSON object")
+        return answer
 
     async def browser(self, request: dict[str, Any], *, timeout: float, max_answer: int) -> bytes:
         body = {"request": request, "timeout": timeout, "max_answer": max_answer}

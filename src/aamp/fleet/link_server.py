@@ -1,13 +1,14 @@
 """The host's end of the link: what a control-plane replica may ask of the sandboxes this host
 runs — create (with its egress rules and services, never a secret, and the read-only files
 it mounts, sent ahead by hash: `files/SHA/hold`, `files/SHA`; `host_files.py`), describe,
-list, destroy, exec, files in and out, the browser, who answers a sandbox's `default: ask`
-questions (`approver`: the replica whose run drives it), new egress rules and services for a
-sandbox (`PUT egress`) and its proxy's recent events (`GET egress`: a mark, or the events
-after one, at most `KEPT_PER_SANDBOX`; the replica checks them, `link_egress.py`) — and what
-it collects from the host (`collect`: egress records for the audit chain, credential asks,
-leaf certificate requests and egress questions, which it answers at `asks/{id}`;
-`host_outbox.py`).
+list, destroy, exec, files in and out, the browser, knowledge-base searches (`search`: by a
+resident worker the host keeps per sandbox, since a link exec keeps no stdin open), who
+answers a sandbox's `default: ask` questions (`approver`: the replica whose run drives it),
+new egress rules and services for a sandbox (`PUT egress`) and its proxy's recent events
+(`GET egress`: a mark, or the events after one, at most `KEPT_PER_SANDBOX`; the replica
+checks them, `link_egress.py`) — and what it collects from the host (`collect`: egress
+records for the audit chain, credential asks, leaf certificate requests and egress
+questions, which it answers at `asks/{id}`; `host_outbox.py`).
 
 Served over TLS with the host's link certificate, and only to clients holding a replica's
 certificate from the installation's link CA (`link_ca.py`; the handshake refuses anyone
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import ssl
 from collections.abc import AsyncIterator, Callable
@@ -51,6 +53,7 @@ from aamp.sandbox.channel.exec_stream import exec_lines
 from aamp.sandbox.driver import ReadOnlyFile
 from aamp.sandbox.held_download import open_download
 from aamp.sandbox.manager import CreateRequest, SandboxManager, block_everything
+from aamp.sandbox.rag_worker import SearchWorker, WorkerFailed
 
 MAX_BODY = 24 * 1024 * 1024
 
@@ -77,6 +80,45 @@ def link_app(
     nonce of its registration in flight (None between registrations), `outbox` what its
     egress proxies have for the control plane (`host_outbox.py`; None: nothing), `files`
     where the read-only files of its creates are kept (None: it takes none)."""
+
+    # Each sandbox's resident knowledge-base worker (`search`), ended with its sandbox.
+    workers: dict[str, SearchWorker] = {}
+
+    async def end_workers() -> None:
+        live = {s.id for s in manager.list()}
+        for sandbox_id in [i for i in workers if i not in live]:
+            with contextlib.suppress(Exception):  # its sandbox, and the process, are gone
+                await workers.pop(sandbox_id).close()
+
+    async def search(request: Request) -> Response:
+        sandbox_id, body = request.path_params["sandbox_id"], await _json(request)
+        manager.get(sandbox_id)
+        await end_workers()
+        warm, asked, timeout = body.get("warm") or [], body.get("request"), body.get("timeout")
+        if not (isinstance(warm, list) and len(warm) <= 16 and all(
+                isinstance(w, str) and 0 < len(w) <= 300 for w in warm)):  # fmt: skip
+            raise _Refused(400, "invalid_request", "warm is a list of index paths")
+        if asked is not None and not isinstance(asked, dict):
+            raise _Refused(400, "invalid_request", "request is a search request or null")
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+            raise _Refused(400, "invalid_request", "timeout is a number of seconds")
+        if not 0 < timeout <= 3600:
+            raise _Refused(400, "invalid_request", "timeout is 0 to 3600 seconds")
+        worker = workers.get(sandbox_id)
+        if worker is None or worker.warm != tuple(warm):
+            if worker is not None:
+                await worker.close()
+            worker = workers[sandbox_id] = SearchWorker(warm=tuple(warm))
+        try:
+            async with manager.use(sandbox_id) as channel:
+                if asked is None:
+                    await worker.start(channel, float(timeout))
+                    return JSONResponse({})
+                answer = await worker.search(channel, asked, float(timeout))
+        except WorkerFailed as exc:
+            body = {"code": "worker_failed", "message": str(exc), "kind": "guest"}
+            return JSONResponse(body, status_code=502)
+        return JSONResponse(answer)
 
     def host_files() -> HostFiles:
         if files is None:
@@ -234,6 +276,7 @@ def link_app(
             outbox.answer_for(request.path_params["sandbox_id"], None)
         if files is not None:  # the files only it mounted go now
             files.sweep({s.id for s in manager.list()})
+        await end_workers()
         return Response(status_code=204)
 
     async def exec_(request: Request) -> Response:
@@ -330,6 +373,7 @@ def link_app(
             Route(sb + "/files", guarded(put_file), methods=["PUT"]),
             Route(sb + "/files", guarded(get_file), methods=["GET"]),
             Route(sb + "/browser", guarded(browser), methods=["POST"]),
+            Route(sb + "/search", guarded(search), methods=["POST"]),
             Route(sb + "/approver", guarded(approver), methods=["POST"]),
             Route(sb + "/egress", guarded(update_egress), methods=["PUT"]),
             Route(sb + "/egress", guarded(egress_view), methods=["GET"]),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from aamp.errors import AampError
 from aamp.sandbox.channel.errors import ChannelError
@@ -49,6 +49,17 @@ async def call(channel: GuestChannel, request: dict[str, Any], timeout: float) -
     return answer
 
 
+@runtime_checkable
+class SearchesForYou(Protocol):
+    """A channel whose far end keeps the resident worker itself (a sandbox on another host:
+    `aamp.fleet.link_client.LinkChannel`): `request` searched by the worker warmed on `warm`
+    (None: only started), its answer (a JSON object, still the guest's word)."""
+
+    async def search_resident(
+        self, warm: tuple[str, ...], request: dict[str, Any] | None, timeout: float
+    ) -> dict[str, Any]: ...
+
+
 class SearchWorker:
     """Searches answered by one resident worker in a sandbox (`aamp.guest.rag` `serve`): it
     is started by `start` (a run's sandbox starting) or else on the first search, loads the
@@ -57,10 +68,10 @@ class SearchWorker:
     JSON answer per line on stdout. `start` returns once the process is started: the model
     loads in the guest meanwhile, and the first search waits only for what is left of it.
 
-    Through a channel that cannot keep a stdin open (`keeps_stdin_open` false: a sandbox on
-    another host, reached over its link) no worker stays: each search starts one (`call`,
-    the one-shot `search` action), which loads the model and opens the index for that search
-    alone, and `start` has nothing to do.
+    Through a channel to a sandbox on another host (one that `searches_for_you`: its link
+    keeps no stdin open, one exec being one request) the resident worker is the host's own: the
+    host keeps a `SearchWorker` per sandbox (`aamp.fleet.link_server`, `/search`) and each
+    search or start here is one request to it, so the model stays loaded there too.
 
     One search at a time. A search that times out, a worker that died, or an answer that is
     not one JSON object of at most MAX_ANSWER bytes ends the worker (`WorkerFailed`); the next
@@ -85,12 +96,8 @@ class SearchWorker:
     async def search(
         self, channel: GuestChannel, request: dict[str, Any], timeout: float
     ) -> dict[str, Any]:
-        if not channel.keeps_stdin_open:
-            async with self._lock:
-                try:
-                    return await call(channel, {**request, "action": "search"}, timeout)
-                except (ChannelError, AampError) as exc:  # the link's errors too
-                    raise WorkerFailed(f"the search worker could not run: {exc}") from None
+        if isinstance(channel, SearchesForYou):
+            return await self._elsewhere(channel, request, timeout)
         line = json.dumps({**request, "action": "search"}).encode() + b"\n"
         async with self._lock:
             try:
@@ -117,9 +124,9 @@ class SearchWorker:
             return answer
 
     async def start(self, channel: GuestChannel, timeout: float) -> None:
-        """Start the worker now if it is not running (`WorkerFailed` if it cannot be); one
-        started per search (`keeps_stdin_open` false) is not started ahead."""
-        if not channel.keeps_stdin_open:
+        """Start the worker now if it is not running (`WorkerFailed` if it cannot be)."""
+        if isinstance(channel, SearchesForYou):
+            await self._elsewhere(channel, None, timeout)
             return
         async with self._lock:
             try:
@@ -128,6 +135,15 @@ class SearchWorker:
             except (ChannelError, TimeoutError) as exc:
                 await self.close()
                 raise WorkerFailed(f"the search worker did not start: {exc}") from None
+
+    async def _elsewhere(
+        self, channel: SearchesForYou, request: dict[str, Any] | None, timeout: float
+    ) -> dict[str, Any]:
+        async with self._lock:
+            try:
+                return await channel.search_resident(self.warm, request, timeout)
+            except (ChannelError, AampError) as exc:  # the link's errors too
+                raise WorkerFailed(f"the search worker on the sandbox's host: {exc}") from None
 
     async def _started(self, channel: GuestChannel) -> ExecSession:
         if self._session is None:

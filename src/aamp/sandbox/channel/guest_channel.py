@@ -80,10 +80,6 @@ class RunsToEnd(Generic[S]):
     """`exec` and `run`, said once for every channel: one starts a `Command` (`launch`), here
     or on another host (`aamp.fleet.link_client`)."""
 
-    # Whether `exec(..., stdin_open=True)` works: a channel to another host's sandbox cannot
-    # keep a stdin open (its exec is one request), and says so here.
-    keeps_stdin_open = True
-
     async def launch(self, command: Command) -> S:
         raise NotImplementedError
 
