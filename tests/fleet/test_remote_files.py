@@ -10,7 +10,10 @@ and is then drained, so the run's sandbox can only go to the remote host.
 - a replica that runs no sandbox itself (`aamp up --role api`) mounts it the same way (its
   run's index is not copied in);
 - an upload whose bytes do not hash to the name it is sent under is refused (422) and
-  recorded as `host.file_refused` in the host's log, and nothing of it is kept.
+  recorded as `host.file_refused` in the host's log, and nothing of it is kept; the right
+  bytes are kept (0600), and a second hold finds them there;
+- a host found stale (stopped until it was marked lost) deletes every file it kept before
+  its new life.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import signal
 import time
 from pathlib import Path
 
@@ -191,13 +195,33 @@ def test_a_run_mounts_its_index_read_only_on_a_remote_host(
             f"/link/files/{'0' * 64}", params={"hold": hold}, content=sent, extensions=sni
         )
         assert unheld.status_code == 404, unheld.text
-        link.close()
         assert list(files.iterdir()) == []
         log = h1.log.read_text()
         refused = [line for line in log.splitlines() if "host.file_refused" in line]
         assert len(refused) == 2, log[-3000:]
         assert f"host-file:{sha}" in refused[0] and "deny" in refused[0]
         assert "hash to " + hashlib.sha256(sent).hexdigest() in refused[0]
+
+        # -- the right bytes are kept (held, no create yet); a stale epoch clears them -----
+        put = link.put(f"/link/files/{sha}", params={"hold": hold}, content=meant, extensions=sni)
+        assert put.status_code == 204, put.text
+        assert [(p.name, p.stat().st_mode & 0o777) for p in files.iterdir()] == [(sha, 0o600)]
+        other = link.post(
+            f"/link/files/{sha}/hold",
+            json={"hold": secrets.token_hex(16), "size": len(meant)},
+            extensions=sni,
+        )
+        assert other.json() == {"present": True}  # a second create sends nothing
+        link.close()
+        epoch = host_state(a, "h1")["epoch"]
+        assert h1.proc is not None
+        h1.proc.send_signal(signal.SIGSTOP)  # it misses its heartbeats and is marked lost
+        try:
+            wait_for(lambda: host_state(a, "h1")["state"] == "lost", 60)
+        finally:
+            h1.proc.send_signal(signal.SIGCONT)
+        wait_for(lambda: host_state(a, "h1")["epoch"] > epoch, 60)
+        assert list(files.iterdir()) == []  # cleared before its new life took work
     finally:
         left = fleet.close()
     assert left == []
