@@ -1,7 +1,8 @@
 """A run whose sandbox mounts a knowledge base's index on a sandbox host on another machine
 (`aamp host serve`, its own process and home), with a real replica on real PostgreSQL, real
-gVisor and the scripted model, loopback only. The replica's own host indexes the documents
-and is then drained, so the run's sandbox can only go to the remote host.
+gVisor and the scripted model, loopback only. The replica's own host is drained, so the
+indexing sandbox (its index read back over the link) and the run's can only go to the
+remote host.
 
 - the index reaches the host over the link by its SHA-256 and is mounted read-only there:
   the run's `search` finds the passage and cites its document and page; the guest cannot
@@ -13,11 +14,15 @@ and is then drained, so the run's sandbox can only go to the remote host.
   recorded as `host.file_refused` in the host's log, and nothing of it is kept; the right
   bytes are kept (0600), and a second hold finds them there;
 - a host found stale (stopped until it was marked lost) deletes every file it kept before
-  its new life.
+  its new life;
+- a replica's own host serving a link (`AAMP_FLEET_LINK_LISTEN`) takes a create's files over
+  it the same way (hold, send, claim, mount read-only; a create that held none of them is
+  refused), and keeps none once the sandbox is gone.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import secrets
@@ -96,16 +101,17 @@ def _run(admin: httpx.Client, turns: list[dict], name: str) -> tuple[dict, list[
         made = admin.post(f"/v1/agents/{agent}/runs", json={"task": "ferry size?"})
         assert made.status_code == 201, made.text
         run = _wait_end(admin, made.json()["id"])
+        assert model.requests, (run.get("status"), run.get("reason"), run.get("error"))
         messages = model.requests[-1]["messages"]
     return run, [m["content"] for m in messages if m["role"] == "tool"], _events(admin, run["id"])
 
 
-def _on_h1_read_only(admin: httpx.Client, events: list[dict]) -> dict:
-    """The run's sandbox was on host h1 and its index mounted read-only; the mount event."""
+def _on_h1_read_only(admin: httpx.Client, events: list[dict], host: str = "h1") -> dict:
+    """The run's sandbox was on `host` and its index mounted read-only; the mount event."""
     sandbox_id = next(e["data"]["sandbox"] for e in events if e["event"] == "sandbox.created")
     created = admin.get("/v1/audit", params={"action": "sandbox.create"}).json()["records"]
     on = [r["details"].get("host") for r in created if r["resource"] == f"sandbox:{sandbox_id}"]
-    assert on == ["h1"], created
+    assert on == [host], created
     mounted = [e["data"] for e in events if e["event"] == "knowledge_base.mounted"]
     assert [(m["name"], m["read_only"]) for m in mounted] == [("handbook", True)], events
     return mounted[0]
@@ -126,15 +132,15 @@ def test_a_run_mounts_its_index_read_only_on_a_remote_host(
     left: list[int] = []
     try:
         a = fleet.replica("rep-a")
-        # -- the replica's own host indexes the documents, then takes no more work ---------
-        assert a.post("/v1/knowledge-bases", json={"name": "handbook"}).status_code == 201
-        for name, data in (("guide.pdf", GUIDE_PDF), ("notes.md", NOTES_MD)):
-            added = a.put(f"/v1/knowledge-bases/handbook/documents/{name}", content=data)
-            assert added.status_code == 201, added.text
+        # -- the replica's own host takes no work: the documents are indexed on h1 too ----
         assert a.post("/v1/hosts/rep-a/drain").status_code == 200
         h1 = fleet.add_host(a, "h1")
         h1.start()
         wait_for(lambda: host_state(a, "h1")["state"] == "active", 120)
+        assert a.post("/v1/knowledge-bases", json={"name": "handbook"}).status_code == 201
+        for name, data in (("guide.pdf", GUIDE_PDF), ("notes.md", NOTES_MD)):
+            added = a.put(f"/v1/knowledge-bases/handbook/documents/{name}", content=data)
+            assert added.status_code == 201, added.text
 
         run, tool_messages, events = _run(a, turns, "reader")
         assert run["status"] == "succeeded", run
@@ -222,6 +228,61 @@ def test_a_run_mounts_its_index_read_only_on_a_remote_host(
             h1.proc.send_signal(signal.SIGCONT)
         wait_for(lambda: host_state(a, "h1")["epoch"] > epoch, 60)
         assert list(files.iterdir()) == []  # cleared before its new life took work
+    finally:
+        left = fleet.close()
+    assert left == []
+
+
+def test_a_replicas_own_host_takes_the_files_another_replica_sends(
+    tmp_path: Path, base_image, postgres_server
+) -> None:
+    """Through replica A's link (`AAMP_FLEET_LINK_LISTEN`), as replica B's `LinkClient`
+    sends a create: the file held, sent, claimed by the create and mounted read-only; gone
+    with the sandbox. (A run that B places on A's own host cannot start yet, whatever its
+    files: A's own host answers no `approver` over its link — noted in the report.)"""
+    fleet = fleet_on_postgres(tmp_path, postgres_server, HEARTBEAT, LOST)
+    left: list[int] = []
+    try:
+        a = fleet.replica("rep-a", AAMP_FLEET_LINK_LISTEN=f"127.0.0.1:{free_port()}")
+        wait_for(lambda: host_state(a, "rep-a")["link_address"] is not None, 60)
+        own = host_state(a, "rep-a")
+        link = httpx.Client(
+            base_url=f"https://{own['link_address']}",
+            verify=LinkCA.of(Settings.from_env({"AAMP_HOME": str(fleet.home)})).replica_context(),
+            timeout=120,
+        )
+        sni = {"sni_hostname": link_name("rep-a")}
+        data, hold = b"read me, never write me\n" * 100, secrets.token_hex(16)
+        sha = hashlib.sha256(data).hexdigest()
+        held = link.post(f"/link/files/{sha}/hold", json={"hold": hold, "size": len(data)},
+                         extensions=sni)  # fmt: skip
+        assert held.json() == {"present": False}, held.text
+        put = link.put(f"/link/files/{sha}", params={"hold": hold}, content=data, extensions=sni)
+        assert put.status_code == 204, put.text
+        files = fleet.home / "host-files" / "rep-a"
+        assert [p.name for p in files.iterdir()] == [sha]
+        target = "/workspace/kept/file.txt"
+        body = {"image": "base", "ttl": 300, "idle": 300, "epoch": own["epoch"],
+                "files": [{"sha256": sha, "target": target}], "hold": hold}  # fmt: skip
+        made = link.post("/link/sandboxes", json=body, extensions=sni)
+        assert made.status_code == 201, made.text
+        sandbox = made.json()["id"]
+        script = f"head -c 24 {target}; (echo x >> {target}) 2>&1; wc -c < {target}"
+        ran = link.post(f"/link/sandboxes/{sandbox}/exec", json={"argv": ["sh", "-c", script]},
+                        extensions=sni)  # fmt: skip
+        lines = [json.loads(line) for line in ran.text.splitlines()]
+        out = b"".join(base64.b64decode(x["data"]) for x in lines if "data" in x).decode()
+        assert out.startswith("read me, never write me\n"), out
+        assert "Read-only file system" in out and f"\n{len(data)}\n" in out, out
+        # A create naming a file it did not hold is refused, and boots nothing.
+        body["hold"] = secrets.token_hex(16)
+        refused = link.post("/link/sandboxes", json=body, extensions=sni)
+        assert refused.status_code == 422, refused.text
+        gone = link.delete(f"/link/sandboxes/{sandbox}", extensions=sni)
+        assert gone.status_code == 204, gone.text
+        assert list(files.iterdir()) == []
+        assert link.get("/link/sandboxes", extensions=sni).json() == []
+        link.close()
     finally:
         left = fleet.close()
     assert left == []

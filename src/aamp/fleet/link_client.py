@@ -430,6 +430,14 @@ class LinkGetStream:
         self._response, self.size = response, size
         self._chunks = response.aiter_raw()
 
+    # Used as `GuestChannel.get`'s stream is (a knowledge base's indexing reads its index
+    # back this way): closed on leaving.
+    async def __aenter__(self) -> LinkGetStream:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
     def __aiter__(self) -> LinkGetStream:
         return self
 
