@@ -237,20 +237,29 @@ class FleetPlacer:
 
         await self.store.run(forget)
 
-    def record_owner(self, sandbox_id: str, owner: str, agent: str | None, policy: str | None):  # type: ignore[no-untyped-def]
-        """(Blocking.) Who made the sandbox and for what, for every replica's checks."""
+    def record_owner(  # type: ignore[no-untyped-def]
+        self,
+        sandbox_id: str,
+        owner: str,
+        agent: str | None,
+        policy: str | None,
+        data_rules: str | None = None,
+    ):
+        """(Blocking.) Who made the sandbox and for what (and its policy's data rules, as
+        JSON), for every replica's checks."""
         with self.store.write_session() as s:
             row = s.get(SandboxRow, sandbox_id, with_for_update=True)
             if row is not None:
                 row.owner, row.agent, row.policy = owner, agent, policy
+                row.data_rules = data_rules
 
-    def owner_of(self, sandbox_id: str) -> tuple[str, str | None, str | None] | None:
-        """(Blocking.) The recorded (owner, agent, policy) of a sandbox, if any."""
+    def owner_of(self, sandbox_id: str) -> tuple[str, str | None, str | None, str | None] | None:
+        """(Blocking.) The recorded (owner, agent, policy, data rules) of a sandbox, if any."""
         with self.store.session() as s:
             row = s.get(SandboxRow, sandbox_id)
             if row is None or row.owner is None:
                 return None
-            return row.owner, row.agent, row.policy
+            return row.owner, row.agent, row.policy, row.data_rules
 
     async def find(self, sandbox_id: str) -> RemoteSandbox:
         """A sandbox on a remote host, as its host describes it now; `UnknownSandbox` if
