@@ -69,7 +69,7 @@ class Bench:
             lambda: self.manager.use(sandbox.id),
             120,
             BrowserSettings(),
-            self.manager.egress_view(sandbox.id),
+            await self.manager.egress_view(sandbox.id),
         )
         return sandbox.id, tool
 

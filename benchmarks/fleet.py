@@ -100,18 +100,27 @@ def placement_overhead(url: str, samples: int) -> dict[str, object]:
     }
 
 
-def creates_per_second(admin, count: int, concurrency: int) -> float:  # type: ignore[no-untyped-def]
+def creates_per_second(admin, count: int, concurrency: int) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """Creates per second, and each create's host and time (which host was cold, and how
+    they were spread)."""
     made: list[str] = []
     refused: list[str] = []
+    each: list[tuple[str, float]] = []
     lock = threading.Lock()
     # Small enough that every create fits on one host of this machine (8 sandbox cpus).
     body = {"image": "base", "resources": {"cpus": 0.25, "memory_bytes": 256 * 2**20}}
 
     def worker(n: int) -> None:
         for _ in range(n):
+            started = time.perf_counter()
             r = admin.post("/v1/sandboxes", json=body)
+            took = time.perf_counter() - started
             with lock:
-                (made.append(r.json()["id"]) if r.status_code == 201 else refused.append(r.text))
+                if r.status_code == 201:
+                    made.append(r.json()["id"])
+                    each.append((r.json()["host"], took))
+                else:
+                    refused.append(r.text)
 
     per = [count // concurrency + (i < count % concurrency) for i in range(concurrency)]
     threads = [threading.Thread(target=worker, args=(n,)) for n in per]
@@ -125,7 +134,17 @@ def creates_per_second(admin, count: int, concurrency: int) -> float:  # type: i
         admin.delete(f"/v1/sandboxes/{sandbox_id}")
     if refused:
         raise SystemExit(f"{len(refused)} creates were refused: {refused[0]}")
-    return count / elapsed
+    hosts = sorted({h for h, _ in each})
+    return {
+        "per_second": count / elapsed,
+        "per_host": {
+            h: {
+                "creates": sum(1 for x, _ in each if x == h),
+                "seconds": [round(t, 2) for x, t in each if x == h],
+            }
+            for h in hosts
+        },
+    }
 
 
 def kill_to_failed(fleet: Fleet, admin, hosts) -> float:  # type: ignore[no-untyped-def]
@@ -190,9 +209,11 @@ def main() -> None:
             three = creates_per_second(admin, args.creates, args.concurrency)
             result["creates_per_second"] = {
                 "load_average": round(os.getloadavg()[0], 2),
-                "one_host": round(one, 2),
-                "three_hosts": round(three, 2),
-                "ratio": round(three / one, 2),
+                "one_host": round(one["per_second"], 2),  # type: ignore[arg-type]
+                "three_hosts": round(three["per_second"], 2),  # type: ignore[arg-type]
+                "ratio": round(three["per_second"] / one["per_second"], 2),  # type: ignore[operator]
+                "one_host_creates": one["per_host"],
+                "three_hosts_creates": three["per_host"],
                 "creates": args.creates,
                 "concurrency": args.concurrency,
             }

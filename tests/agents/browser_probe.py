@@ -79,7 +79,7 @@ async def scenario(settings: Settings, spec: dict, app: LegacyAppForTests) -> di
         sandbox = await manager.create(CreateRequest(image="browser", egress=egress))
         tool = BrowserTool(
             lambda: manager.use(sandbox.id), spec.get("tool_timeout", 120), browser,
-            manager.egress_view(sandbox.id),
+            await manager.egress_view(sandbox.id),
         )  # fmt: skip
         last_text = ""
         for step in spec["steps"]:

@@ -30,17 +30,17 @@ async def test_events_pass_on_and_a_watched_sandbox_reads_what_came_after_its_ma
     await recent.record(event("sb-a", "before.test"))  # not watched yet: only the ledger has it
     view = recent.view("sb-a")
     other = recent.view("sb-b")
-    mark = view.mark()
+    mark = await view.mark()
     await recent.record(event("sb-a", "one.test"))
     await recent.record(event("sb-b", "elsewhere.test"))
     await recent.record(event("sb-a", "two.test"))
-    assert [e.host for e in view.since(mark)] == ["one.test", "two.test"]
-    assert [e.host for e in other.since(0)] == ["elsewhere.test"]
-    assert [e.host for e in view.since(view.mark())] == []
+    assert [e.host for e in await view.since(mark)] == ["one.test", "two.test"]
+    assert [e.host for e in await other.since(0)] == ["elsewhere.test"]
+    assert [e.host for e in await view.since(await view.mark())] == []
     for n in range(5):
         await recent.record(event("sb-a", f"many{n}.test"))
-    assert [e.host for e in view.since(mark)] == ["many2.test", "many3.test", "many4.test"]
+    assert [e.host for e in await view.since(mark)] == ["many2.test", "many3.test", "many4.test"]
     assert len(ledger.events) == 9
     recent.forget("sb-a")
     await recent.record(event("sb-a", "after.test"))
-    assert recent.view("sb-a").since(0) == [] and len(ledger.events) == 10
+    assert await recent.view("sb-a").since(0) == [] and len(ledger.events) == 10

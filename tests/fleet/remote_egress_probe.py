@@ -48,9 +48,13 @@ from run_helpers import serve_plane  # noqa: E402
 from aamp.config import Settings  # noqa: E402
 from aamp.egress.ca import san_for  # noqa: E402
 from aamp.egress.ledger import EgressEvent  # noqa: E402
+from aamp.egress.rules import EgressRules  # noqa: E402
 from aamp.fleet.host_outbox import HostOutbox  # noqa: E402
 from aamp.fleet.host_process import HostConfig, SandboxHost  # noqa: E402
 from aamp.fleet.host_serve import host_manager  # noqa: E402
+from aamp.fleet.link_ca import LinkCA  # noqa: E402
+from aamp.fleet.link_egress import LinkEgressView  # noqa: E402
+from aamp.fleet.links import HostLinks  # noqa: E402
 
 UPSTREAM = "10.77.0.5"
 SECRET = "crm-" + secrets.token_hex(16)
@@ -170,9 +174,9 @@ async def audit(client: httpx.AsyncClient, **filters: str) -> list[dict]:
     return r.json()["records"]
 
 
-def policy(name: str, services: list[str]) -> str:
+def policy(name: str, services: list[str], image: str = "base") -> str:
     return (
-        f"name: {name}\nimage: base\negress:\n  default: block\n"
+        f"name: {name}\nimage: {image}\negress:\n  default: block\n"
         f'  allow: ["{UPSTREAM}:8081"]\nservices: {json.dumps(services)}\n'
     )
 
@@ -276,6 +280,64 @@ async def main(settings_json: str, images_ca: str) -> dict:
         report["h1_given_ca"] = (h1.home / "installation-ca.crt").read_bytes() == (
             home / "ca" / "ca.crt"
         ).read_bytes()
+
+        # -- s1's rules changed over the link, its egress viewed from h1 --------------------
+        # As a replica does (`FleetPlacer.update_egress_elsewhere`, `egress_view_elsewhere`),
+        # with a client certificate of the installation's link CA; the replica's own path
+        # (its row's grant, its audit record) is tested in process (test_hostile_reports).
+        links = HostLinks(LinkCA.load_or_create(home / "link-ca"))  # type: ignore[arg-type]
+        link = links.client("h1", f"127.0.0.1:{h1.port}")
+
+        async def granted() -> list[str]:
+            return ["crm", "crm-tls"]
+
+        view = LinkEgressView(link, s1["id"], granted)
+        mark = await view.mark()
+        rules = EgressRules.from_lists("block", allow=[f"{UPSTREAM}:8082"])
+        await link.update_egress(s1["id"], rules, None, "user:probe")
+        report["guest_after_update"] = await exec_(
+            client,
+            s1["id"],
+            f"curl -s -o /dev/null -w '%{{http_code}}' http://{UPSTREAM}:8081/rule; echo;"
+            f" curl -sS http://{UPSTREAM}:8082/now; echo;"
+            f" curl -sS http://{UPSTREAM}:8080/whoami; echo",
+        )
+        for _ in range(100):  # a connection's event is handed on as it ends
+            events = await view.since(mark)
+            if len(events) >= 3:
+                break
+            await asyncio.sleep(0.1)
+        report["view_after_update"] = [
+            {"port": e.port, "decision": e.decision, "rule": e.rule, "service": e.service}
+            for e in events
+        ]
+        report["view_nothing_after"] = await view.since(await view.mark())
+        await links.close()
+
+        # -- a screenshot of a browser sandbox on h1, through the replica's API --------------
+        r = await client.post(
+            "/v1/sandboxes", json={"policy_document": policy("p3", [], image="browser")}
+        )
+        assert r.status_code == 201, r.text
+        s3 = r.json()
+        report["s3_host"] = s3["host"]
+        shots = {}
+        for port in (8082, 8081):
+            shot = await client.post(
+                f"/v1/sandboxes/{s3['id']}/screenshot",
+                json={"url": f"http://{UPSTREAM}:{port}/page", "timeout_seconds": 120},
+                timeout=400,
+            )
+            body = shot.json()
+            shots[str(port)] = {
+                "status": shot.status_code,
+                "code": body.get("code"),
+                "message": body.get("message"),
+                "page_status": body.get("status"),
+                "png": body.get("bytes", 0) > 0,
+            }
+        report["shots"] = shots
+        assert (await client.delete(f"/v1/sandboxes/{s3['id']}")).status_code == 204
 
         # -- h2: a host in this process, asking for what is not its own ---------------------
         added = (await client.post("/v1/hosts", json={"id": "h2"})).json()

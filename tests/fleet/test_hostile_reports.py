@@ -12,8 +12,12 @@ the expired sandbox, and describes its sandboxes with keys no description has.
   ones of the live sandbox are written;
 - a description keeps only the keys a sandbox's description has (the rest left out and
   recorded as `host.answer_refused`); one with a key of the wrong type is refused (502);
-- a sandbox created there: its `sandbox.create` record holds only a description's keys, and
-  changing its egress rules or viewing its egress is refused with 409 and a reason.
+- a sandbox created there: its `sandbox.create` record holds only a description's keys; its
+  new egress rules and services reach its host over the link (its row's granted services
+  change with them; `sandbox.update_egress` recorded, naming the host; a host that refuses
+  them leaves the grant as it was, recorded as "error"); its egress view is the host's,
+  and a view past 4 MiB, with more than 1000 events, with an event of the wrong type, set,
+  size, sandbox or service, or not JSON, is refused (502 `host_misbehaved`) and recorded.
 """
 
 from __future__ import annotations
@@ -31,14 +35,16 @@ from driver_double import DriverDouble
 from install_layout import shared_image_dir
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from test_hostile_host import HostileHostDouble, _records, replica_and_admin
 
 import aamp.fleet.sandboxes as sandboxes
 from aamp.egress.rules import EgressRules
+from aamp.egress.services import Service, ServiceSet
+from aamp.fleet.link_client import HostMisbehaved, LinkAnswer
+from aamp.fleet.link_egress import MAX_VIEW_ANSWER, MAX_VIEW_EVENTS
 from aamp.sandbox.manager import CreateRequest
-from aamp.sandbox.requests import OnAnotherHost
 from aamp.store import time_at
 from aamp.store.tables import SandboxRow
 
@@ -99,6 +105,44 @@ def _described(sandbox_id: str) -> dict[str, object]:
             "\x00x": 1}  # fmt: skip
 
 
+def _view(*events: dict[str, object], mark: object = 9) -> bytes:
+    return json.dumps({"mark": mark, "events": list(events)}).encode()
+
+
+async def _chunks(total: int, piece: bytes = b" " * 65536):  # type: ignore[no-untyped-def]
+    yield b'{"mark": 1, "events": ['
+    while total > 0:
+        yield piece[:total]
+        total -= len(piece)
+
+
+# The egress views a hostile host answers (`seen["view"]`), and a word each refusal names.
+VIEWS = {
+    "good": _view(_event(CREATED), _event(CREATED, service="crm", secrets=["crm_token"])),
+    "many": _view(*[_event(CREATED)] * (MAX_VIEW_EVENTS + 1)),
+    "bad-kind": _view(_event(CREATED, kind="exfiltrate")),
+    "escape": _view(_event(CREATED, reason="refused\x1b[2J")),
+    "long": _view(_event(CREATED, rule="r" * 5000)),
+    "other-sandbox": _view(_event(LIVE)),
+    "not-granted": _view(_event(CREATED, service="erp", secrets=["erp_token"])),
+    "bad-mark": _view(mark="9"),
+    "extra-field": json.dumps({"mark": 1, "events": [], "note": "x"}).encode(),
+    "not-json": b"<html>",
+}
+VIEW_REFUSED = {
+    "huge": f"more than {MAX_VIEW_ANSWER} bytes",
+    "many": f"at most {MAX_VIEW_EVENTS}",
+    "bad-kind": "is not one of",
+    "escape": "without control characters",
+    "long": "rule is not text",
+    "other-sandbox": f"an event of sandbox '{LIVE}'",
+    "not-granted": "not granted",
+    "bad-mark": "mark is not a whole number",
+    "extra-field": "fields no such record has",
+    "not-json": "GET /link/sandboxes",
+}
+
+
 def reporting_app(proof: list[str | None], ready: asyncio.Event, seen: dict) -> Starlette:
     """A host that, once `ready`, hands over every record above in one collect answer."""
     handed = [False]
@@ -139,6 +183,20 @@ def reporting_app(proof: list[str | None], ready: asyncio.Event, seen: dict) -> 
     async def listing(request: Request) -> Response:
         return JSONResponse([])
 
+    async def put_egress(request: Request) -> Response:
+        seen.setdefault("egress_put", []).append(json.loads(await request.body()))
+        if seen.get("refuse_put"):
+            return JSONResponse({"code": "unknown_sandbox", "message": "no"}, status_code=404)
+        return Response(status_code=204)
+
+    async def egress_view(request: Request) -> Response:
+        """The view that `seen["view"]` names (a mark alone while none is named)."""
+        after = request.query_params.get("after")
+        how = seen.get("view") if after is not None else None
+        if how == "huge":
+            return StreamingResponse(_chunks(MAX_VIEW_ANSWER + 65536))
+        return Response(VIEWS.get(how, b'{"mark": 7, "events": []}'))
+
     sb = "/link/sandboxes/{sandbox_id:str}"
     return Starlette(
         routes=[
@@ -149,6 +207,8 @@ def reporting_app(proof: list[str | None], ready: asyncio.Event, seen: dict) -> 
             Route("/link/sandboxes", create, methods=["POST"]),
             Route(sb, describe, methods=["GET"]),
             Route(sb, destroy, methods=["DELETE"]),
+            Route(sb + "/egress", put_egress, methods=["PUT"]),
+            Route(sb + "/egress", egress_view, methods=["GET"]),
         ]
     )
 
@@ -248,30 +308,61 @@ async def test_a_hostile_hosts_reports_are_checked_field_by_field_and_expiry_hol
     assert left_out and all("\\x00x, env, note" in r for r in left_out), left_out
 
 
-async def test_a_remote_sandboxs_egress_rules_and_view_are_refused_not_ignored(
+async def test_a_remote_sandboxs_egress_rules_go_over_the_link_and_its_view_is_checked(
     tmp_path: Path, postgres_server
 ) -> None:
     """A sandbox created on the hostile host (the replicas' own hosts drained): its create's
-    description reaches the `sandbox.create` record only with a description's keys; changing
-    its egress rules is refused with 409 and a reason (recorded), and so is a view of its
-    egress — never a silent no-op."""
+    description reaches the `sandbox.create` record only with a description's keys; its new
+    egress rules and services reach its host and are recorded; its egress view is its host's,
+    checked, and every hostile view is refused and recorded."""
     images = {"AAMP_IMAGE_DIR": str(shared_image_dir())}  # a create checks its image first
+    seen: dict = {}
     async with replica_and_admin(tmp_path, postgres_server, **images) as (a, admin):
-        async with registered(admin, tmp_path, asyncio.Event(), {}):
+        async with registered(admin, tmp_path, asyncio.Event(), seen):
             for own in ("replica-a", "replica-b"):
                 assert (await admin.post(f"/v1/hosts/{own}/drain")).status_code == 200
             sandbox = await a.cp.manager.create(CreateRequest(image="base"), actor="user:t")
             assert (sandbox.id, sandbox.host) == (CREATED, HOST)
-            with pytest.raises(OnAnotherHost) as refused:
-                await a.cp.manager.update_egress(CREATED, EgressRules.from_lists("allow"))
-            assert refused.value.status == 409 and "create it again" in str(refused.value)
-            with pytest.raises(OnAnotherHost) as no_view:
-                a.cp.manager.egress_view(CREATED)
-            assert no_view.value.status == 409 and "audit chain" in str(no_view.value)
+            auth = {"type": "bearer", "secret": "crm_token"}
+            crm = Service.from_dict({"name": "crm", "upstream": "http://crm.test", "auth": auth})
+            rules = EgressRules.from_lists("block", allow=["a.test"])
+            await a.cp.manager.update_egress(CREATED, rules, ServiceSet([crm]), actor="user:t")
+            assert seen["egress_put"] == [
+                {"egress": rules.to_dict(), "services": [crm.to_dict()], "actor": "user:t"}
+            ]
+            with a.cp.store.session() as s:
+                assert json.loads(s.get(SandboxRow, CREATED).services) == ["crm"]
+            # A host that refuses them: the grant stays as it was, and that is recorded.
+            seen["refuse_put"] = True
+            with pytest.raises(LinkAnswer):
+                await a.cp.manager.update_egress(CREATED, rules, ServiceSet(), actor="user:t")
+            with a.cp.store.session() as s:
+                assert json.loads(s.get(SandboxRow, CREATED).services) == ["crm"]
+            # The view: the host's mark, then the events after it, each checked.
+            view = await a.cp.manager.egress_view(CREATED)
+            assert await view.mark() == 7
+            seen["view"] = "good"
+            events = await view.since(7)
+            assert [(e.sandbox_id, e.host, e.service) for e in events] == [
+                (CREATED, "a.test", None), (CREATED, "a.test", "crm")
+            ]  # fmt: skip
+            for how, word in VIEW_REFUSED.items():
+                seen["view"] = how
+                with pytest.raises(HostMisbehaved) as refused:
+                    await view.since(7)
+                assert refused.value.status == 502 and word in str(refused.value), (how, refused)
             await a.cp.links.close()
         created = [r for r in _records(a.cp.store, "sandbox.create")
                    if r["resource"] == f"sandbox:{CREATED}"]  # fmt: skip
         assert len(created) == 1 and created[0]["details"]["host"] == HOST
         assert not {"note", "env"} & set(created[0]["details"])
-        denied = _records(a.cp.store, "sandbox.update_egress")
-        assert [(d["decision"], d["resource"]) for d in denied] == [("deny", f"sandbox:{CREATED}")]
+        updates = _records(a.cp.store, "sandbox.update_egress")
+        assert [(u["decision"], u["resource"], u["actor"]) for u in updates] == [
+            ("allow", f"sandbox:{CREATED}", "user:t"), ("error", f"sandbox:{CREATED}", "user:t")
+        ]  # fmt: skip
+        assert updates[0]["details"] == {
+            "egress": rules.to_dict(), "services": ["crm"], "host": HOST
+        }  # fmt: skip
+        views = [r["reason"] for r in _records(a.cp.store, "host.answer_refused")
+                 if "/egress" in r["reason"]]  # fmt: skip
+        assert len(views) == len(VIEW_REFUSED), views

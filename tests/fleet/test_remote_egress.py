@@ -17,6 +17,12 @@ loopback carries the fake upstreams (`remote_egress_probe.py`).
 - a host asking for a sandbox it does not run, for a service its sandbox was not granted, or
   for no sandbox at all, is refused, and each refusal is recorded; an egress record it hands
   over for another host's sandbox is not written as that sandbox's (`host.report_refused`);
+- the sandbox's rules changed over the link take effect in the guest at its next connection
+  (the address it was allowed is refused, the one now allowed and its services reached),
+  and its host's egress view, asked for over the link and checked, shows exactly those
+  decisions after its mark;
+- a screenshot of a browser sandbox on h1, through the replica's API: a page its rules
+  refuse is 422 `egress_refused` naming the rule (told by h1's view), an allowed one a PNG;
 - the audit chain verifies.
 """
 
@@ -84,4 +90,18 @@ def test_remote_host_rules_services_and_audit(tmp_path: Path, base_image, shared
     leaf_refusals = report["leaf_refusals"]
     assert len(leaf_refusals) == 4, leaf_refusals
     assert {(r["actor"], r["decision"]) for r in leaf_refusals} == {("host:h2", "deny")}
+    after = report["guest_after_update"].splitlines()
+    assert after[0] == "403" and '"port": 8082' in after[1] and '"port": 8080' in after[2], after
+    assert report["view_after_update"] == [
+        {"port": 8081, "decision": "refused", "rule": "ip-literal", "service": None},
+        {"port": 8082, "decision": "allowed", "rule": "allow[0] 10.77.0.5:8082", "service": None},
+        {"port": 8080, "decision": "allowed", "rule": "service: crm", "service": "crm"},
+    ], report["view_after_update"]
+    assert report["view_nothing_after"] == []
+    shots = report["shots"]
+    assert report["s3_host"] == "h1"
+    assert (shots["8082"]["status"], shots["8082"]["code"]) == (422, "egress_refused"), shots
+    assert "ip-literal" in shots["8082"]["message"], shots
+    assert shots["8081"]["status"] == 200 and shots["8081"]["png"], shots
+    assert shots["8081"]["page_status"] == 200, shots
     assert report["verify"]["ok"], report["verify"]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from aamp.egress.rules import EgressRules
 from aamp.policy import MiB, Resources
 from aamp.sandbox import ChannelError, procs
 from aamp.sandbox.gvisor import GVisorDriver
@@ -190,6 +191,21 @@ async def test_idle_expiry_but_not_while_busy(manager):
     assert sb.id in {s.id for s in manager.list()}
     await asyncio.sleep(2)
     assert sb.id not in {s.id for s in manager.list()}
+
+
+async def test_new_egress_rules_are_recorded(manager, events):
+    """A local sandbox's new egress rules are on record, as a remote one's are
+    (`sandbox.update_egress`, with the rules)."""
+    sandbox = await manager.create(CreateRequest())
+    rules = EgressRules.from_lists("block", allow=["a.test"])
+    await manager.update_egress(sandbox.id, rules, actor="user:t")
+    updates = [e for e in events.events if e["action"] == "sandbox.update_egress"]
+    assert [(e["actor"], e["resource"], e["decision"]) for e in updates] == [
+        ("user:t", f"sandbox:{sandbox.id}", "allow")
+    ]
+    assert updates[0]["details"] == {"egress": rules.to_dict(), "services": None}
+    with pytest.raises(UnknownSandbox):
+        await manager.update_egress("sb-000000000000", rules)
 
 
 async def test_bad_requests_change_nothing(manager):

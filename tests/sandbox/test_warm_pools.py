@@ -152,14 +152,14 @@ FETCH = (
 
 async def refused_hosts(m: SandboxManager, sandbox_id: str, url: str) -> list[tuple[str, str]]:
     """From inside the guest, ask the egress proxy for `url`; the (host, rule) it refused."""
-    view = m.egress_view(sandbox_id)
-    mark = view.mark()
+    view = await m.egress_view(sandbox_id)
+    mark = await view.mark()
     async with m.use(sandbox_id) as channel:
         await channel.run(["python3", "-c", FETCH, url])
     deadline = time.monotonic() + 10
-    while not view.since(mark) and time.monotonic() < deadline:
+    while not await view.since(mark) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-    return [(e.host, e.rule) for e in view.since(mark) if e.decision == "refused"]
+    return [(e.host, e.rule) for e in await view.since(mark) if e.decision == "refused"]
 
 
 async def test_two_stored_policies_two_users_one_configured_pool(settings, tmp_path):

@@ -107,13 +107,13 @@ class BrowserTool:
 
     async def run(self, args: dict[str, Any]) -> Observation:
         request = self.request(args)
-        mark = self.egress.mark() if self.egress is not None else 0
+        mark = await self.egress.mark() if self.egress is not None else 0
         async with self.borrow() as channel:
             raw = await channel.browser(request, timeout=self.timeout_cap, max_answer=MAX_ANSWER)
         await asyncio.sleep(0)  # the proxy's last ledger events are handed on in the loop
         refused = []
         if self.egress is not None:
-            refused = [e for e in self.egress.since(mark) if e.decision in _REFUSED]
+            refused = [e for e in await self.egress.since(mark) if e.decision in _REFUSED]
         try:
             answer = json.loads(raw)
         except ValueError:

@@ -44,13 +44,13 @@ class DocumentsTool:
     async def run(self, args: dict[str, Any]) -> Observation:
         timeout = float(min(int(args.get("timeout", self.timeout_cap)), self.timeout_cap))
         request = {k: v for k, v in args.items() if k != "timeout"}
-        mark = self.egress.mark() if self.egress is not None else 0
+        mark = await self.egress.mark() if self.egress is not None else 0
         async with self.borrow() as channel:
             result, out, err = await run_worker(channel, "documents", request, timeout, MAX_ANSWER)
         await asyncio.sleep(0)  # the proxy's last ledger events are handed on in the loop
         refused = []
         if self.egress is not None:
-            refused = [e for e in self.egress.since(mark) if e.decision in _REFUSED]
+            refused = [e for e in await self.egress.since(mark) if e.decision in _REFUSED]
         if result.timed_out:
             return Observation(f"error: {args['action']} took longer than {timeout:g} s", False)
         answer = guest_scripts.answer(out)

@@ -52,7 +52,8 @@ def router() -> APIRouter:
         sandbox_id: SandboxId, body: ScreenshotIn, request: Request
     ) -> ScreenshotOut:
         manager = cp_of(request).manager
-        image = manager.get(sandbox_id).image  # 404 for an unknown sandbox
+        # Wherever it runs (one on another host is reached over its link); 404 if nowhere.
+        image = (await manager.find(sandbox_id)).image
         if image != BROWSER_IMAGE and not image.startswith("custom-"):
             raise ApiError(
                 400,
@@ -67,7 +68,7 @@ def router() -> APIRouter:
         tool = BrowserTool(
             lambda: manager.use(sandbox_id),
             int(body.timeout_seconds) + 30,
-            egress=manager.egress_view(sandbox_id),
+            egress=await manager.egress_view(sandbox_id),
         )
         opened = await tool.run(
             {"action": "open", "url": body.url, "timeout": body.timeout_seconds}

@@ -21,7 +21,7 @@ __all__, __getattr__ = surface(
     installation: InstallationListeners Listener announce listeners_dir
     ledger: EVENT_DECISIONS EVENT_KINDS AuditEgressSink EgressEvent EgressSink JsonLinesSink
     proxy: EgressContext EgressProxy EgressStats
-    recent: EgressView RecentEgress
+    recent: KEPT_PER_SANDBOX EgressView RecentEgress RecentView
     registered: AddressVerdict CheckedTransport ConnectionRefused RegisteredUrl UrlError
         resolve_and_check
     resolver: DnsServerResolver ResolveError Resolver StaticResolver SystemResolver

@@ -39,5 +39,6 @@ __all__, __getattr__ = surface(
     leaves: HostLeaves
     collector: HostCollectors
     local_link: LocalLink
+    link_egress: MAX_VIEW_ANSWER MAX_VIEW_EVENTS LinkEgressView
     """,
 )

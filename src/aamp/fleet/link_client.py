@@ -1,6 +1,7 @@
 """A replica's end of the link to one sandbox host: `LinkClient` (create, describe, list,
-destroy) and `LinkChannel`, which does for a sandbox on that host what `GuestChannel` does for
-a local one (exec, run, put, get, browser) — through the host, never to the guest.
+destroy, new egress rules) and `LinkChannel`, which does for a sandbox on that host what
+`GuestChannel` does for a local one (exec, run, put, get, browser) — through the host, never
+to the guest.
 
 Every connection is TLS with the replica's client certificate from the link CA, and the
 host must present the certificate issued for exactly the host id the replica means
@@ -23,6 +24,8 @@ from typing import Any
 
 import httpx
 
+from aamp.egress.rules import EgressRules
+from aamp.egress.services import ServiceSet
 from aamp.errors import AampError
 from aamp.fleet.link_ca import link_name
 from aamp.fleet.reports import NotTaken, description
@@ -250,6 +253,18 @@ class LinkClient:
         if not isinstance(listed, list):
             raise await self.refuse("GET /link/sandboxes: the answer is not a JSON list")
         return [await self._sandbox(i, None, "GET /link/sandboxes") for i in listed]
+
+    async def update_egress(
+        self, sandbox_id: str, rules: EgressRules, services: ServiceSet | None, actor: str
+    ) -> None:
+        """The sandbox's new egress rules (and services, None: unchanged) for its host's
+        proxy; as a create's, a service's credential never travels here."""
+        body = {
+            "egress": rules.to_dict(),
+            "services": [s.to_dict() for s in services] if services is not None else None,
+            "actor": actor,
+        }
+        await self.request("PUT", f"/link/sandboxes/{sandbox_id}/egress", json=body)
 
     async def destroy(self, sandbox_id: str, reason: str, actor: str) -> None:
         params = {"reason": reason, "actor": actor}

@@ -1,9 +1,12 @@
 """The host's end of the link: what a control-plane replica may ask of the sandboxes this host
 runs — create (with its egress rules and services, never a secret), describe, list, destroy,
 exec, files in and out, the browser, who answers a sandbox's `default: ask` questions
-(`approver`: the replica whose run drives it) — and what it collects from the host
-(`collect`: egress records for the audit chain, credential asks, leaf certificate requests
-and egress questions, which it answers at `asks/{id}`; `host_outbox.py`).
+(`approver`: the replica whose run drives it), new egress rules and services for a sandbox
+(`PUT egress`) and its proxy's recent events (`GET egress`: a mark, or the events after one,
+at most `KEPT_PER_SANDBOX`; the replica checks them, `link_egress.py`) — and what it
+collects from the host (`collect`: egress records for the audit chain, credential asks, leaf
+certificate requests and egress questions, which it answers at `asks/{id}`;
+`host_outbox.py`).
 
 Served over TLS with the host's link certificate, and only to clients holding a replica's
 certificate from the installation's link CA (`link_ca.py`; the handshake refuses anyone
@@ -87,14 +90,7 @@ def link_app(
                 status_code=409,
             )
         resources = Resources(**body.get("resources", {}))
-        try:
-            egress = EgressRules.from_dict(body.get("egress", block_everything().to_dict()))
-            services = ServiceSet(Service.from_dict(d) for d in body.get("services", []))
-        except (HostError, ServiceError) as exc:
-            raise _Refused(400, "invalid_request", f"egress: {exc}") from None
-        if services and outbox is None and manager.secrets is None:
-            # A host's proxies ask over the link (`outbox`); a replica's own read its vault.
-            raise _Refused(400, "invalid_request", "this host cannot inject service credentials")
+        egress, services = egress_of(body)
         sandbox = await manager.create(
             CreateRequest(
                 image=body["image"],
@@ -109,6 +105,35 @@ def link_app(
             placed_on=host_id,  # the replica that sent it placed it and records it
         )
         return JSONResponse(sandbox.describe(), status_code=201)
+
+    def egress_of(body: dict[str, Any]) -> tuple[EgressRules, ServiceSet]:
+        """A create's or an update's egress rules and services, checked; services only
+        where this host can have their credentials."""
+        try:
+            egress = EgressRules.from_dict(body.get("egress", block_everything().to_dict()))
+            services = ServiceSet(Service.from_dict(d) for d in body.get("services") or [])
+        except (HostError, ServiceError) as exc:
+            raise _Refused(400, "invalid_request", f"egress: {exc}") from None
+        if services and outbox is None and manager.secrets is None:
+            # A host's proxies ask over the link (`outbox`); a replica's own read its vault.
+            raise _Refused(400, "invalid_request", "this host cannot inject service credentials")
+        return egress, services
+
+    async def update_egress(request: Request) -> Response:
+        sandbox_id, body = request.path_params["sandbox_id"], await _json(request)
+        egress, services = egress_of(body)
+        # Applied here and recorded by the replica that asked (`SandboxManager.update_egress`).
+        unchanged = body.get("services") is None
+        manager.apply_egress(sandbox_id, egress, None if unchanged else services)
+        return Response(status_code=204)
+
+    async def egress_view(request: Request) -> Response:
+        # The host's own view (kept from the first ask on); `after` absent: only its mark.
+        sandbox = manager.get(request.path_params["sandbox_id"])
+        view = manager.recent_egress.view(sandbox.id)
+        after = request.query_params.get("after")
+        events = [e.to_dict() for e in await view.since(int(after))] if after is not None else []
+        return JSONResponse({"mark": await view.mark(), "events": events})
 
     async def collect(request: Request) -> Response:
         body = await _json(request)
@@ -250,6 +275,8 @@ def link_app(
             Route(sb + "/files", guarded(get_file), methods=["GET"]),
             Route(sb + "/browser", guarded(browser), methods=["POST"]),
             Route(sb + "/approver", guarded(approver), methods=["POST"]),
+            Route(sb + "/egress", guarded(update_egress), methods=["PUT"]),
+            Route(sb + "/egress", guarded(egress_view), methods=["GET"]),
         ]
     )
 

@@ -12,7 +12,9 @@ replica's own host only; egress rules and services travel with the create (their
 credentials never: the host asks for them call by call, `credentials.py`, and a replica signs
 its HTTPS services' leaves, `leaves.py`). A sandbox placed on
 a remote host is booted there over the link and recorded here; any replica then reaches it
-through the link (`find`), never the guest directly.
+through the link (`find`), never the guest directly — and changes its egress rules and
+services (`update_egress_elsewhere`, its row's granted services with them) and views its
+egress events (`egress_view_elsewhere`: its host's view, checked) the same way.
 
 When a host is marked lost (`HostRegistry.mark_lost`) its rows become `lost` with the reason;
 `lost` tells the run service which of its runs' sandboxes are gone and why. A remote host's
@@ -44,7 +46,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from aamp.egress.rules import EgressRules
+from aamp.egress.services import ServiceSet
 from aamp.fleet.link_client import LinkAnswer, LinkClient, LinkError
+from aamp.fleet.link_egress import LinkEgressView
 from aamp.fleet.links import HostLinks
 from aamp.fleet.placement import Need, NoCapacity, Placed, Placement, give_back
 from aamp.policy import Resources
@@ -328,6 +333,51 @@ class FleetPlacer:
         replica = self.host_id if answering else None
         body = {"replica": replica, "timeout": timeout + APPROVAL_MARGIN}
         await remote.link.request("POST", f"/link/sandboxes/{sandbox_id}/approver", json=body)
+
+    async def update_egress_elsewhere(
+        self,
+        sandbox: object,
+        rules: EgressRules,
+        services: ServiceSet | None,
+        actor: str,
+    ) -> None:
+        """New rules (and services) for a sandbox on a remote host, over its link. New
+        services are granted on its row first (its host may ask for their credentials as
+        soon as its proxy has them: `credentials.py`), and given back as they were if its
+        host was not told."""
+        assert isinstance(sandbox, RemoteSandbox)
+        before = None
+        if services is not None:
+            before = await self.store.run(self._grant, sandbox.id, list(services.names))
+        try:
+            await sandbox.link.update_egress(sandbox.id, rules, services, actor)
+        except BaseException:
+            if before is not None:
+                with contextlib.suppress(Exception):
+                    await self.store.run(self._grant, sandbox.id, before)
+            raise
+
+    def _grant(self, sandbox_id: str, services: list[str]) -> list[str]:
+        """(Blocking.) Record `services` as the sandbox's granted ones; those it had."""
+        with self.store.write_session() as s:
+            row = s.get(SandboxRow, sandbox_id, with_for_update=True)
+            if row is None:
+                raise UnknownSandbox(f"no sandbox {sandbox_id!r}")
+            had = json.loads(row.services or "[]")
+            row.services = json.dumps(services)
+            return list(had)
+
+    def egress_view_elsewhere(self, sandbox: object) -> LinkEgressView:
+        """The sandbox's egress events as its host's proxy decides them (`link_egress.py`),
+        checked against the services its row grants it."""
+        assert isinstance(sandbox, RemoteSandbox)
+        sandbox_id = sandbox.id
+
+        def granted() -> list[str]:
+            with self.store.session() as s:
+                return granted_services(s, sandbox_id)
+
+        return LinkEgressView(sandbox.link, sandbox_id, lambda: self.store.run(granted))
 
     async def elsewhere(self) -> list[RemoteSandbox]:
         """Every live sandbox recorded on a remote host, as their hosts describe them."""

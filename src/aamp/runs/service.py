@@ -72,7 +72,6 @@ from aamp.runs.store import RunEvent, RunInfo, RunStore
 from aamp.runs.waiting import ApprovalGate, LiveRun
 from aamp.sandbox import ChannelError, ReadOnlyFile
 from aamp.sandbox.manager import CreateRequest, SandboxError, SandboxManager, UnknownSandbox
-from aamp.sandbox.requests import OnAnotherHost
 from aamp.store import Store
 from aamp.store.timestamps import now
 from aamp.vault import SecretNotFound, Vault
@@ -276,7 +275,7 @@ class RunService(RunApprovals, Replica, RunFiles):
             )
             borrow = lambda: self.manager.use(sandbox_id)  # type: ignore[arg-type]  # noqa: E731
             rag = RagTool(borrow, d.limits.tool_timeout_seconds, tuple(req.knowledge_bases))
-            egress = self._egress_view(run_id, sandbox_id, {"browser", "documents"} & set(d.tools))
+            egress = await self._egress_view(sandbox_id, {"browser", "documents"} & set(d.tools))
             if req.knowledge_bases:  # its model loads while the first model call is made
                 await rag.start()
             executor = ApprovalGate(
@@ -402,18 +401,12 @@ class RunService(RunApprovals, Replica, RunFiles):
                 give_up = self.leases.hand_off if handed_off else self.leases.release
                 await self.store.run(give_up, run_id)
 
-    def _egress_view(self, run_id: str, sandbox_id: str, tools: set[str]) -> EgressView | None:
-        """The sandbox's egress view for the tools that explain refusals; None on another
-        host, whose proxy's events no replica keeps a view of (`OnAnotherHost`): those tools
-        then tell a refused destination as any other failure to load, and the log says why."""
+    async def _egress_view(self, sandbox_id: str, tools: set[str]) -> EgressView | None:
+        """The sandbox's egress view for the tools that explain refusals (wherever its host
+        is: one on another host is its host's view, over the link)."""
         if not tools:
             return None
-        try:
-            return self.manager.egress_view(sandbox_id)
-        except OnAnotherHost as exc:
-            log.warning("run %s: %s tools explain no egress refusals: %s", run_id,
-                        ", ".join(sorted(tools)), exc)  # fmt: skip
-            return None
+        return await self.manager.egress_view(sandbox_id)
 
     def _endpoint_access(self, run_id: str, endpoint: ModelEndpoint) -> EndpointAccess:
         """The run's way to its model endpoint: every connection resolved once with the

@@ -55,7 +55,7 @@ __all__, __getattr__ = surface(
     image_builds: ImageBuild ImageBuilds describe_image
     held_download: HeldDownload open_download
     manager: SandboxManager
-    requests: DEFAULT_IDLE_SECONDS DEFAULT_TTL_SECONDS CreateRequest InvalidRequest OnAnotherHost
+    requests: DEFAULT_IDLE_SECONDS DEFAULT_TTL_SECONDS CreateRequest InvalidRequest
         SandboxError SandboxStopped SandboxUnavailable UnknownSandbox block_everything
     guest_worker: run_worker
     rag_worker: MAX_INDEX_BYTES BadIndex SearchWorker WorkerFailed call check_index_header

@@ -62,7 +62,6 @@ from aamp.sandbox.pool_fill import WarmPools
 from aamp.sandbox.requests import (
     CreateRequest,
     InvalidRequest,
-    OnAnotherHost,
     SandboxError,
     SandboxStopped,
     SandboxUnavailable,
@@ -525,32 +524,51 @@ class SandboxManager(WarmPools):
         actor: str = "system",
     ) -> None:
         """New rules (and services) for a live sandbox; they apply to its next connection or
-        request. A sandbox on another host is refused (`OnAnotherHost`, 409, recorded): its
-        host's proxy enforces the rules its create carried, and the link changes none."""
+        request. A sandbox on another host gets them over its link (its host's proxy enforces
+        them; the services it may ask credentials for change with them). Recorded either way
+        (`sandbox.update_egress`, with the rules and the host): "allow" once they apply,
+        "error" if its host could not be told (nothing changed there)."""
         sandbox = await self.find(sandbox_id)
-        if not isinstance(sandbox, Sandbox):
-            why = (
-                f"sandbox {sandbox_id} runs on host {sandbox.host}, whose egress proxy enforces"
-                " the rules its create carried; the link does not change them: destroy it and"
-                " create it again with the new rules"
-            )
-            await self._record(sandbox_id, "sandbox.update_egress", "deny", why, actor)
-            raise OnAnotherHost(why)
+        details: dict[str, object] = {
+            "egress": rules.to_dict(),
+            "services": list(services.names) if services is not None else None,
+        }
+        if isinstance(sandbox, Sandbox):
+            self.apply_egress(sandbox_id, rules, services)
+        else:
+            assert self.placer is not None  # only a placer finds a sandbox elsewhere
+            details["host"] = sandbox.host
+            try:
+                await self.placer.update_egress_elsewhere(sandbox, rules, services, actor)
+            except Exception as exc:
+                why = f"its host {sandbox.host} was not told the new rules: {exc}"
+                await self._record(
+                    sandbox_id, "sandbox.update_egress", "error", why, actor, details
+                )
+                raise
+        await self._record(
+            sandbox_id, "sandbox.update_egress", "allow", "new egress rules", actor, details
+        )
+
+    def apply_egress(
+        self, sandbox_id: str, rules: EgressRules, services: ServiceSet | None
+    ) -> None:
+        """New rules (and services, None: unchanged) for a sandbox on this host, unrecorded:
+        `update_egress` records them, here or on the replica that asked over the link."""
+        sandbox = self.get(sandbox_id)
         sandbox.egress.update_rules(rules)
         if services is not None:
             sandbox.egress.update_services(services)
 
-    def egress_view(self, sandbox_id: str) -> EgressView:
-        """The sandbox's egress events from now on, as its proxy decided them. One on another
-        host is refused (`OnAnotherHost`, 409): its proxy's events reach the audit chain over
-        the link through whichever replica collects them, never this process's view."""
-        if sandbox_id in self._elsewhere:
-            raise OnAnotherHost(
-                f"sandbox {sandbox_id} runs on another host: its egress events reach the audit"
-                " chain over the link, and no view of them is kept here"
-            )
-        self.get(sandbox_id)
-        return self.recent_egress.view(sandbox_id)
+    async def egress_view(self, sandbox_id: str) -> EgressView:
+        """The sandbox's egress events from now on, as its proxy decided them; for one on
+        another host, its host's own view, asked over the link and checked
+        (`aamp.fleet.link_egress`)."""
+        sandbox = await self.find(sandbox_id)
+        if isinstance(sandbox, Sandbox):
+            return self.recent_egress.view(sandbox_id)
+        assert self.placer is not None
+        return self.placer.egress_view_elsewhere(sandbox)
 
     async def set_egress_approver(
         self, sandbox_id: str, approver: Approver | None, *, timeout: float = 300.0

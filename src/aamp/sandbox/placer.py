@@ -11,6 +11,8 @@ with the sandbox's id once it is up (the placer records the sandbox on its host)
 A placer may place on hosts on other machines (`anywhere`, for a create such a host can
 serve): then `boot_elsewhere` boots it there and returns the sandbox as seen from here
 (`find` reaches it again, `elsewhere` lists them); it returns None for this process's host.
+Its egress rules change and its egress events are viewed over the link too
+(`update_egress_elsewhere`, `egress_view_elsewhere`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from aamp.policy import Resources
 
 if TYPE_CHECKING:
+    from aamp.egress.recent import EgressView
+    from aamp.egress.rules import EgressRules
+    from aamp.egress.services import ServiceSet
     from aamp.sandbox.manager import CreateRequest
 
 
@@ -61,6 +66,21 @@ class Placer(Protocol):
     async def approver_elsewhere(self, sandbox_id: str, answering: bool, timeout: float) -> None:
         """Tell the remote host of `sandbox_id` that this replica answers its egress
         questions (each within `timeout` seconds), or (`answering` False) that nobody does."""
+        ...
+
+    async def update_egress_elsewhere(
+        self,
+        sandbox: SandboxElsewhere,
+        rules: EgressRules,
+        services: ServiceSet | None,
+        actor: str,
+    ) -> None:
+        """Give the sandbox's host's proxy new rules (and services, None: unchanged) over its
+        link; raises, with nothing changed, if the host could not be told."""
+        ...
+
+    def egress_view_elsewhere(self, sandbox: SandboxElsewhere) -> EgressView:
+        """A view of the sandbox's egress events, as its host's proxy decides them."""
         ...
 
     async def elsewhere(self) -> list[SandboxElsewhere]:

@@ -26,11 +26,6 @@ class InvalidRequest(SandboxError, code="invalid_request"):
     """A create request this host cannot serve (an unknown image or driver, a bad lifetime)."""
 
 
-class OnAnotherHost(SandboxError, code="sandbox_on_another_host", status=409):
-    """What is asked is done by the host a sandbox runs on, and cannot be over its link (the
-    message says what and what to do instead)."""
-
-
 class SandboxStopped(SandboxError, code="sandbox_stopped", status=410):
     """The sandbox stopped by itself (a limit, a crash); the message says why."""
 
