@@ -50,7 +50,7 @@ from aamp.sandbox.channel.exec_stream import exec_lines
 from aamp.sandbox.held_download import open_download
 from aamp.sandbox.image_commands import ImageBuildError
 from aamp.sandbox.manager import CreateRequest, SandboxManager, block_everything
-from aamp.sandbox.received_wheels import ReceivedWheels, WheelRef, WheelRefused
+from aamp.sandbox.received_wheels import MAX_OFFERED, ReceivedWheels, WheelRef, WheelRefused
 from aamp.sandbox.wheelhouse import WheelhouseError
 
 MAX_BODY = 24 * 1024 * 1024
@@ -77,7 +77,9 @@ def link_app(
     """The link's routes over `manager`; `epoch()` is the host's current life, `proof()` the
     nonce of its registration in flight (None between registrations), `outbox` what its
     egress proxies have for the control plane (`host_outbox.py`; None: nothing)."""
-    received = ReceivedWheels(manager.settings.home)
+
+    def received() -> ReceivedWheels:  # the wheels replicas sent this host
+        return ReceivedWheels(manager.settings.home)
 
     async def hello(request: Request) -> Response:
         # Only replicas get here (the handshake): one checking a registration compares
@@ -105,8 +107,14 @@ def link_app(
         if services and outbox is None and manager.secrets is None:
             # A host's proxies ask over the link (`outbox`); a replica's own read its vault.
             raise _Refused(400, "invalid_request", "this host cannot inject service credentials")
-        packages = tuple(str(p) for p in body.get("packages", []))
-        wheels = await _layer(body["image"], packages, body.get("wheels", []))
+        packages = body.get("packages", [])
+        if (
+            not isinstance(packages, list)
+            or len(packages) > MAX_OFFERED
+            or not all(isinstance(p, str) and 0 < len(p) <= 300 for p in packages)
+        ):
+            raise _Refused(400, "invalid_request", "packages is a list of name==version")
+        wheels = await _layer(body["image"], tuple(packages), body.get("wheels", []))
         sandbox = await manager.create(
             CreateRequest(
                 image=body["image"],
@@ -116,7 +124,7 @@ def link_app(
                 resources=resources,
                 egress=egress,
                 services=services,
-                packages=packages,
+                packages=tuple(packages),
             ),
             actor=str(body.get("actor", "system")),
             placed_on=host_id,  # the replica that sent it placed it and records it
@@ -133,7 +141,7 @@ def link_app(
         if not packages:
             return None
         try:
-            wheels = received.paths(WheelRef.listed(offered))
+            wheels = received().paths(WheelRef.listed(offered))
         except WheelRefused as exc:
             raise _Refused(exc.status, "wheel_refused", str(exc)) from None
         try:
@@ -155,7 +163,7 @@ def link_app(
             offered = WheelRef.listed((await _json(request)).get("wheels"))
         except WheelRefused as exc:
             raise _Refused(exc.status, "wheel_refused", str(exc)) from None
-        return JSONResponse({"lacking": received.lacking(offered)})
+        return JSONResponse({"lacking": received().lacking(offered)})
 
     async def put_wheel(request: Request) -> Response:
         raw = request.headers.get("content-length", "")
@@ -163,7 +171,7 @@ def link_app(
             raise _Refused(411, "length_required", "a wheel sent over the link needs its length")
         try:
             ref = WheelRef(request.path_params["sha256"], request.query_params.get("filename"))
-            await received.keep(ref, request.stream(), int(raw))
+            await received().keep(ref, request.stream(), int(raw))
         except WheelRefused as exc:
             log.warning("host %s: a wheel was refused: %s", host_id, exc)
             raise _Refused(exc.status, "wheel_refused", str(exc)) from None

@@ -61,7 +61,7 @@ __all__, __getattr__ = surface(
     requests: DEFAULT_IDLE_SECONDS DEFAULT_TTL_SECONDS CreateRequest InvalidRequest OnAnotherHost
         SandboxError SandboxStopped SandboxUnavailable UnknownSandbox block_everything
     guest_worker: run_worker
-    received_wheels: ReceivedWheels WheelRef WheelRefused
+    received_wheels: MAX_OFFERED ReceivedWheels WheelRef WheelRefused
     rag_worker: MAX_INDEX_BYTES BadIndex SearchWorker WorkerFailed call check_index_header
     wheelhouse: MAX_WHEEL_BYTES Wheel Wheelhouse WheelhouseError
     warm_pool: DEFAULT_MAX_WARM WarmTotalExceeded
