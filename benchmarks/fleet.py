@@ -16,7 +16,7 @@
   packages layer built there) against the second (the layer reused), each round with a new
   wheel so its first create builds a new layer (`--only packages` measures this alone).
 
-Writes benchmarks/results/fleet.json.
+Writes benchmarks/results/fleet.json (`--only packages` prints its figure and writes nothing).
 """
 
 from __future__ import annotations
@@ -201,19 +201,23 @@ def packages_first_vs_second(admin, rounds: int) -> dict[str, object]:  # type: 
 
 
 def only_packages(rounds: int) -> dict[str, object]:
-    """One replica (its own host drained) and one remote host: `packages_first_vs_second`."""
-    with TemporaryPostgres() as pg, tempfile.TemporaryDirectory(prefix="aamp-fleet-") as tmp:
-        db = pg.create_database(f"f_{uuid.uuid4().hex[:8]}").render_as_string(hide_password=False)
-        fleet = Fleet(Path(tmp), db, str(HEARTBEAT), str(LOST))
-        try:
-            admin = fleet.replica("rep-a")
-            admin.post("/v1/hosts/rep-a/drain")
-            host = fleet.add_host(admin, "h1")
-            host.start()
-            wait_for(lambda: host_state(admin, "h1")["state"] == "active", 120)
-            return packages_first_vs_second(admin, rounds)
-        finally:
-            fleet.close()
+    """`packages_first_vs_second` on one remote host (the replica's own host drained), and on
+    the replica's own host alone (no link: the single-host path), for comparison."""
+    found: dict[str, object] = {}
+    for where in ("remote", "local"):
+        with TemporaryPostgres() as pg, tempfile.TemporaryDirectory(prefix="aamp-fleet-") as tmp:
+            db = pg.create_database(f"f_{uuid.uuid4().hex[:8]}")
+            fleet = Fleet(Path(tmp), db.render_as_string(hide_password=False), "1", "4")
+            try:
+                admin = fleet.replica("rep-a")
+                if where == "remote":
+                    admin.post("/v1/hosts/rep-a/drain")
+                    fleet.add_host(admin, "h1").start()
+                    wait_for(lambda a=admin: host_state(a, "h1")["state"] == "active", 120)
+                found[where] = packages_first_vs_second(admin, rounds)
+            finally:
+                fleet.close()
+    return found
 
 
 def main() -> None:
