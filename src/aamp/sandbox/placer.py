@@ -43,9 +43,16 @@ class SandboxElsewhere(Protocol):
 
 class Placer(Protocol):
     async def reserve(
-        self, driver: str, image: str, resources: Resources, *, anywhere: bool = False
+        self,
+        driver: str,
+        image: str,
+        resources: Resources,
+        *,
+        packages: tuple[str, ...] = (),
+        anywhere: bool = False,
     ) -> object:
-        """Reserve room for one sandbox; returns the reservation, or raises why not."""
+        """Reserve room for one sandbox (of `image` with `packages`: a host that has that
+        layer already is preferred); returns the reservation, or raises why not."""
         ...
 
     async def boot_elsewhere(

@@ -58,11 +58,12 @@ class CreateRequest:
 
     def portable(self) -> bool:
         """Whether a host on another machine can serve it: the link carries its egress rules
-        (`default: ask` questions go back to the replica whose run puts them to a person)
-        and its services (their credentials asked for call by call, the leaves of HTTPS ones
-        signed by a replica: `aamp.fleet.host_outbox`), not yet packages or host files
+        (`default: ask` questions go back to the replica whose run puts them to a person),
+        its services (their credentials asked for call by call, the leaves of HTTPS ones
+        signed by a replica: `aamp.fleet.host_outbox`) and its packages' wheels (the host
+        builds their layer: `aamp.sandbox.received_wheels`), not yet host files
         (docs/deployment.md)."""
-        return not self.packages and not self.read_only_files
+        return not self.read_only_files
 
     def __post_init__(self) -> None:
         for name in ("ttl", "idle"):
