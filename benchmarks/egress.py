@@ -2,22 +2,32 @@
 
 Three processes, so the proxy does not share an interpreter with either end: a loopback
 upstream HTTP server (127.0.0.10, plain HTTP and HTTPS ports), the `EgressProxy` on a Unix
-socket, and this client. Measured:
+socket, and this client. The proxy records its ledger as `aamp up` does: audit records
+(`AuditEgressSink`), durable in the installation's audit log (SQLite) before they count;
+`--ledger file` records to the JSON-lines file instead (`JsonLinesSink`, far cheaper per
+event: it is what earlier figures were taken with). Measured:
 - a 100 MiB download, direct vs through the proxy (plain HTTP forwarding and a CONNECT
   tunnel), repeated; throughput median and p95;
-- 1,000 small requests on one kept-alive connection, direct vs through the proxy; per-request
-  latency median and p95, and the added p50.
+- 1,000 small requests a mode, each mode on one kept-alive connection opened (and warmed up
+  with 50 unmeasured requests) before the first, taken in `--rounds` rounds (10): every round
+  gives each mode its share in turn, the order rotating round by round, so a mode and its
+  baseline are measured moments apart. Per-request latency median and p95; the added p50 is
+  the median over the rounds of a round's p50 minus its baseline's p50 in the same round.
 - the same with TLS interception: `direct-tls` is TLS straight to the upstream's HTTPS port;
   `intercept` goes through the proxy to a service (bearer credential from a real `Vault` on
   SQLite, read and audited once per connection, again only if it changes; TLS terminated
   with the installation CA, re-originated to the upstream verified against its own CA;
   response scrubbed). Its ratio and added p50 are against `direct-tls`.
-With each mode, the proxy process's CPU (seconds per 100 MiB, ms per small request; its
-threads' time on CPU from /proc, in ns): on a shared host it moves far less with the load than
-wall time does; the host's load average at the start and end of the run is printed (and
-written) with the figures. Each run of a mode is compared with its baseline's run of the same
-round (the rounds are interleaved), and the median and p95 of those ratios are printed with
-the median and p95 of the proxy CPU per run.
+CPU is counted where it is spent. The proxy process's (all its threads, the audit writer's
+included; from /proc schedstat, in ns) per 100 MiB and per small request: each reading waits
+until the proxy has gone quiet, so a ledger record committed just after an answer counts to
+the mode that caused it, not to the next one measured (a direct mode shows ~0). The client's
+(this process's one thread) is given apart, per 100 MiB and per request: what a mode costs
+the client (TLS to the proxy, say) is not the proxy's. On a shared host CPU moves far less
+with the load than wall time does; the host's load average at the start and end of the run is
+printed (and written) with the figures. Each download of a mode is compared with its
+baseline's of the same round (the rounds are interleaved), and the median and p95 of those
+ratios are printed with the median and p95 of the proxy CPU per run.
 
 `--compare DIR` runs a second proxy from another source tree (DIR is its `src`, e.g. of a
 `git worktree add /tmp/aamp-main main`) and measures every proxied mode through it too, as
@@ -27,7 +37,8 @@ Prints a table and writes benchmarks/results/egress.json. Targets (issue 18, not
 >= 0.8x direct throughput, <= 0.5 ms added p50 per small request; with TLS interception
 >= 0.5x direct TLS throughput, <= 1 ms added p50.
 
-    .venv/bin/python benchmarks/egress.py [--runs 5] [--small 1000] [--compare DIR]
+    .venv/bin/python benchmarks/egress.py [--runs 5] [--small 1000] [--rounds 10]
+        [--ledger audit|file] [--compare DIR]
 """
 
 from __future__ import annotations
@@ -94,7 +105,13 @@ def _upstream_main(port_out, tls_port_out, upstream_ca_dir: str, ready) -> None:
 
 
 def _proxy_main(
-    sock_path: str, tls_port: int, workdir: str, upstream_ca: str, ready, src: str | None
+    sock_path: str,
+    tls_port: int,
+    workdir: str,
+    upstream_ca: str,
+    ready,
+    src: str | None,
+    ledger: str,
 ) -> None:
     if src is not None:  # --compare: this proxy's code comes from another source tree
         sys.path.insert(0, src)
@@ -102,7 +119,7 @@ def _proxy_main(
     from aamp.config import Settings
     from aamp.egress.ca import InstallationCA
     from aamp.egress.intercept import upstream_tls_context
-    from aamp.egress.ledger import JsonLinesSink
+    from aamp.egress.ledger import AuditEgressSink, JsonLinesSink
     from aamp.egress.proxy import EgressContext, EgressProxy
     from aamp.egress.resolver import StaticResolver
     from aamp.egress.rules import EgressRules
@@ -121,7 +138,13 @@ def _proxy_main(
             vault = Vault.open(settings, store, audit)
             await vault.put("bench_token", "bench-" + os.urandom(12).hex(), actor="user:bench")
             rules = EgressRules.from_lists("block", allow=["bench.test", SERVICE_HOST])
-            sink = JsonLinesSink(Path(sock_path).with_suffix(".jsonl"))
+            # As `aamp up` records a proxy's events (server.py): audit records, durable in the
+            # installation's audit log before they count; `--ledger file` is the JSON-lines
+            # file of earlier runs, which costs far less per event.
+            if ledger == "audit":
+                sink = AuditEgressSink(audit)
+            else:
+                sink = JsonLinesSink(Path(sock_path).with_suffix(".jsonl"))
             service = Service(
                 "bench-api", f"https://{SERVICE_HOST}:{tls_port}", Bearer("bench_token")
             )
@@ -288,22 +311,32 @@ def download(mode: str, t: Target, size: int) -> float:
     return size / elapsed / MiB  # MiB/s
 
 
-def small_requests(mode: str, t: Target, count: int) -> list[float]:
-    scratch = memoryview(bytearray(65536))
-    sock = _open(mode, t)
-    latencies = []
-    try:
-        request = _request(mode, t, "/small")
-        buf = bytearray()
-        for _ in range(count + 50):
+class SmallStream:
+    """One mode's kept-alive connection for the small requests: opened once and warmed up,
+    then used for that mode's share of every round (`requests`)."""
+
+    WARM_UP = 50  # requests before the first measured one, not measured
+
+    def __init__(self, mode: str, t: Target) -> None:
+        self._sock = _open(mode, t)
+        self._request = _request(mode, t, "/small")
+        self._scratch = memoryview(bytearray(65536))
+        self._buf = bytearray()
+        self.requests(self.WARM_UP)
+
+    def requests(self, count: int) -> list[float]:
+        """`count` requests one after another; each one's latency in ms."""
+        sock, latencies = self._sock, []
+        for _ in range(count):
             start = time.perf_counter()
-            sock.sendall(request)
-            length, rest = _read_head(sock, buf)
-            buf = _read_body(sock, length, rest, scratch)
+            sock.sendall(self._request)
+            length, rest = _read_head(sock, self._buf)
+            self._buf = _read_body(sock, length, rest, self._scratch)
             latencies.append((time.perf_counter() - start) * 1000)
-    finally:
-        sock.close()
-    return latencies[50:]  # the first 50 warm the path up
+        return latencies
+
+    def close(self) -> None:
+        self._sock.close()
 
 
 MODES = ("direct", "proxy-http", "connect", "direct-tls", "intercept")
@@ -328,19 +361,34 @@ def _cpu_seconds(pid: int) -> float:
     return total / 1e9
 
 
+def _settled_cpu_seconds(pid: int, quiet_s: float = 0.02, limit_s: float = 1.0) -> float:
+    """`_cpu_seconds(pid)` once the process has gone quiet (under 2% of a core for `quiet_s`,
+    or `limit_s` has passed). The proxy finishes an answered request's ledger record after the
+    answer (the audit writer's commit); read at once, that CPU would be counted to whichever
+    mode is measured next, a direct baseline's included."""
+    deadline = time.monotonic() + limit_s
+    before = _cpu_seconds(pid)
+    while True:
+        time.sleep(quiet_s)
+        now = _cpu_seconds(pid)
+        if now - before < 0.02 * quiet_s or time.monotonic() >= deadline:
+            return now
+        before = now
+
+
 def _p95(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
-def _start_proxy(ctx, workdir: str, tls_port: int, upstream_ca: str, src: str | None):
+def _start_proxy(ctx, workdir: str, tls_port: int, upstream_ca: str, src: str | None, ledger: str):
     """A proxy process on its own socket, home and installation CA; (process, socket, CA)."""
     os.makedirs(workdir, exist_ok=True)
     ready = ctx.Event()
     sock_path = os.path.join(workdir, "egress.sock")
     proxy = ctx.Process(
         target=_proxy_main,
-        args=(sock_path, tls_port, workdir, upstream_ca, ready, src),
+        args=(sock_path, tls_port, workdir, upstream_ca, ready, src, ledger),
         daemon=True,
     )
     proxy.start()
@@ -355,6 +403,19 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=1000)
     parser.add_argument("--mib", type=int, default=100)
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=10,
+        help="rounds the small requests are split into, every mode's share in each round",
+    )
+    parser.add_argument(
+        "--ledger",
+        choices=["audit", "file"],
+        default="audit",
+        help="the proxy's ledger: the audit log, as `aamp up` has it (default), or the "
+        "JSON-lines file (`JsonLinesSink`)",
+    )
+    parser.add_argument(
         "--modes",
         default="direct,proxy-http,connect,direct-tls,intercept",
         help="comma-separated subset of the modes (a mode's baseline is added if missing)",
@@ -368,6 +429,8 @@ def main() -> None:
         "--out", type=Path, default=Path(__file__).parent / "results" / "egress.json"
     )
     args = parser.parse_args()
+    if args.runs < 1 or args.mib < 1 or args.rounds < 1 or args.small < args.rounds:
+        parser.error("--runs, --mib and --rounds must be at least 1, --small at least --rounds")
     if args.compare is not None and not (args.compare / "aamp" / "egress").is_dir():
         parser.error(f"--compare {args.compare}: no aamp/egress package there")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
@@ -382,7 +445,7 @@ def main() -> None:
     )
     upstream.start()
     up_ready.wait(20)
-    proxies = {"": _start_proxy(ctx, workdir, tls_port.value, upstream_ca, None)}
+    proxies = {"": _start_proxy(ctx, workdir, tls_port.value, upstream_ca, None, args.ledger)}
     if args.compare is not None:
         proxies[COMPARED] = _start_proxy(
             ctx,
@@ -390,6 +453,7 @@ def main() -> None:
             tls_port.value,
             upstream_ca,
             str(args.compare.resolve()),
+            args.ledger,
         )
     targets = {
         suffix: Target(
@@ -417,19 +481,41 @@ def main() -> None:
         # The proxy's own CPU per run: unlike wall time it hardly moves with the machine's
         # load, so it compares two versions of the proxy on a shared host.
         proxy_cpu: dict[str, list[float]] = {label: [] for label, _, _ in measured}
+        # This client's CPU (its one thread) per run, apart from the proxy's: what a mode
+        # costs the client (TLS to the proxy, say) is not the proxy's cost.
+        client_cpu: dict[str, list[float]] = {label: [] for label, _, _ in measured}
         for _ in range(args.runs):  # interleaved, so drift hits every mode alike
             for label, mode, suffix in measured:
                 pid = proxies[suffix][0].pid
-                before = _cpu_seconds(pid)
+                before, client_before = _settled_cpu_seconds(pid), time.thread_time()
                 throughput[label].append(download(mode, targets[suffix], size))
-                proxy_cpu[label].append((_cpu_seconds(pid) - before) * 100 / args.mib)
-        latency = {}
-        proxy_cpu_small = {}
-        for label, mode, suffix in measured:
-            pid = proxies[suffix][0].pid
-            before = _cpu_seconds(pid)
-            latency[label] = small_requests(mode, targets[suffix], args.small)
-            proxy_cpu_small[label] = _cpu_seconds(pid) - before
+                client_cpu[label].append((time.thread_time() - client_before) * 100 / args.mib)
+                proxy_cpu[label].append((_settled_cpu_seconds(pid) - before) * 100 / args.mib)
+        # Small requests in rounds: each mode has one kept-alive connection for the whole
+        # phase, and every round gives each mode its share in turn (the order rotating round
+        # by round), so a mode and its baseline are measured within moments of each other and
+        # the added latency of a round is against its own baseline's.
+        per_round = args.small // args.rounds
+        latency: dict[str, list[float]] = {label: [] for label, _, _ in measured}
+        round_p50: dict[str, list[float]] = {label: [] for label, _, _ in measured}
+        proxy_cpu_small = dict.fromkeys(latency, 0.0)
+        client_cpu_small = dict.fromkeys(latency, 0.0)
+        streams = {label: SmallStream(mode, targets[suffix]) for label, mode, suffix in measured}
+        try:
+            for n in range(args.rounds):
+                for label, _mode, suffix in (
+                    measured[n % len(measured) :] + measured[: n % len(measured)]
+                ):
+                    pid = proxies[suffix][0].pid
+                    before, client_before = _settled_cpu_seconds(pid), time.thread_time()
+                    taken = streams[label].requests(per_round)
+                    client_cpu_small[label] += time.thread_time() - client_before
+                    proxy_cpu_small[label] += _settled_cpu_seconds(pid) - before
+                    latency[label] += taken
+                    round_p50[label].append(statistics.median(taken))
+        finally:
+            for stream in streams.values():
+                stream.close()
     finally:
         for proc, _sock, _ca in proxies.values():
             proc.terminate()
@@ -446,6 +532,12 @@ def main() -> None:
         for m in modes
     }
     direct_p50 = {m: statistics.median(latency[_baseline(m)]) for m in modes}
+    # Each round's p50 against its baseline's p50 of the same round.
+    added_per_round = {
+        m: [x - base for x, base in zip(round_p50[m], round_p50[_baseline(m)], strict=True)]
+        for m in modes
+    }
+    measured_small = args.rounds * per_round
     # The host's 1-minute load average when the run began and ended: on a shared machine the
     # wall-time figures mean little without it (the proxy CPU columns move far less).
     load = {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)}
@@ -453,7 +545,9 @@ def main() -> None:
         "load_average_1min": load,
         "download_mib": args.mib,
         "runs": args.runs,
-        "small_requests": args.small,
+        "small_requests": measured_small,
+        "small_rounds": args.rounds,
+        "ledger": args.ledger,
         "cpus": os.cpu_count(),
         "compare": str(args.compare) if args.compare is not None else None,
         "throughput_mib_s": {
@@ -474,6 +568,7 @@ def main() -> None:
                     "p95": _p95(proxy_cpu[mode]),
                     "runs": proxy_cpu[mode],
                 },
+                "client_cpu_s_per_100mib": statistics.median(client_cpu[mode]),
             }
             for mode, v in throughput.items()
         },
@@ -482,9 +577,13 @@ def main() -> None:
                 "p50": statistics.median(v),
                 "p95": _p95(v),
                 "baseline": _baseline(mode),
-                "added_p50": statistics.median(v) - direct_p50[mode],
-                # small_requests sends 50 warm-up requests beyond the ones measured
-                "proxy_cpu_ms_per_request": proxy_cpu_small[mode] * 1000 / (args.small + 50),
+                # the median of the rounds' added p50s (each against its own round's baseline)
+                "added_p50": statistics.median(added_per_round[mode]),
+                "added_p50_per_round": added_per_round[mode],
+                "added_p50_pooled": statistics.median(v) - direct_p50[mode],
+                # the measured requests' only: the warm-ups before the rounds are not counted
+                "proxy_cpu_ms_per_request": proxy_cpu_small[mode] * 1000 / measured_small,
+                "client_cpu_ms_per_request": client_cpu_small[mode] * 1000 / measured_small,
             }
             for mode, v in latency.items()
         },
@@ -498,21 +597,29 @@ def main() -> None:
         print(f"MODE{COMPARED}: through a proxy from {args.compare}, interleaved with the rest")
     print(f"{args.mib} MiB download, {args.runs} runs (MiB/s; p95 = 95th percentile slowest)")
     print("ratio: each run against its baseline's run of the same round, median and p95")
-    print("proxy CPU: the proxy process's CPU seconds per 100 MiB, per run (median, p95)")
-    print(f"{'mode':<16}{'median':>8}{'p95':>8}{'ratio':>8}{'p95':>7}{'proxy CPU':>11}{'p95':>8}")
+    print("proxy CPU: the proxy process's CPU seconds per 100 MiB, per run (median, p95);")
+    print("client CPU: this client's, per 100 MiB (median); the ledger: " + args.ledger)
+    print(
+        f"{'mode':<16}{'median':>8}{'p95':>8}{'ratio':>8}{'p95':>7}{'proxy CPU':>11}{'p95':>8}"
+        f"{'client CPU':>12}"
+    )
     for mode, row in result["throughput_mib_s"].items():
         ratio, cpu = row["ratio_per_run"], row["proxy_cpu_per_run"]
         print(
             f"{mode:<16}{row['median']:>8.0f}{row['p95_low']:>8.0f}"
             f"{ratio['median']:>8.2f}{ratio['p95_low']:>7.2f}"
-            f"{cpu['median']:>11.3f}{cpu['p95']:>8.3f}"
+            f"{cpu['median']:>11.3f}{cpu['p95']:>8.3f}{row['client_cpu_s_per_100mib']:>12.3f}"
         )
-    print(f"\n{args.small} small requests on one kept-alive connection (ms per request)")
-    print(f"{'mode':<16}{'p50':>10}{'p95':>10}{'added p50':>11}{'proxy CPU':>11}")
+    print(
+        f"\n{measured_small} small requests a mode in {args.rounds} rounds, each mode on one"
+        " kept-alive connection (ms per request)"
+    )
+    print("added p50: the median of the rounds' p50 minus their baseline's p50 of the round")
+    print(f"{'mode':<16}{'p50':>10}{'p95':>10}{'added p50':>11}{'proxy CPU':>11}{'client CPU':>12}")
     for mode, row in result["latency_ms"].items():
         print(
             f"{mode:<16}{row['p50']:>10.3f}{row['p95']:>10.3f}{row['added_p50']:>11.3f}"
-            f"{row['proxy_cpu_ms_per_request']:>11.3f}"
+            f"{row['proxy_cpu_ms_per_request']:>11.3f}{row['client_cpu_ms_per_request']:>12.3f}"
         )
     print(f"\nwritten to {args.out}")
 

@@ -1,6 +1,6 @@
 """The fleet's figures (issue 17), measured, never asserted:
 
-    python benchmarks/fleet.py [--creates N]
+    python benchmarks/fleet.py [--creates N] [--only packages] [--rounds N]
 
 - sandbox creates per second through one replica with 3 remote hosts vs 1 (`aamp host
   serve` processes on this machine, real gVisor; the replica's own host drained so every
@@ -11,9 +11,12 @@
   what a create pays for being placed, apart from booting — each alone, beside the floor of
   a `SELECT 1` round trip measured interleaved, and the statements sent;
 - time from a host's `kill -9` to its run being failed, against the configured heartbeat
-  and lost timeout (target: lost timeout + 2 s).
+  and lost timeout (target: lost timeout + 2 s);
+- a create with packages on a remote host, the first (the wheel sent over the link and the
+  packages layer built there) against the second (the layer reused), each round with a new
+  wheel so its first create builds a new layer (`--only packages` measures this alone).
 
-Writes benchmarks/results/fleet.json.
+Writes benchmarks/results/fleet.json (`--only packages` prints its figure and writes nothing).
 """
 
 from __future__ import annotations
@@ -182,12 +185,72 @@ def kill_to_failed(fleet: Fleet, admin, hosts) -> float:  # type: ignore[no-unty
         return time.monotonic() - killed
 
 
+def packages_first_vs_second(admin, rounds: int) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """Per round: a new wheel in the replica's wheelhouse, then two creates whose policy lists
+    it — the first sends the wheel and builds the layer on the host, the second reuses it."""
+    from wheel_files import make_wheel
+
+    first, second = [], []
+    with tempfile.TemporaryDirectory(prefix="aamp-bench-wheel-") as tmp:
+        for n in range(rounds):
+            version = f"1.0+b{uuid.uuid4().hex[:8]}"
+            wheel = make_wheel(Path(tmp), "aampbench", version, f"N = {n}\n")
+            r = admin.put(f"/v1/wheelhouse/wheels/{wheel.name}", content=wheel.read_bytes())
+            if r.status_code != 201:
+                raise SystemExit(f"the wheel was not added: {r.text}")
+            body = {"policy_document": f"name: b\nimage: base\npackages: [aampbench=={version}]\n"}
+            made = []
+            for times in (first, second):
+                started = time.perf_counter()
+                r = admin.post("/v1/sandboxes", json=body)
+                times.append(time.perf_counter() - started)
+                if r.status_code != 201:
+                    raise SystemExit(f"a create with packages was refused: {r.text}")
+                made.append(r.json()["id"])
+            for sandbox_id in made:
+                admin.delete(f"/v1/sandboxes/{sandbox_id}")
+    return {
+        "load_average": round(os.getloadavg()[0], 2),
+        "rounds": rounds,
+        "first_median_s": round(statistics.median(first), 3),
+        "second_median_s": round(statistics.median(second), 3),
+        "first_s": [round(t, 3) for t in first],
+        "second_s": [round(t, 3) for t in second],
+    }
+
+
+def only_packages(rounds: int) -> dict[str, object]:
+    """`packages_first_vs_second` on one remote host (the replica's own host drained), and on
+    the replica's own host alone (no link: the single-host path), for comparison."""
+    found: dict[str, object] = {}
+    for where in ("remote", "local"):
+        with TemporaryPostgres() as pg, tempfile.TemporaryDirectory(prefix="aamp-fleet-") as tmp:
+            db = pg.create_database(f"f_{uuid.uuid4().hex[:8]}")
+            fleet = Fleet(Path(tmp), db.render_as_string(hide_password=False), "1", "4")
+            try:
+                admin = fleet.replica("rep-a")
+                if where == "remote":
+                    admin.post("/v1/hosts/rep-a/drain")
+                    fleet.add_host(admin, "h1").start()
+                    wait_for(lambda a=admin: host_state(a, "h1")["state"] == "active", 120)
+                found[where] = packages_first_vs_second(admin, rounds)
+            finally:
+                fleet.close()
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--creates", type=int, default=9)
     parser.add_argument("--concurrency", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3, help="of the packages figure")
+    parser.add_argument("--only", choices=["packages"], help="measure only this figure")
     args = parser.parse_args()
     result: dict[str, object] = {}
+    if args.only == "packages":
+        result["packages_remote"] = only_packages(args.rounds)
+        print(json.dumps(result, indent=2))
+        return
     with TemporaryPostgres() as pg, tempfile.TemporaryDirectory(prefix="aamp-fleet-") as tmp:
         url = pg.create_database("placement")
         result["placement"] = placement_overhead(url.render_as_string(hide_password=False), 300)
@@ -218,6 +281,8 @@ def main() -> None:
                 "concurrency": args.concurrency,
             }
             print("creates", result["creates_per_second"], flush=True)
+            result["packages_remote"] = packages_first_vs_second(admin, args.rounds)
+            print("packages on a remote host", result["packages_remote"], flush=True)
             seconds = kill_to_failed(fleet, admin, hosts)
             result["kill_to_failed"] = {
                 "seconds": round(seconds, 2),

@@ -47,6 +47,7 @@ from aamp.sandbox import available_drivers, configured_manager
 from aamp.sandbox.driver import Driver
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.manager import SandboxManager
+from aamp.sandbox.wheelhouse import Wheelhouse
 from aamp.store import Store, database_url
 from aamp.vault import Vault
 from aamp.web import create_site
@@ -168,7 +169,9 @@ def build_fleet(
         raise ValueError(
             "AAMP_FLEET_LINK_LISTEN serves this replica's own host; `--role api` has none"
         )
-    manager.placer = FleetPlacer(Placement(registry), local.host_id if local else None, links)
+    manager.placer = FleetPlacer(
+        Placement(registry), local.host_id if local else None, links, Wheelhouse(settings)
+    )
     return registry, FleetUpkeep(registry, audit, local, heartbeat), links
 
 

@@ -44,6 +44,7 @@ POLICY = f"""\
 name: download-abandoned
 image: base
 lifetime: {{ttl: 10m, idle: {IDLE_SECONDS}s}}
+data: {{outbound: {{max_bytes: {BIG_MIB + 1}MiB, types: [bin]}}}}
 """
 
 

@@ -8,7 +8,7 @@ real PostgreSQL and gVisor, loopback only.
 - with a host, create, exec and destroy through the replica land on that host; the host
   honours the same warm-pool setting `aamp up` reads (`AAMP_WARM_POOL`: the sandbox is
   handed out warm), and a warm pool on the replica itself is refused at start;
-- a create a remote host cannot take yet (egress rules) says why no host is available.
+- a create whose packages the replica's wheelhouse lacks is refused there, naming them.
 """
 
 from __future__ import annotations
@@ -132,10 +132,12 @@ def test_role_api_places_every_sandbox_on_a_registered_host(
         assert r.status_code == 201, r.text
         assert r.json()["host"] == "h1"
         assert api.delete(f"/v1/sandboxes/{r.json()['id']}").status_code == 204
+        # Packages travel too (`test_remote_packages.py`): ones the replica's wheelhouse
+        # lacks are refused there, before anything is reserved.
         packages = {"policy_document": "name: pk\nimage: base\npackages: [tabulate==0.9.0]\n"}
         r = api.post("/v1/sandboxes", json=packages)
-        assert r.status_code == 503, r.text
-        assert "does not take packages" in r.json()["message"]
+        assert r.status_code == 400, r.text
+        assert "tabulate==0.9.0 is not in the wheelhouse" in r.json()["message"]
         assert host_state(api, "h1")["used_sandboxes"] == 0
 
         # -- SIGTERM: the replica stops cleanly (uvicorn exits by the signal it caught) --

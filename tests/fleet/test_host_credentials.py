@@ -19,6 +19,7 @@ from aamp.fleet.link_ca import LinkCA
 from aamp.fleet.links import HostLinks
 from aamp.fleet.placement import Need, Placement
 from aamp.fleet.sandboxes import REAP_GRACE_SECONDS, Reservation
+from aamp.sandbox.wheelhouse import Wheelhouse
 from aamp.store.tables import HostRow, SandboxRow
 from aamp.vault import Vault
 
@@ -38,7 +39,7 @@ async def test_a_host_gets_only_its_own_sandboxes_granted_secrets(settings, stor
         _, tokens[host_id] = registry.add(host_id, by="test")
         registry.register(host_id, tokens[host_id], HostFacts(("gvisor",), 4, 4096, 8, ()))
     placement = Placement(registry)
-    placer = FleetPlacer(placement, "rep", HostLinks(LinkCA.of(settings)))
+    placer = FleetPlacer(placement, "rep", HostLinks(LinkCA.of(settings)), Wheelhouse(settings))
     catalog = Catalog(store)
     for name, secret in (("crm", "crm_token"), ("erp", "erp_token")):
         catalog.put_service(name, upstream=f"http://{name}.test", auth="bearer",
@@ -99,7 +100,10 @@ async def test_a_sandbox_past_its_expiry_is_refused_its_host_and_reaped(settings
     _, token = registry.add("h1", by="test")
     info, _ = registry.register("h1", token, HostFacts(("gvisor",), 4, 4096, 8, ()))
     placement = Placement(registry)
-    placers = [FleetPlacer(placement, rep, HostLinks(LinkCA.of(settings))) for rep in "ab"]
+    placers = [
+        FleetPlacer(placement, rep, HostLinks(LinkCA.of(settings)), Wheelhouse(settings))
+        for rep in "ab"
+    ]
     for sandbox_id, ttl in (("sb-eeeeeeeeeeee", 0.05), ("sb-ffffffffffff", 600)):
         placed = placement.place(NEED, ("h1",))
         await placers[0].placed(Reservation(placed, NEED), sandbox_id, ttl, ())

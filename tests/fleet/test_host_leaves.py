@@ -25,6 +25,7 @@ from aamp.fleet.link_ca import LinkCA
 from aamp.fleet.links import HostLinks
 from aamp.fleet.placement import Need, Placement
 from aamp.fleet.sandboxes import Reservation
+from aamp.sandbox.wheelhouse import Wheelhouse
 
 NEED = Need(driver="gvisor", image="base", cpus=0.5, memory_mb=256)
 KEY = ec.generate_private_key(ec.SECP256R1())
@@ -52,7 +53,7 @@ async def test_a_host_gets_leaves_only_for_its_own_sandboxes_granted_https_hosts
         _, token = registry.add(host_id, by="test")
         registry.register(host_id, token, HostFacts(("gvisor",), 4, 4096, 8, ()))
     placement = Placement(registry)
-    placer = FleetPlacer(placement, "rep", HostLinks(LinkCA.of(settings)))
+    placer = FleetPlacer(placement, "rep", HostLinks(LinkCA.of(settings)), Wheelhouse(settings))
     catalog = Catalog(store)
     for name, upstream in (
         ("crm", "https://crm.test"),

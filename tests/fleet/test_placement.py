@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from aamp.errors import InvalidInput
 from aamp.fleet import HostFacts, HostRegistry
 from aamp.fleet.placement import Need, NoCapacity, Placement
 from aamp.store import Store
@@ -46,6 +47,36 @@ def test_the_best_candidate_has_the_image_then_the_most_free_slots(store: Store)
         Placement(registry).place(Need("firecracker", "base", 1, 512))
     with pytest.raises(NoCapacity):
         Placement(registry).place(Need("gvisor", "base", 1, 9000))
+
+
+def test_a_host_with_the_packages_layer_comes_before_one_with_the_image_only(
+    store: Store,
+) -> None:
+    registry = HostRegistry(store)
+    layer = "base+" + "cd" * 8
+    _host(registry, "a-image", sandboxes=10, images=(BASE,))
+    _host(registry, "b-layer", sandboxes=4, images=(BASE, f"{layer}@" + "ef" * 32))
+    _host(registry, "c-other-layer", sandboxes=10, images=(BASE, "base+" + "00" * 8 + "@ab12cd34"))
+    placement = Placement(registry, k=3)
+    assert placement.place(Need("gvisor", "base", 0.5, 512, layer=layer)).host_id == "b-layer"
+    # Without packages the layer counts for nothing: the image, then the most free slots.
+    assert placement.place(NEED).host_id == "a-image"
+
+
+def test_a_host_reports_images_and_layers_by_their_rule(store: Store) -> None:
+    registry = HostRegistry(store)
+    token = _host(registry, "h", sandboxes=4)
+    layer = "base+" + "cd" * 8 + "@" + "ef" * 32
+    facts = HostFacts(("gvisor",), 4, 8192, 4, (BASE, layer))
+    info, secret = registry.register("h", token, facts)
+    assert registry.heartbeat("h", token, info.epoch, secret, (layer,)).images == (layer,)
+    for bad in ("base+xyz@" + "ab" * 16, "base+" + "cd" * 8, "../x@" + "ab" * 16):
+        with pytest.raises(InvalidInput, match=r"must be NAME@CONTENT_HASH or NAME\+KEY@HASH"):
+            HostFacts(("gvisor",), 4, 8192, 4, (bad,))
+        # A heartbeat is held to the same rule (it took any text before), nothing changed.
+        with pytest.raises(InvalidInput, match=r"must be NAME@CONTENT_HASH"):
+            registry.heartbeat("h", token, info.epoch, secret, (bad,))
+        assert registry.get("h").images == (layer,)
 
 
 def test_a_placement_reserves_capacity_and_release_gives_it_back(store: Store) -> None:

@@ -32,6 +32,11 @@ class ProbeForTests:
         return int(rows[0][0]), threading.current_thread().name
 
     @read_plan
+    def divide(self, by: int) -> ReadPlan[int]:
+        rows = yield "SELECT 1 / :by", {"by": by}
+        return int(rows[0][0])
+
+    @read_plan
     def slow(self, seconds: float) -> ReadPlan[int]:
         rows = yield "SELECT 1 FROM pg_sleep(:seconds)", {"seconds": seconds}
         return len(rows)
@@ -107,6 +112,33 @@ async def test_a_cancelled_read_does_not_leave_its_connection_busy(store: Store)
         await asyncio.wait_for(store.run(probe.slow, 5), timeout=0.2)
     answers = await asyncio.gather(*(store.run(probe.answer, n) for n in range(30)))
     assert [a for a, _ in answers] == [n + 1 for n in range(30)]
+
+
+async def test_a_connection_keeps_one_cursor_for_every_plan_it_runs(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if store.dialect != "postgresql":
+        pytest.skip("the loop's asyncio connections are PostgreSQL's")
+    import psycopg
+
+    made: list[object] = []
+    real_cursor = psycopg.AsyncConnection.cursor
+
+    def counted(conn: psycopg.AsyncConnection, *args: object, **kwargs: object) -> object:
+        made.append(conn)
+        return real_cursor(conn, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "cursor", counted)
+    probe = ProbeForTests(store)
+    for n in range(20):  # one after another: one connection serves them all
+        assert (await store.run(probe.answer, n))[0] == n + 1
+    assert len(made) == 1
+    # A statement the server refuses leaves the connection and its cursor fit for the next.
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        await store.run(probe.divide, 0)
+    assert await store.run(probe.divide, 1) == 1
+    assert (await store.run(probe.answer, 7))[0] == 8
+    assert len(made) == 1
 
 
 async def test_close_closes_the_loop_connections(store: Store) -> None:

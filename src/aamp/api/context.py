@@ -14,6 +14,7 @@ from aamp.config import Settings
 from aamp.fleet import FleetPlacer, FleetUpkeep, HostRegistry
 from aamp.fleet.links import HostLinks
 from aamp.identity import Directory, LoginThrottle
+from aamp.policy import DataPolicy
 from aamp.runs.service import RunService
 from aamp.sandbox import ImageBuilds
 from aamp.sandbox.images import ImageStore
@@ -31,6 +32,9 @@ class SandboxOwner:
     username: str
     agent: str | None
     policy: str | None
+    # The data rules of the policy it was made from (named or inline): what its files in and
+    # out are checked against. None for an admin's sandbox made without a policy.
+    data: DataPolicy | None = None
 
 
 @dataclass
@@ -65,8 +69,9 @@ class ControlPlane:
         self.sandbox_owners[sandbox_id] = owner
         placer = self.manager.placer
         if isinstance(placer, FleetPlacer):
+            data = owner.data.to_json() if owner.data is not None else None
             await self.store.run(
-                placer.record_owner, sandbox_id, owner.username, owner.agent, owner.policy
+                placer.record_owner, sandbox_id, owner.username, owner.agent, owner.policy, data
             )
 
     async def find_owner(self, sandbox_id: str) -> SandboxOwner | None:
@@ -76,7 +81,11 @@ class ControlPlane:
         if known is not None or not isinstance(placer, FleetPlacer) or len(sandbox_id) > 64:
             return known
         recorded = await self.store.run(placer.owner_of, sandbox_id)
-        return SandboxOwner(*recorded) if recorded is not None else None
+        if recorded is None:
+            return None
+        username, agent, policy, data = recorded
+        rules = DataPolicy.from_json(data) if data is not None else None
+        return SandboxOwner(username, agent, policy, rules)
 
     def forget_gone_sandboxes(self) -> None:
         """Drop ownership entries of sandboxes the manager no longer has (ttl, idle, crash)."""

@@ -44,7 +44,7 @@ from aamp.catalog import KnowledgeBases
 from aamp.catalog.catalog import AgentNeeds
 from aamp.errors import NotFound
 from aamp.identity.model import Actor, Resource
-from aamp.policy import Policy
+from aamp.policy import Policy, file_type
 from aamp.runs.service import RunRequest, RunService
 from aamp.runs.store import RunInfo, RunStore
 from aamp.sandbox.manager import CreateRequest
@@ -345,7 +345,7 @@ def router() -> APIRouter:
         inbound = policy.data.inbound
         total = 0
         for name, data in inputs:
-            kind = name.rsplit(".", 1)[-1].lower() if "." in name else ""
+            kind = file_type(name)
             if kind not in inbound.types:
                 message = (
                     f"{name}: data.inbound.types of policy {d.policy!r} does not allow "

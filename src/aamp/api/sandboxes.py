@@ -6,7 +6,7 @@ import base64
 import binascii
 import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any
 
 import anyio
@@ -18,13 +18,23 @@ from starlette.types import Receive, Scope, Send
 from aamp.api.body import Body
 from aamp.api.context import ControlPlane, SandboxOwner
 from aamp.api.errors import ApiError
-from aamp.api.guard import actor_of, check, cp_of, guarded_router, json_body, request_id, rule
+from aamp.api.guard import (
+    actor_of,
+    check,
+    cp_of,
+    guarded_router,
+    json_body,
+    record_refusal,
+    request_id,
+    rule,
+)
 from aamp.catalog.catalog import AgentNeeds, Service, parse_policy_document
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import ServiceSet
 from aamp.errors import NotFound
+from aamp.identity.authz import allowed
 from aamp.identity.model import Actor, Resource
-from aamp.policy import MiB, Policy, PolicyError, Resources, problems
+from aamp.policy import DataPolicy, MiB, Policy, PolicyError, Resources, problems
 from aamp.sandbox import describe_image, exec_lines, open_download, workspace_path
 from aamp.sandbox.requests import (
     DEFAULT_IDLE_SECONDS,
@@ -97,6 +107,50 @@ async def sandbox_resource(request: Request, cp: ControlPlane, _: Actor) -> Reso
         owner=owner.username if owner else None,
         agent=owner.agent if owner else None,
     )
+
+
+def _data_refusal(
+    owner: SandboxOwner | None, going: str, path: str, size: int | None
+) -> str | None:
+    """Why the data rules of the policy the sandbox was made from refuse this file going `in`
+    or `out` (`size` None: not known yet), or None; a sandbox made without one has none."""
+    if owner is None or owner.data is None:
+        return None
+    if going == "in":
+        return owner.data.inbound.refusal("data.inbound", path, size)
+    rule = owner.data.outbound
+    refused = rule.refusal("data.outbound", path, size)
+    if refused is None and size is not None and rule.needs_approval(size):
+        refused = (
+            f"{path!r}: {size} bytes; data.outbound.approval needs a person to approve it, "
+            "so it leaves only as a run's artifact"
+        )
+    return refused
+
+
+async def _file_resource(request: Request, cp: ControlPlane, going: str) -> Resource:
+    """A sandbox, and what its data rules say of the file the request moves (by its name, and
+    for an upload by its declared length)."""
+    sandbox_id = str(request.path_params.get("sandbox_id", ""))[:64]
+    owner = await cp.find_owner(sandbox_id)
+    path = request.query_params.get("path", "")[:4096]
+    length = request.headers.get("content-length", "")
+    size = int(length) if going == "in" and length.isdigit() else None
+    return Resource(
+        "sandbox",
+        sandbox_id,
+        owner=owner.username if owner else None,
+        agent=owner.agent if owner else None,
+        data_refused=_data_refusal(owner, going, path, size),
+    )
+
+
+async def file_in_resource(request: Request, cp: ControlPlane, _: Actor) -> Resource:
+    return await _file_resource(request, cp, "in")
+
+
+async def file_out_resource(request: Request, cp: ControlPlane, _: Actor) -> Resource:
+    return await _file_resource(request, cp, "out")
 
 
 async def _resource_of(cp: ControlPlane, sandbox_id: str) -> Resource:
@@ -205,8 +259,11 @@ def sandbox_from(needs: AgentNeeds, driver: str | None = None) -> CreateRequest:
     return _from_policy(needs.policy.policy, driver, needs.services)
 
 
-async def _create_request(cp: ControlPlane, body: SandboxIn, plan: SandboxPlan) -> CreateRequest:
-    """Build what the guard allowed: an inline policy, a named one, or (admins) neither."""
+async def _create_request(
+    cp: ControlPlane, body: SandboxIn, plan: SandboxPlan
+) -> tuple[CreateRequest, DataPolicy | None]:
+    """Build what the guard allowed: an inline policy, a named one, or (admins) neither; with
+    the policy's data rules, which the sandbox's files in and out are checked against."""
     if (conflict := _policy_conflict(body)) is not None:
         raise conflict
     if body.policy_document is not None:
@@ -224,21 +281,24 @@ async def _create_request(cp: ControlPlane, body: SandboxIn, plan: SandboxPlan) 
             except NotFound:
                 message = f"services: no service named {name!r}"
                 raise ApiError(400, "invalid_request", message) from None
-        return _from_policy(policy, body.driver, tuple(services))
+        return _from_policy(policy, body.driver, tuple(services)), policy.data
     if plan.named is not None:
-        return sandbox_from(plan.named, body.driver)
+        create = sandbox_from(plan.named, body.driver)
+        assert plan.named.policy is not None  # else sandbox_from raised
+        return create, plan.named.policy.policy.data
     try:
         resources = Resources(**body.resources.model_dump()) if body.resources else Resources()
     except ValidationError as exc:
         found = "; ".join(f"resources.{where}: {why}" for where, why in problems(exc, Resources))
         raise ApiError(400, "invalid_request", found) from None
-    return CreateRequest(
+    made = CreateRequest(
         image=body.image,
         driver=body.driver,
         ttl=body.ttl_seconds,
         idle=body.idle_seconds,
         resources=resources,
     )
+    return made, None
 
 
 def router() -> APIRouter:
@@ -253,10 +313,10 @@ def router() -> APIRouter:
     @rule("sandbox.create", _new_sandbox)
     async def create_sandbox(body: SandboxIn, request: Request) -> dict[str, object]:
         cp, actor = cp_of(request), actor_of(request)
-        create = await _create_request(cp, body, request.state.sandbox_plan)
+        create, data = await _create_request(cp, body, request.state.sandbox_plan)
         sandbox = await cp.manager.create(create, actor=actor.audit_name)
         await cp.record_owner(
-            sandbox.id, SandboxOwner(actor.username or "", body.agent, body.policy)
+            sandbox.id, SandboxOwner(actor.username or "", body.agent, body.policy, data)
         )
         return {
             **sandbox.describe(),
@@ -340,7 +400,7 @@ def router() -> APIRouter:
         return StreamingResponse(events(), media_type="application/x-ndjson")
 
     @r.put("/sandboxes/{sandbox_id}/files", status_code=204)
-    @rule("sandbox.file_in", sandbox_resource)
+    @rule("sandbox.file_in", file_in_resource)
     async def put_file(
         sandbox_id: SandboxId, request: Request, path: Annotated[str, Query(max_length=4096)]
     ) -> None:
@@ -378,7 +438,7 @@ def router() -> APIRouter:
         )
 
     @r.get("/sandboxes/{sandbox_id}/files")
-    @rule("sandbox.file_out", sandbox_resource)
+    @rule("sandbox.file_out", file_out_resource)
     async def get_file(
         sandbox_id: SandboxId, request: Request, path: Annotated[str, Query(max_length=4096)]
     ) -> StreamingResponse:
@@ -387,6 +447,18 @@ def router() -> APIRouter:
         guest_path = workspace_path(path)
         await manager.find(sandbox_id)
         stream = await open_download(manager, sandbox_id, guest_path)
+        # Its size is known only now: the data rules' size and approval bounds are decided
+        # here, by `allowed` again, the refusal recorded.
+        owner = await cp_of(request).find_owner(sandbox_id)
+        refused = _data_refusal(owner, "out", path, stream.size)
+        if refused is not None:
+            await stream.aclose()
+            resource = replace(await file_out_resource(request, cp_of(request), actor_of(request)),
+                               data_refused=refused)  # fmt: skip
+            decision = allowed(actor_of(request), "sandbox.file_out", resource)
+            assert not decision.allowed
+            await record_refusal(request, "sandbox.file_out", str(resource), decision.reason)
+            raise ApiError(403, "forbidden", decision.reason)
 
         digest = hashlib.sha256()
         received = 0

@@ -28,6 +28,7 @@ import sys
 from collections.abc import Callable, Iterable
 
 from aamp.cli.command import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_USAGE, CommandError
+from aamp.cli.output import shown
 from aamp.cli.parsing import Parser
 from aamp.config import ConfigError, Settings
 
@@ -162,14 +163,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = Settings.from_env()
     except ConfigError as exc:
-        print(f"aamp: {exc}", file=sys.stderr)
+        print(f"aamp: {shown(exc)}", file=sys.stderr)
         return EXIT_USAGE
     try:
         return _run(args.command, args, settings)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except (CommandError, ValueError, OSError) as exc:
-        print(f"aamp: {getattr(exc, 'message', exc)}", file=sys.stderr)
+        print(f"aamp: {shown(getattr(exc, 'message', exc))}", file=sys.stderr)
         return EXIT_ERROR
 
 

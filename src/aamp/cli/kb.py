@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from urllib.parse import quote
 
-from aamp.cli.output import size, table
+from aamp.cli.output import shown, size, table
 from aamp.cli.parsing import action, actions
 
 TYPE_CHECKING = False  # typing's own costs ~15 ms of start-up: see aamp.cli
@@ -42,7 +42,7 @@ def _summary(kbs: list[dict[str, Any]]) -> None:
 
 
 def _show(kb: dict[str, Any]) -> None:
-    print(f"{kb['name']}: version {kb['version']}, {kb['documents']} document(s), "
+    print(f"{shown(kb['name'])}: version {kb['version']}, {kb['documents']} document(s), "
           f"{kb['failed']} failed; index {(kb['index'] or '-')[:16]}")  # fmt: skip
     rows = [("DOCUMENT", "TYPE", "SIZE", "STATUS", "CHUNKS", "SHA-256", "ERROR")]
     for d in kb["document_list"]:
@@ -53,7 +53,7 @@ def _show(kb: dict[str, Any]) -> None:
 
 def _bar(done: int, total: int, line: str) -> None:
     filled = BAR * done // max(total, 1)
-    sys.stderr.write(f"\r[{'#' * filled}{'.' * (BAR - filled)}] {done}/{total} {line}\x1b[K")
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (BAR - filled)}] {done}/{total} {shown(line)}\x1b[K")
     if done == total:
         sys.stderr.write("\n")
     sys.stderr.flush()
@@ -64,18 +64,18 @@ def _add(client: Client, name: str, files: list[str]) -> int:
     for path in paths:
         if not path.is_file():
             raise ValueError(f"{path}: no such file")
-    failed, shown = 0, None
+    failed, latest = 0, None
     _bar(0, len(paths), "")
     for n, path in enumerate(paths, 1):
         url = f"/v1/knowledge-bases/{quote(name)}/documents/{quote(path.name)}"
-        shown = client.call("PUT", url, content=path.read_bytes())
-        entry = next(d for d in shown["document_list"] if d["name"] == path.name)
+        latest = client.call("PUT", url, content=path.read_bytes())
+        entry = next(d for d in latest["document_list"] if d["name"] == path.name)
         if entry["status"] != "indexed":
             failed += 1
-            sys.stderr.write(f"\r{path.name}: failed: {entry['error']}\x1b[K\n")
+            sys.stderr.write(f"\r{path.name}: failed: {shown(entry['error'])}\x1b[K\n")
         _bar(n, len(paths), f"{path.name}: {entry['status']} ({entry['chunks']} chunks)")
-    assert shown is not None
-    _show(shown)
+    assert latest is not None
+    _show(latest)
     return 1 if failed else 0
 
 

@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from aamp.cli.output import table
+from aamp.cli.output import shown, table
 from aamp.cli.refs import agent_id
 
 TYPE_CHECKING = False  # typing's own costs ~15 ms of start-up: see aamp.cli
@@ -127,7 +127,11 @@ def follow(client: Client, run_id: str) -> str:
 
 
 def describe(kind: str, d: dict[str, Any]) -> str:
-    """One line per step, for people."""
+    """One line per step, for people (a terminal: what a guest or model wrote is `shown`)."""
+    return shown(_step_line(kind, d))
+
+
+def _step_line(kind: str, d: dict[str, Any]) -> str:
     if kind == "model.call":
         calls = ", ".join(c["name"] for c in d.get("tool_calls", [])) or "final answer"
         return (

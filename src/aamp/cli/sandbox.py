@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from aamp.cli.command import EXIT_ERROR, EXIT_TIMED_OUT, EXIT_USAGE
-from aamp.cli.output import table
+from aamp.cli.output import shown, table
 from aamp.cli.parsing import action, actions
 
 TYPE_CHECKING = False  # typing's own costs ~15 ms of start-up: see aamp.cli
@@ -84,7 +84,7 @@ def sandbox(client: Client, args: argparse.Namespace) -> int:
             client.delete_sandbox(sandbox_id)
             print(sandbox_id)
         except Exception as exc:
-            print(f"aamp: {getattr(exc, 'message', exc)}", file=sys.stderr)
+            print(f"aamp: {shown(getattr(exc, 'message', exc))}", file=sys.stderr)
             failed += 1
     return EXIT_ERROR if failed else 0
 
@@ -138,7 +138,7 @@ def _exec(client: Client, args: argparse.Namespace, command: list[str]) -> int:
                 out.buffer.write(event["data"])
                 out.flush()
             elif "error" in event:
-                print(f"aamp: {event['message']}", file=sys.stderr)
+                print(f"aamp: {shown(event['message'])}", file=sys.stderr)
                 return EXIT_ERROR
             else:
                 if event.get("timed_out"):

@@ -1,9 +1,10 @@
-"""A replica's end of the link to one sandbox host: `LinkClient` (create, describe, list,
-destroy, new egress rules) and `LinkChannel`, which does for a sandbox on that host what
-`GuestChannel` does for a local one (exec, run, put, get, browser) — through the host, never
-to the guest. A create's read-only files (a knowledge base's index) go ahead of it by SHA-256
-(`send_files`): each held on the host for that create, and sent only if the host does not
-have it already (`host_files.py` checks its size and hash before keeping it).
+"""A replica's end of the link to one sandbox host: `LinkClient` (create — the wheels of its
+packages sent first, `send_wheel` —, describe, list, destroy, new egress rules) and
+`LinkChannel`, which does for a sandbox on that host what `GuestChannel` does for a local one
+(exec, run, put, get, browser) — through the host, never to the guest. A create's read-only
+files (a knowledge base's index) go ahead of it by SHA-256 (`send_files`): each held on the
+host for that create, and sent only if the host does not have it already (`host_files.py`
+checks its size and hash before keeping it).
 
 Every connection is TLS with the replica's client certificate from the link CA, and the
 host must present the certificate issued for exactly the host id the replica means
@@ -40,6 +41,7 @@ from aamp.sandbox.channel.exec_session import ExecResult, Output
 from aamp.sandbox.channel.guest_channel import Command, RunsToEnd
 from aamp.sandbox.driver import SANDBOX_ID_RE, ReadOnlyFile
 from aamp.sandbox.manager import CreateRequest, SandboxUnavailable
+from aamp.sandbox.received_wheels import WheelRef
 
 log = logging.getLogger("aamp.fleet")
 
@@ -273,7 +275,28 @@ class LinkClient:
             named.append({"sha256": sha, "target": f.target})
         return hold, named
 
-    async def create(self, request: CreateRequest, epoch: int, actor: str) -> dict[str, Any]:
+    async def send_wheel(self, ref: WheelRef, path: Path) -> None:
+        """Send one wheel the host lacks (`PUT /link/wheels/SHA256`); the host keeps it only
+        if its bytes hash to `ref.sha256` (`received_wheels.py`)."""
+        size = path.stat().st_size
+
+        async def chunks() -> AsyncIterator[bytes]:
+            with open(path, "rb") as f:
+                while block := f.read(1 << 20):
+                    yield block
+
+        await self.request(
+            "PUT",
+            f"/link/wheels/{ref.sha256}",
+            params={"filename": ref.filename},
+            content=chunks(),
+            headers={"content-length": str(size)},
+            timeout=httpx.Timeout(60, write=600),
+        )
+
+    async def create(
+        self, request: CreateRequest, epoch: int, actor: str, wheels: tuple[WheelRef, ...] = ()
+    ) -> dict[str, Any]:
         try:
             hold, files = await self.send_files(request.read_only_files)
         except HostMisbehaved:
@@ -290,6 +313,10 @@ class LinkClient:
             # call by call over the link (`host_outbox.py`), never sent here.
             "egress": request.egress.to_dict(),
             "services": [s.to_dict() for s in request.services],
+            # Its packages' wheels, named by hash: sent before (`send_wheel`), built into
+            # the packages layer there.
+            "packages": list(request.packages),
+            "wheels": [w.to_dict() for w in wheels],
             "epoch": epoch,
             "actor": actor,
             # Its read-only files, held on the host for it (`send_files`).

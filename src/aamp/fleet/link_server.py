@@ -1,14 +1,17 @@
 """The host's end of the link: what a control-plane replica may ask of the sandboxes this host
-runs — create (with its egress rules and services, never a secret, and the read-only files
-it mounts, sent ahead by hash: `files/SHA/hold`, `files/SHA`; `host_files.py`), describe,
-list, destroy, exec, files in and out, the browser, knowledge-base searches (`search`: by a
-resident worker the host keeps per sandbox, since a link exec keeps no stdin open), who
-answers a sandbox's `default: ask` questions (`approver`: the replica whose run drives it),
-new egress rules and services for a sandbox (`PUT egress`) and its proxy's recent events
-(`GET egress`: a mark, or the events after one, at most `KEPT_PER_SANDBOX`; the replica
-checks them, `link_egress.py`) — and what it collects from the host (`collect`: egress
-records for the audit chain, credential asks, leaf certificate requests and egress
-questions, which it answers at `asks/{id}`; `host_outbox.py`).
+runs — create (with its egress rules and services, never a secret; its packages: the
+wheels offered by SHA-256 first, `POST /link/wheels`, those lacking sent, `PUT
+/link/wheels/SHA256`, and the layer built here from them: `received_wheels.py`; and the
+read-only files it mounts, sent ahead by hash: `files/SHA/hold`, `files/SHA`;
+`host_files.py`), describe, list, destroy, exec, files in and out, the browser,
+knowledge-base searches (`search`: by a resident worker the host keeps per sandbox, since a
+link exec keeps no stdin open), who answers a sandbox's `default: ask` questions
+(`approver`: the replica whose run drives it), new egress rules and services for a sandbox
+(`PUT egress`) and its proxy's recent events (`GET egress`: a mark, or the events after one,
+at most `KEPT_PER_SANDBOX`; the replica checks them, `link_egress.py`) — and what it
+collects from the host (`collect`: egress records for the audit chain, credential asks, leaf
+certificate requests and egress questions, which it answers at `asks/{id}`;
+`host_outbox.py`).
 
 Served over TLS with the host's link certificate, and only to clients holding a replica's
 certificate from the installation's link CA (`link_ca.py`; the handshake refuses anyone
@@ -25,10 +28,12 @@ the replica raises again (`link_client.py`).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import contextlib
 import json
+import logging
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -52,10 +57,14 @@ from aamp.sandbox.channel.errors import ChannelError, GuestError, GuestTimeout
 from aamp.sandbox.channel.exec_stream import exec_lines
 from aamp.sandbox.driver import ReadOnlyFile
 from aamp.sandbox.held_download import open_download
+from aamp.sandbox.image_commands import ImageBuildError
 from aamp.sandbox.manager import CreateRequest, SandboxManager, block_everything
 from aamp.sandbox.rag_worker import SearchWorker, WorkerFailed
+from aamp.sandbox.received_wheels import MAX_OFFERED, ReceivedWheels, WheelRef, WheelRefused
+from aamp.sandbox.wheelhouse import WheelhouseError
 
 MAX_BODY = 24 * 1024 * 1024
+log = logging.getLogger("aamp.fleet")
 
 
 def error_answer(exc: Exception) -> JSONResponse:
@@ -157,6 +166,9 @@ def link_app(
             raise _Refused(400, "invalid_request", f"files: {exc}") from None
         return hold, mounts
 
+    def received() -> ReceivedWheels:  # the wheels replicas sent this host
+        return ReceivedWheels(manager.settings.home)
+
     async def hello(request: Request) -> Response:
         # Only replicas get here (the handshake): one checking a registration compares
         # `proof` with what the registration carried (`HostLinks.verify`).
@@ -176,6 +188,13 @@ def link_app(
             )
         resources = Resources(**body.get("resources", {}))
         egress, services = egress_of(body)
+        packages = body.get("packages", [])
+        if (
+            not isinstance(packages, list)
+            or len(packages) > MAX_OFFERED
+            or not all(isinstance(p, str) and 0 < len(p) <= 300 for p in packages)
+        ):
+            raise _Refused(400, "invalid_request", "packages is a list of name==version")
         wanted = CreateRequest(
             image=body["image"],
             driver=body.get("driver"),
@@ -184,13 +203,16 @@ def link_app(
             resources=resources,
             egress=egress,
             services=services,
+            packages=tuple(packages),
         )
+        wheels = await _layer(body["image"], tuple(packages), body.get("wheels", []))
         hold, mounts = await claimed(body)
         try:
             sandbox = await manager.create(
                 replace(wanted, read_only_files=mounts),
                 actor=str(body.get("actor", "system")),
                 placed_on=host_id,  # the replica that sent it placed it and records it
+                wheels=wheels,
             )
         except BaseException:
             if mounts:
@@ -228,6 +250,51 @@ def link_app(
         after = request.query_params.get("after")
         events = [e.to_dict() for e in await view.since(int(after))] if after is not None else []
         return JSONResponse({"mark": await view.mark(), "events": events})
+
+    async def _layer(
+        image_name: str, packages: tuple[str, ...], offered: object
+    ) -> list[tuple[Path, str]] | None:
+        """The received wheels of a create's packages, their layer built here (so that what
+        this host cannot do is answered as its refusal of the packages: `wheel_refused`,
+        `packages_refused`); None for a create without packages."""
+        if not packages:
+            return None
+        try:
+            wheels = received().paths(WheelRef.listed(offered))
+        except WheelRefused as exc:
+            raise _Refused(exc.status, "wheel_refused", str(exc)) from None
+        try:
+            image = manager.images.get(image_name)
+        except (ValueError, LookupError):
+            return wheels  # the create says which image this host lacks
+        try:
+            await asyncio.to_thread(manager.images.with_wheels, image, packages, wheels)
+        except WheelhouseError as exc:
+            raise _Refused(400, "packages_refused", str(exc)) from None
+        except ImageBuildError as exc:
+            message = f"the image with packages could not be built here: {exc}"
+            raise _Refused(503, "packages_refused", message) from None
+        return wheels
+
+    async def offer_wheels(request: Request) -> Response:
+        # Which of the wheels a create needs this host does not keep yet.
+        try:
+            offered = WheelRef.listed((await _json(request)).get("wheels"))
+        except WheelRefused as exc:
+            raise _Refused(exc.status, "wheel_refused", str(exc)) from None
+        return JSONResponse({"lacking": received().lacking(offered)})
+
+    async def put_wheel(request: Request) -> Response:
+        raw = request.headers.get("content-length", "")
+        if not raw.isdigit():
+            raise _Refused(411, "length_required", "a wheel sent over the link needs its length")
+        try:
+            ref = WheelRef(request.path_params["sha256"], request.query_params.get("filename"))
+            await received().keep(ref, request.stream(), int(raw))
+        except WheelRefused as exc:
+            log.warning("host %s: a wheel was refused: %s", host_id, exc)
+            raise _Refused(exc.status, "wheel_refused", str(exc)) from None
+        return Response(status_code=204)
 
     async def collect(request: Request) -> Response:
         body = await _json(request)
@@ -365,6 +432,8 @@ def link_app(
             Route("/link/asks/{ask_id:str}", guarded(answer), methods=["POST"]),
             Route("/link/files/{sha:str}/hold", guarded(hold_file), methods=["POST"]),
             Route("/link/files/{sha:str}", guarded(put_host_file), methods=["PUT"]),
+            Route("/link/wheels", guarded(offer_wheels), methods=["POST"]),
+            Route("/link/wheels/{sha256:str}", guarded(put_wheel), methods=["PUT"]),
             Route("/link/sandboxes", guarded(create), methods=["POST"]),
             Route("/link/sandboxes", guarded(listing), methods=["GET"]),
             Route(sb, guarded(describe), methods=["GET"]),

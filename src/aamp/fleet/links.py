@@ -11,7 +11,8 @@ A refusal says only that the link did not prove the host; why (the dial's error,
 is `LinkNotProven.detail`, for the audit record alone — a registration is no port scanner.
 
 Every host answer a client refuses (`LinkClient.refuse`: too large, a status the link does not
-use, malformed, a bad sandbox id) is audited here (`host.answer_refused`, actor `host:ID`).
+use, malformed, a bad sandbox id) is audited here (`host.answer_refused`, actor `host:ID`),
+and so is a host's refusal of a create's packages (`host.packages_refused`).
 The clients are closed when the replica stops (`close`, from the API's lifespan).
 """
 
@@ -58,10 +59,18 @@ class HostLinks:
 
     async def refused(self, host_id: str, why: str) -> None:
         """A host's answer was refused (`LinkClient.refuse`): audited, actor `host:ID`."""
+        await self._deny(host_id, "host.answer_refused", why)
+
+    async def packages_refused(self, host_id: str, why: str) -> None:
+        """A host could not take a create's packages (a wheel refused, the layer not built):
+        audited as its refusal (`host.packages_refused`, actor `host:ID`)."""
+        await self._deny(host_id, "host.packages_refused", why)
+
+    async def _deny(self, host_id: str, action: str, why: str) -> None:
         if self.audit is not None:
             await self.audit.record(
                 actor=f"host:{host_id}",
-                action="host.answer_refused",
+                action=action,
                 resource=f"host:{host_id}",
                 decision="deny",
                 reason=why[:1000],

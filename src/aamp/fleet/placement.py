@@ -6,12 +6,13 @@ offer the driver, and have the cpus, memory and a sandbox slot free — the ones
 free slots, locked `FOR UPDATE SKIP LOCKED` on PostgreSQL, so that concurrent placements on
 several replicas take other candidates instead of waiting on each other; only when every
 fitting host is locked does a placement wait for them, so "no capacity" is never the answer
-while capacity is merely busy (SQLite: the write transaction is the lock). Of those, the best
-is the one that has the image already built (no build before the sandbox starts), then the
-most free slots, then the most free memory. One `UPDATE ... WHERE id = (that choice)
-RETURNING` grows its `used_*` by the request while the candidates are locked, so capacity is
-never promised twice; on PostgreSQL it runs in autocommit — one round trip, where the choice
-read into Python and written back took BEGIN, SELECT, UPDATE and COMMIT (the profile in
+while capacity is merely busy (SQLite: the write transaction is the lock). Of those, the
+best is the one that has the packages layer the sandbox needs already built (`Need.layer`),
+then the one with the image (no build before the sandbox starts), then the most free slots,
+then the most free memory. One `UPDATE ... WHERE id = (that choice) RETURNING` grows its
+`used_*` by the request while the candidates are locked, so capacity is never promised
+twice; on PostgreSQL it runs in autocommit — one round trip, where the choice read into
+Python and written back took BEGIN, SELECT, UPDATE and COMMIT (the profile in
 docs/deployment.md). A lost, draining or silent host is never a candidate: the state and the
 heartbeat are in the statement that locks the rows.
 
@@ -48,6 +49,9 @@ class Need:
     image: str  # an image name
     cpus: float
     memory_mb: int
+    # `IMAGE+PACKAGES_KEY` of its packages layer (`packages_key`), if it has packages: a
+    # host that reports that layer built is preferred even to one with the image only.
+    layer: str | None = None
 
     @property
     def millicpus(self) -> int:
@@ -96,11 +100,12 @@ class Placement:
             free_memory >= need.memory_mb,
             free_slots >= 1,
         )
+        has = [(HostRow.images.like(_like_image(need.image), escape="\\"), 1)]
+        if need.layer is not None:
+            has.insert(0, (HostRow.images.like(_like_image(need.layer), escape="\\"), 2))
         candidates = select(
             HostRow.id,
-            case((HostRow.images.like(_like_image(need.image), escape="\\"), 1), else_=0).label(
-                "has_image"
-            ),
+            case(*has, else_=0).label("has_image"),
             free_slots.label("free_slots"),
             free_memory.label("free_memory"),
         ).where(*fits)

@@ -71,14 +71,21 @@ class HostFacts:
             raise InvalidInput("drivers must name between 1 and 8 isolation drivers")
         for d in self.drivers:
             matching(d, re.compile(r"^[a-z][a-z0-9-]{0,31}$"), f"driver name {d!r} is not valid")
-        if len(self.images) > MAX_IMAGES:
-            raise InvalidInput(f"a host may report at most {MAX_IMAGES} images")
-        for i in self.images:
-            matching(
-                i,
-                re.compile(r"^[a-z0-9][a-z0-9-]{0,63}@[0-9a-f]{8,64}$"),
-                f"image {i!r} must be NAME@CONTENT_HASH",
-            )
+        check_images(self.images)
+
+
+# An image a host has built, or a packages layer over one (`ImageStore.layers`).
+IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}(\+[0-9a-f]{16})?@[0-9a-f]{8,64}$")
+
+
+def check_images(images: tuple[str, ...]) -> None:
+    """What a host reports it has built (its registration and each heartbeat): at most
+    `MAX_IMAGES` of `NAME@CONTENT_HASH`, or `NAME+PACKAGES_KEY@CONTENT_HASH` for a packages
+    layer; InvalidInput if not."""
+    if len(images) > MAX_IMAGES:
+        raise InvalidInput(f"a host may report at most {MAX_IMAGES} images")
+    for i in images:
+        matching(i, IMAGE_RE, f"image {str(i)[:100]!r} must be NAME@CONTENT_HASH or NAME+KEY@HASH")
 
 
 @dataclass(frozen=True)
@@ -273,8 +280,7 @@ class HostRegistry:
                     " destroy its sandboxes and register again"
                 )
             if images is not None:
-                if len(images) > MAX_IMAGES:
-                    raise InvalidInput(f"a host may report at most {MAX_IMAGES} images")
+                check_images(images)
                 row.images = json.dumps(sorted(images))
             row.heartbeat_at = self._now()
             s.flush()

@@ -6,12 +6,14 @@ capacity back and forgets the row.
 The candidates are the hosts this replica can drive: the one in its own process (none for
 `aamp up --role api`), and the hosts on other machines that registered a link (`aamp host
 serve`; `link_client.py`); with none to ask, a create is refused (503 `no_capacity`) saying
-that no host is available. A create a remote host cannot serve yet (`CreateRequest.portable`:
-packages; docs/deployment.md) is placed on the
-replica's own host only; egress rules, services and read-only files (by hash:
-`host_files.py`) travel with the create (their
-credentials never: the host asks for them call by call, `credentials.py`, and a replica signs
-its HTTPS services' leaves, `leaves.py`). A sandbox placed on
+that no host is available. Every create can go to any of them: egress rules and services
+travel with the create (their credentials never: the host asks for them call by
+call, `credentials.py`, and a replica signs its HTTPS services' leaves, `leaves.py`), and so
+do its packages: resolved in this replica's wheelhouse before anything is reserved
+(placement prefers a host that reports their layer built), their wheels offered to the host
+by SHA-256 and the ones it lacks sent (`received_wheels.py`); a host that cannot take them
+is recorded as refusing them (`host.packages_refused`) and the create says why; and its
+read-only files (by hash: `host_files.py`). A sandbox placed on
 a remote host is booted there over the link and recorded here; any replica then reaches it
 through the link (`find`), never the guest directly — and changes its egress rules and
 services (`update_egress_elsewhere`, its row's granted services with them) and views its
@@ -37,6 +39,7 @@ clock records its own (`sandbox.destroy`, reason `ttl`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -54,7 +57,16 @@ from aamp.fleet.link_egress import LinkEgressView
 from aamp.fleet.links import HostLinks
 from aamp.fleet.placement import Need, NoCapacity, Placed, Placement, give_back
 from aamp.policy import Resources
-from aamp.sandbox.manager import CreateRequest, SandboxStopped, UnknownSandbox
+from aamp.sandbox.image_derive import packages_key
+from aamp.sandbox.manager import (
+    CreateRequest,
+    InvalidRequest,
+    SandboxStopped,
+    SandboxUnavailable,
+    UnknownSandbox,
+)
+from aamp.sandbox.received_wheels import WheelRef
+from aamp.sandbox.wheelhouse import Wheelhouse, WheelhouseError
 from aamp.store import Store, time_at, values_where
 from aamp.store.tables import HostRow, SandboxRow
 from aamp.store.timestamps import now
@@ -86,14 +98,14 @@ def refusal(s: Session, host_id: str, sandbox_id: str, at: str) -> str | None:
 # run answers "expired" itself at its timeout; this is for a replica that died meanwhile).
 APPROVAL_MARGIN = 30.0
 
+# The codes a host answers a create's packages with when it cannot build their layer
+# (`link_server.py`): recorded as the host's refusal (`host.packages_refused`).
+PACKAGES_REFUSALS = frozenset({"wheel_refused", "packages_refused"})
+
 # What a replica that runs no sandbox (`aamp up --role api`) answers when no host can be asked.
 NO_HOST = (
     "no sandbox host is available: this replica runs no sandboxes of its own (aamp up --role"
     " api) and no host has registered a link (`aamp host add ID`, then `aamp host serve` there)"
-)
-NO_HOST_FOR_THIS = (
-    "no sandbox host is available for this sandbox: this replica runs no sandboxes of its own"
-    " (aamp up --role api), and a host on another machine does not take packages yet"
 )
 
 
@@ -107,6 +119,7 @@ def granted_services(s: Session, sandbox_id: str) -> list[str]:
 class Reservation:
     placed: Placed
     need: Need
+    wheels: tuple[WheelRef, ...] = ()  # of its packages, from this replica's wheelhouse
 
 
 @dataclass
@@ -141,28 +154,47 @@ class RemoteSandbox:
 
 
 class FleetPlacer:
-    def __init__(self, placement: Placement, host_id: str | None, links: HostLinks) -> None:
+    def __init__(
+        self, placement: Placement, host_id: str | None, links: HostLinks, wheelhouse: Wheelhouse
+    ) -> None:
         self.placement = placement
         self.host_id = host_id  # the host in this process (None: `aamp up --role api`)
         self.links = links
+        # Where a create's packages come from: sent from here to a host on another machine.
+        self.wheelhouse = wheelhouse
 
     @property
     def store(self) -> Store:
         return self.placement.registry.store
 
     async def reserve(
-        self, driver: str, image: str, resources: Resources, *, anywhere: bool = False
+        self,
+        driver: str,
+        image: str,
+        resources: Resources,
+        *,
+        packages: tuple[str, ...] = (),
     ) -> Reservation:
-        need = Need(driver, image, resources.cpus, math.ceil(resources.memory_bytes / MIB))
+        wheels: tuple[WheelRef, ...] = ()
+        layer = None
+        if packages:  # resolved before anything is reserved; a host checks the dependencies
+            try:
+                chosen = await asyncio.to_thread(self.wheelhouse.chosen, packages)
+            except WheelhouseError as exc:
+                raise InvalidRequest(str(exc)) from None
+            wheels = tuple(WheelRef(w.sha256, w.filename) for w in chosen)
+            layer = f"{image}+{packages_key(w.sha256 for w in wheels)}"
+        memory_mb = math.ceil(resources.memory_bytes / MIB)
+        need = Need(driver, image, resources.cpus, memory_mb, layer=layer)
 
         def place() -> Placed:
-            remote = tuple(self.placement.registry.linked()) if anywhere else ()
+            remote = tuple(self.placement.registry.linked())
             own = (self.host_id,) if self.host_id is not None else ()
             if not own and not remote:
-                raise NoCapacity(NO_HOST if anywhere else NO_HOST_FOR_THIS)
+                raise NoCapacity(NO_HOST)
             return self.placement.place(need, (*own, *remote))
 
-        return Reservation(await self.store.run(place), need)
+        return Reservation(await self.store.run(place), need, wheels)
 
     def _link_of(self, host_id: str) -> LinkClient | None:
         if host_id == self.host_id:
@@ -181,7 +213,16 @@ class FleetPlacer:
         link = await self.store.run(self._link_of, reservation.placed.host_id)
         if link is None:
             return None
-        info = await link.create(request, reservation.placed.epoch, actor)
+        try:
+            if reservation.wheels:
+                await self._send_wheels(link, reservation.wheels)
+            info = await link.create(request, reservation.placed.epoch, actor, reservation.wheels)
+        except LinkAnswer as exc:
+            if exc.code not in PACKAGES_REFUSALS:
+                raise
+            why = f"host {link.host_id} refused the packages: {exc}"
+            await self.links.packages_refused(link.host_id, why)
+            raise (InvalidRequest if exc.status < 500 else SandboxUnavailable)(why) from None
         sandbox = RemoteSandbox(info, link)
         try:
             await self.placed(reservation, sandbox.id, request.ttl, request.services.names)
@@ -191,6 +232,23 @@ class FleetPlacer:
                 await link.destroy(sandbox.id, "it could not be recorded", actor)
             raise
         return sandbox
+
+    async def _send_wheels(self, link: LinkClient, wheels: tuple[WheelRef, ...]) -> None:
+        """Offer the host the wheels by SHA-256 and send each one it lacks."""
+        _, body = await link.request(
+            "POST", "/link/wheels", json={"wheels": [w.to_dict() for w in wheels]}
+        )
+        try:
+            lacking = json.loads(body)["lacking"]
+            if not isinstance(lacking, list):
+                raise TypeError("lacking")
+        except (ValueError, KeyError, TypeError):
+            raise await link.refuse(
+                "POST /link/wheels: not a list of the wheels it lacks"
+            ) from None
+        for ref in wheels:
+            if ref.sha256 in lacking:
+                await link.send_wheel(ref, self.wheelhouse.root / ref.filename)
 
     async def placed(
         self, reservation: object, sandbox_id: str, ttl: float, services: tuple[str, ...] = ()
@@ -242,20 +300,29 @@ class FleetPlacer:
 
         await self.store.run(forget)
 
-    def record_owner(self, sandbox_id: str, owner: str, agent: str | None, policy: str | None):  # type: ignore[no-untyped-def]
-        """(Blocking.) Who made the sandbox and for what, for every replica's checks."""
+    def record_owner(  # type: ignore[no-untyped-def]
+        self,
+        sandbox_id: str,
+        owner: str,
+        agent: str | None,
+        policy: str | None,
+        data_rules: str | None = None,
+    ):
+        """(Blocking.) Who made the sandbox and for what (and its policy's data rules, as
+        JSON), for every replica's checks."""
         with self.store.write_session() as s:
             row = s.get(SandboxRow, sandbox_id, with_for_update=True)
             if row is not None:
                 row.owner, row.agent, row.policy = owner, agent, policy
+                row.data_rules = data_rules
 
-    def owner_of(self, sandbox_id: str) -> tuple[str, str | None, str | None] | None:
-        """(Blocking.) The recorded (owner, agent, policy) of a sandbox, if any."""
+    def owner_of(self, sandbox_id: str) -> tuple[str, str | None, str | None, str | None] | None:
+        """(Blocking.) The recorded (owner, agent, policy, data rules) of a sandbox, if any."""
         with self.store.session() as s:
             row = s.get(SandboxRow, sandbox_id)
             if row is None or row.owner is None:
                 return None
-            return row.owner, row.agent, row.policy
+            return row.owner, row.agent, row.policy, row.data_rules
 
     async def find(self, sandbox_id: str) -> RemoteSandbox:
         """A sandbox on a remote host, as its host describes it now; `UnknownSandbox` if

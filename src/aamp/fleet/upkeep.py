@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from aamp.audit import AuditSink
 from aamp.errors import AampError, NotFound
 from aamp.fleet.local_link import LocalLink
-from aamp.fleet.registry import HostFacts, HostInfo, HostRegistry, StaleEpoch
+from aamp.fleet.registry import MAX_IMAGES, HostFacts, HostInfo, HostRegistry, StaleEpoch
 from aamp.sandbox.images import ImageStore
 from aamp.sandbox.manager import SandboxManager
 
@@ -44,8 +44,11 @@ CPUS_PER_CORE = 4
 
 
 def images_present(images: ImageStore) -> tuple[str, ...]:
-    """`NAME@CONTENT_HASH` of every image built on this machine."""
-    return tuple(sorted(f"{i.name}@{i.content_hash}" for i in images.list()))
+    """`NAME@CONTENT_HASH` of every image built on this machine, then the packages layers
+    over them (`NAME+KEY@HASH`, `ImageStore.layers`) — as many as a report holds, the
+    images first (a layer missing from the report is only not preferred)."""
+    built = sorted(f"{i.name}@{i.content_hash}" for i in images.list())
+    return tuple(built + sorted(images.layers()))[:MAX_IMAGES]
 
 
 def machine_facts(manager: SandboxManager) -> HostFacts:

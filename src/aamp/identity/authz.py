@@ -212,6 +212,15 @@ def _sandbox_use(actor: Actor, resource: Resource) -> Decision:
     return _level(actor, resource.agent, Level.RUN)
 
 
+def _sandbox_file(actor: Actor, resource: Resource) -> Decision:
+    """A file into or out of a sandbox: its user, within the data rules of the policy it was
+    made from — which no role overrides."""
+    decision = _sandbox_use(actor, resource)
+    if decision.allowed and resource.data_refused is not None:
+        return _deny(resource.data_refused)
+    return decision
+
+
 def _run_access(actor: Actor, resource: Resource) -> Decision:
     if actor.role is Role.ADMIN:
         return _allow("role admin may do this")
@@ -325,8 +334,8 @@ RULES: dict[str, Rule] = {
     "sandbox.create": _sandbox_create,
     "sandbox.view": _sandbox_use,
     "sandbox.exec": _sandbox_use,
-    "sandbox.file_in": _sandbox_use,
-    "sandbox.file_out": _sandbox_use,
+    "sandbox.file_in": _sandbox_file,
+    "sandbox.file_out": _sandbox_file,
     "sandbox.browser": _sandbox_use,
     "sandbox.destroy": _sandbox_use,
 }

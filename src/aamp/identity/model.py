@@ -96,7 +96,9 @@ class Resource:
     - `unpublished`: the agent version asked for, when it is not a published one (`draft`,
       or a number that is a draft or no version at all), or None;
     - `unconfirmed`: the model endpoint a run would use, when an admin has not confirmed it
-      yet (migration 0005 made it from the agent's former inline URL), or None.
+      yet (migration 0005 made it from the agent's former inline URL), or None;
+    - `data_refused`: why the data rules of the policy a sandbox was made from refuse the
+      file going in or out (its type, its size, an approval it would need), or None.
     """
 
     kind: str
@@ -109,6 +111,7 @@ class Resource:
     ungranted: tuple[str, ...] = ()
     unpublished: str | None = None
     unconfirmed: str | None = None
+    data_refused: str | None = None
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.id}" if self.id else self.kind

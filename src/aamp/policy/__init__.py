@@ -16,8 +16,8 @@ __all__, __getattr__ = surface(
     hosts: DEFAULTS LOOPBACK_IS_THE_SANDBOX Default Host HostError HostPattern normalize_host
         parse_port split_host_port this_machine
     model: DEFAULT_IDLE_SECONDS DEFAULT_TTL_SECONDS IMAGE_RE MAX_TTL_SECONDS NAME_RE SERVICE_RE
-        DataPolicy DataRule EgressPolicy Lifetime OutboundRule Policy PolicyError parse_policy
-        policy_from_dict
+        DataPolicy DataRule EgressPolicy Lifetime OutboundRule Policy PolicyError file_type
+        parse_policy policy_from_dict
     resources: Resources
     source: load_json load_yaml
     units: GiB MiB parse_duration parse_size

@@ -19,11 +19,12 @@ Usage::
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, Field, TypeAdapter, model_validator
 from pydantic.dataclasses import dataclass
 
 from aamp.policy.document import DOCUMENT, Problem, distinct, text, validate
@@ -178,6 +179,24 @@ class DataRule:
     max_bytes: Size = 50 * 1000**2
     types: FileTypes = ()
 
+    def refusal(self, rule: str, name: str, size: int | None) -> str | None:
+        """Why this rule (`rule`: `data.inbound` or `data.outbound`) refuses one file of that
+        name and size (None: not known yet), or None. A file's type is its extension."""
+        kind = file_type(name)
+        if kind not in self.types:
+            allowed = ", ".join(self.types) or "none"
+            shown = repr(kind) if kind else "no extension"
+            return f"{name!r}: {rule}.types does not allow {shown} (allowed: {allowed})"
+        if size is not None and size > self.max_bytes:
+            return f"{name!r}: {size} bytes; {rule}.max_bytes is {self.max_bytes} bytes"
+        return None
+
+
+def file_type(name: str) -> str:
+    """A file's type as data rules name it: its extension, lower-cased ("" without one)."""
+    base = name.rsplit("/", 1)[-1]
+    return base.rsplit(".", 1)[-1].lower() if "." in base else ""
+
 
 @dataclass(frozen=True, config=DOCUMENT)
 class OutboundRule(DataRule):
@@ -201,6 +220,24 @@ class OutboundRule(DataRule):
 class DataPolicy:
     inbound: DataRule = Field(default_factory=DataRule)
     outbound: OutboundRule = Field(default_factory=OutboundRule)
+
+    def to_json(self) -> str:
+        """These rules as JSON that `from_json` reads back (a sandbox's row keeps them)."""
+        approval = self.outbound.approval_over
+        return json.dumps(
+            {
+                "inbound": {"max_bytes": self.inbound.max_bytes, "types": self.inbound.types},
+                "outbound": {
+                    "max_bytes": self.outbound.max_bytes,
+                    "types": self.outbound.types,
+                    "approval": False if approval is None else approval,
+                },
+            }
+        )
+
+    @staticmethod
+    def from_json(text: str) -> DataPolicy:
+        return TypeAdapter(DataPolicy).validate_python(json.loads(text))
 
 
 @dataclass(frozen=True, config=DOCUMENT)

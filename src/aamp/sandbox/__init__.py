@@ -10,7 +10,9 @@ manager that owns every live sandbox on this host.
 - `ImageStore` — guest images by content hash (`images.py`; recipes in `image_recipes.py`,
   the build in `image_tree.py`, locks in `image_locks.py`, prune in `image_prune.py`),
   and their derived layers with a policy's packages from the offline `Wheelhouse`
-  (`wheelhouse.py`); what an offline bundle carries for them: `RECIPES`, the mirror
+  (`wheelhouse.py`) — on a host on another machine, from the wheels a replica sent over the
+  link (`ReceivedWheels`, `WheelRef`, `received_wheels.py`; a layer is named by
+  `packages_key`); what an offline bundle carries for them: `RECIPES`, the mirror
   (`debian_mirror.py`), the pinned Firecracker wheel (`firecracker_wheel.py`) and the guest
   kernel's packages (`kernel_packages.py`), all standard library only;
 - `ImageBuilds` — the image builds this control plane ran and their progress, for the API's
@@ -48,6 +50,7 @@ __all__, __getattr__ = surface(
         sha256_file
     gvisor: GVisorDriver
     image_commands: ImageBuildError
+    image_derive: packages_key
     image_recipes: RECIPES SUITE guest_pip_target_args recipe_names resolve
     kernel_packages: BUSYBOX_PACKAGE KERNEL_META_PACKAGE
     image_tree: BAKED_CA
@@ -58,6 +61,7 @@ __all__, __getattr__ = surface(
     requests: DEFAULT_IDLE_SECONDS DEFAULT_TTL_SECONDS CreateRequest InvalidRequest
         SandboxError SandboxStopped SandboxUnavailable UnknownSandbox block_everything
     guest_worker: run_worker
+    received_wheels: MAX_OFFERED ReceivedWheels WheelRef WheelRefused
     rag_worker: MAX_INDEX_BYTES BadIndex SearchWorker WorkerFailed call check_index_header
     wheelhouse: MAX_WHEEL_BYTES Wheel Wheelhouse WheelhouseError
     warm_pool: DEFAULT_MAX_WARM WarmTotalExceeded

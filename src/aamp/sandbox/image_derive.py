@@ -1,11 +1,13 @@
 """A derived image: an image's tree, hard-linked, plus a policy's wheels from the wheelhouse
-(`ImageStore.with_packages`), and which Python distributions a tree already has.
+(`ImageStore.with_packages`), which Python distributions a tree already has, and the key
+that names a set of wheels wherever it is built (`packages_key`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from aamp.sandbox.image_commands import (
@@ -17,6 +19,13 @@ from aamp.sandbox.image_commands import (
 )
 from aamp.sandbox.image_ext4 import make_ext4
 from aamp.sandbox.image_recipes import GUEST_SITE_PACKAGES, guest_pip_target_args
+
+
+def packages_key(sha256s: Iterable[str]) -> str:
+    """The key of a set of wheels (their SHA-256s, in any order): what a host reports a
+    packages layer under (`NAME+KEY@HASH`) and a replica asks placement for, knowing the
+    wheels but perhaps not the image's build."""
+    return hashlib.sha256(",".join(sorted(sha256s)).encode()).hexdigest()[:16]
 
 
 def python_distributions(rootfs: Path) -> set[str]:

@@ -52,7 +52,7 @@ import aamp
 from aamp.config import Settings
 from aamp.sandbox import custom_images
 from aamp.sandbox.image_commands import ImageBuildError, MissingTool, Progress
-from aamp.sandbox.image_derive import derive_tree, python_distributions
+from aamp.sandbox.image_derive import derive_tree, packages_key, python_distributions
 from aamp.sandbox.image_dirs import HASH_RE, NAME_RE, remove_tree
 from aamp.sandbox.image_ext4 import tree_usage
 from aamp.sandbox.image_locks import (
@@ -67,7 +67,7 @@ from aamp.sandbox.image_locks import (
 from aamp.sandbox.image_prune import Pruned, prune
 from aamp.sandbox.image_recipes import ResolvedRecipe, recipe_names, resolve
 from aamp.sandbox.image_tree import BUILDER_FORMAT, TreeBuilder, preflight
-from aamp.sandbox.wheelhouse import Wheelhouse
+from aamp.sandbox.wheelhouse import Wheelhouse, WheelhouseError, dependency_problems
 
 # The image store's surface: what drivers, the CLI and the API take from the image code.
 __all__ = [
@@ -306,20 +306,44 @@ class ImageStore:
     def with_packages(
         self, image: BuiltImage, packages: tuple[str, ...], *, progress: Progress = _quiet
     ) -> BuiltImage:
-        """`image` with exactly `packages` (`name==version`, from the wheelhouse) installed:
-        a derived image, cached by the image's hash and the wheels' hashes, so every sandbox
-        with the same set starts from the same tree. Built once, under the name's build
-        lock; it sits next to the image's builds (`NAME/HASH/`), so `prune` removes it when
-        no sandbox uses it and the next sandbox builds it again. Raises WheelhouseError
-        naming what the wheelhouse lacks."""
+        """`image` with exactly `packages` (`name==version`, from the wheelhouse) installed
+        (`with_wheels`). Raises WheelhouseError naming what the wheelhouse lacks."""
         if not packages:
             return image
         wheelhouse = Wheelhouse(self._settings)
         wheels = wheelhouse.pinned(packages, python_distributions(image.root))
+        files = [(wheelhouse.path(w), w.sha256) for w in wheels]
+        return self.with_wheels(image, packages, files, progress=progress, checked=True)
+
+    def with_wheels(
+        self,
+        image: BuiltImage,
+        packages: tuple[str, ...],
+        wheels: list[tuple[Path, str]],
+        *,
+        progress: Progress = _quiet,
+        checked: bool = False,
+    ) -> BuiltImage:
+        """`image` with `wheels` ((file, sha256) each: the wheels of `packages`) installed: a
+        derived image, cached by the image's hash and the wheels' hashes, so every sandbox
+        with the same set starts from the same tree — on this machine or, the wheels sent
+        over the link (`received_wheels.py`), on a sandbox host on another. Built once,
+        under the name's build lock; it sits next to the image's builds (`NAME/HASH/`), so
+        `prune` removes it when no sandbox uses it and the next sandbox builds it again.
+        Unless `checked`, WheelhouseError names each dependency neither in `packages` nor in
+        the image."""
+        if not checked:
+            problems = dependency_problems(
+                packages,
+                [(path, path.name) for path, _ in wheels],
+                python_distributions(image.root),
+            )
+            if problems:
+                raise WheelhouseError("packages: " + "; ".join(problems))
         doc = {
             "derived_format": DERIVED_FORMAT,
             "image": image.content_hash,
-            "wheels": sorted(w.sha256 for w in wheels),
+            "wheels": sorted(digest for _, digest in wheels),
         }
         content_hash = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
         cached = self._load(image.name, content_hash)
@@ -334,14 +358,13 @@ class ImageStore:
             tmp.mkdir()
             try:
                 started = time.monotonic()
-                files = [(wheelhouse.path(w), w.sha256) for w in wheels]
-                derive_tree(image.root, tmp, files, content_hash, progress)
+                derive_tree(image.root, tmp, wheels, content_hash, progress)
                 meta = {
                     "name": image.name,
                     "content_hash": content_hash,
                     "derived_from": image.content_hash,
                     "packages": sorted(packages),
-                    "wheels": {w.filename: w.sha256 for w in wheels},
+                    "wheels": {path.name: digest for path, digest in wheels},
                     "size_bytes": tree_usage(tmp / "rootfs")[0],
                     "ext4_bytes": (tmp / "rootfs.ext4").stat().st_size,
                     "built_at": datetime.now(UTC).isoformat(),
@@ -356,6 +379,26 @@ class ImageStore:
         built = self._load(image.name, content_hash)
         assert built is not None
         return built
+
+    def layers(self) -> list[str]:
+        """`NAME+PACKAGES_KEY@CONTENT_HASH` of every packages layer built on this machine over
+        the current build of its image (`packages_key`: its wheels' hashes), for placement
+        to prefer the host that has the layer a create needs."""
+        found = []
+        for image in self.list():
+            for child in sorted((self._root / image.name).iterdir()):
+                if child.name == image.content_hash or not HASH_RE.match(child.name):
+                    continue
+                try:
+                    meta = json.loads((child / "image.json").read_text())
+                    parent, wheels = meta["derived_from"], meta["wheels"]
+                    if parent != image.content_hash or self._load(image.name, child.name) is None:
+                        continue
+                    key = packages_key(wheels.values())
+                except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                    continue  # not a layer, or one half-pruned: nothing to prefer it for
+                found.append(f"{image.name}+{key}@{child.name}")
+        return found
 
     def check_packages(self, image_name: str, packages: tuple[str, ...]) -> None:
         """Raise WheelhouseError unless the wheelhouse has exactly these packages for the

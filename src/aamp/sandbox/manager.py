@@ -31,6 +31,7 @@ import secrets
 import shutil
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from aamp.audit import AuditSink
 from aamp.config import Settings
@@ -251,11 +252,18 @@ class SandboxManager(WarmPools):
         return found is not None and found.mounts_files
 
     async def create(
-        self, request: CreateRequest, *, actor: str = "system", placed_on: str | None = None
+        self,
+        request: CreateRequest,
+        *,
+        actor: str = "system",
+        placed_on: str | None = None,
+        wheels: list[tuple[Path, str]] | None = None,
     ) -> Sandbox | SandboxElsewhere:
         """A new sandbox, placed by this manager's placer — or, with `placed_on`, one another
         replica already placed on this host (`placed_on`, its id) and sent over the host's
-        link: booted here, recorded by that replica, given back when destroyed here."""
+        link: booted here, recorded by that replica, given back when destroyed here; its
+        packages' `wheels` ((file, sha256) each) are the ones that replica sent
+        (`received_wheels.py`), not this machine's wheelhouse."""
         driver_name = request.driver or self.default_driver
         if not self.drivers:  # runs none here: the host it is placed on checks driver and image
             return await self._create_elsewhere(driver_name, request, actor)
@@ -269,16 +277,15 @@ class SandboxManager(WarmPools):
             )
         try:
             image = self.images.get(request.image)
-            if request.packages:
-                image = await asyncio.to_thread(self.images.with_packages, image, request.packages)
-        except (ValueError, LookupError) as exc:  # UnknownImage, ImageNotBuilt, WheelhouseError
+        except (ValueError, LookupError) as exc:  # UnknownImage, ImageNotBuilt
             raise InvalidRequest(str(exc)) from None
-        except ImageBuildError as exc:
-            raise SandboxUnavailable(f"the image with packages could not be built: {exc}") from None
         placer = self.placer if placed_on is None else None
         reservation = (
             await placer.reserve(
-                driver_name, request.image, request.resources, anywhere=request.portable()
+                driver_name,
+                request.image,
+                request.resources,
+                packages=request.packages,
             )
             if placer
             else None
@@ -287,6 +294,12 @@ class SandboxManager(WarmPools):
             remote = await self._boot_elsewhere(placer, reservation, request, actor)
             if remote is not None:
                 return remote
+        try:  # its packages layer: built here only once the sandbox is placed here
+            image = await self._packaged(image, request.packages, wheels)
+        except BaseException:
+            if placer is not None:
+                await placer.cancel(reservation)
+            raise
         sandbox = None
         try:
             if not request.read_only_files:  # the pool (files are bound in at boot)
@@ -316,6 +329,21 @@ class SandboxManager(WarmPools):
         await self._record_created(sandbox, actor)
         return sandbox
 
+    async def _packaged(
+        self, image: BuiltImage, packages: tuple[str, ...], wheels: list[tuple[Path, str]] | None
+    ) -> BuiltImage:
+        """`image` with its packages layer (from `wheels` if given, else the wheelhouse)."""
+        if not packages:
+            return image
+        try:
+            if wheels is None:
+                return await asyncio.to_thread(self.images.with_packages, image, packages)
+            return await asyncio.to_thread(self.images.with_wheels, image, packages, wheels)
+        except (ValueError, LookupError) as exc:  # WheelhouseError
+            raise InvalidRequest(str(exc)) from None
+        except ImageBuildError as exc:
+            raise SandboxUnavailable(f"the image with packages could not be built: {exc}") from None
+
     async def _create_elsewhere(
         self, driver_name: str, request: CreateRequest, actor: str
     ) -> SandboxElsewhere:
@@ -324,7 +352,10 @@ class SandboxManager(WarmPools):
         if self.placer is None:
             raise SandboxUnavailable("this process runs no sandboxes and places none")
         reservation = await self.placer.reserve(
-            driver_name, request.image, request.resources, anywhere=request.portable()
+            driver_name,
+            request.image,
+            request.resources,
+            packages=request.packages,
         )
         remote = await self._boot_elsewhere(self.placer, reservation, request, actor)
         if remote is None:  # a placer that chose this process's host, which it does not have

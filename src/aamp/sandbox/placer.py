@@ -8,9 +8,9 @@ this host is draining or lost — is raised to the caller and nothing boots), th
 with the sandbox's id once it is up (the placer records the sandbox on its host), or
 `cancel` if it never came up; `release` when it is destroyed, whatever ended it.
 
-A placer may place on hosts on other machines (`anywhere`, for a create such a host can
-serve): then `boot_elsewhere` boots it there and returns the sandbox as seen from here
-(`find` reaches it again, `elsewhere` lists them); it returns None for this process's host.
+A placer may place on hosts on other machines: then `boot_elsewhere` boots it there and
+returns the sandbox as seen from here (`find` reaches it again, `elsewhere` lists them); it
+returns None for this process's host.
 Its egress rules change and its egress events are viewed over the link too
 (`update_egress_elsewhere`, `egress_view_elsewhere`).
 """
@@ -43,9 +43,15 @@ class SandboxElsewhere(Protocol):
 
 class Placer(Protocol):
     async def reserve(
-        self, driver: str, image: str, resources: Resources, *, anywhere: bool = False
+        self,
+        driver: str,
+        image: str,
+        resources: Resources,
+        *,
+        packages: tuple[str, ...] = (),
     ) -> object:
-        """Reserve room for one sandbox; returns the reservation, or raises why not."""
+        """Reserve room for one sandbox (of `image` with `packages`: a host that has that
+        layer already is preferred); returns the reservation, or raises why not."""
         ...
 
     async def boot_elsewhere(

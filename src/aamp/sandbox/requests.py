@@ -56,14 +56,6 @@ class CreateRequest:
     # (`can_mount_files`), and never from the warm pool: they are bound in at boot.
     read_only_files: tuple[ReadOnlyFile, ...] = ()
 
-    def portable(self) -> bool:
-        """Whether a host on another machine can serve it: the link carries its egress rules
-        (`default: ask` questions go back to the replica whose run puts them to a person)
-        and its services (their credentials asked for call by call, the leaves of HTTPS ones
-        signed by a replica: `aamp.fleet.host_outbox`) and its read-only files (sent by
-        hash: `aamp.fleet.host_files`), not yet packages (docs/deployment.md)."""
-        return not self.packages
-
     def __post_init__(self) -> None:
         for name in ("ttl", "idle"):
             value = getattr(self, name)

@@ -270,6 +270,24 @@ class Wheelhouse:
         """Exactly the wheels of `packages` (`name==version` each), or WheelhouseError naming
         every one missing and every dependency neither listed nor in `provided` (the
         distributions the image already has)."""
+        chosen, problems = self._chosen(packages)
+        problems += dependency_problems(
+            packages, [(self.path(w), f"{w.name}=={w.version}") for w in chosen], provided
+        )
+        if problems:
+            raise WheelhouseError("packages: " + "; ".join(problems))
+        return chosen
+
+    def chosen(self, packages: Sequence[str]) -> list[Wheel]:
+        """The wheel of each of `packages`, or WheelhouseError naming every one missing; their
+        dependencies are checked where the image is (`dependency_problems`): a replica that
+        sends them to a sandbox host on another machine may not have the image built."""
+        chosen, problems = self._chosen(packages)
+        if problems:
+            raise WheelhouseError("packages: " + "; ".join(problems))
+        return chosen
+
+    def _chosen(self, packages: Sequence[str]) -> tuple[list[Wheel], list[str]]:
         wheels = self.list()
         chosen: list[Wheel] = []
         problems: list[str] = []
@@ -290,19 +308,24 @@ class Wheelhouse:
                 problems.append(f"{text}: no wheel the guest's Python can use")
                 continue
             chosen.append(usable[0])
-        listed = {canonicalize_name(p.partition("==")[0]): p.partition("==")[2] for p in packages}
-        have = {canonicalize_name(p) for p in provided}
-        for wheel in chosen:
-            for req in requirements_of(self.path(wheel)):
-                dep = canonicalize_name(req.name)
-                if dep in have:
-                    continue
-                if dep not in listed:
-                    problems.append(f"{wheel.name}=={wheel.version} needs {req}; list it too")
-                elif not req.specifier.contains(listed[dep], prereleases=True):
-                    problems.append(
-                        f"{wheel.name}=={wheel.version} needs {req}, not {dep}=={listed[dep]}"
-                    )
-        if problems:
-            raise WheelhouseError("packages: " + "; ".join(problems))
-        return chosen
+        return chosen, problems
+
+
+def dependency_problems(
+    packages: Sequence[str], wheels: Sequence[tuple[Path, str]], provided: Iterable[str]
+) -> list[str]:
+    """Each dependency of `wheels` ((file, `name==version`) each) that is neither among
+    `packages` (at a version it accepts) nor in `provided` (the image's own distributions)."""
+    listed = {canonicalize_name(p.partition("==")[0]): p.partition("==")[2] for p in packages}
+    have = {canonicalize_name(p) for p in provided}
+    problems = []
+    for path, shown in wheels:
+        for req in requirements_of(path):
+            dep = canonicalize_name(req.name)
+            if dep in have:
+                continue
+            if dep not in listed:
+                problems.append(f"{shown} needs {req}; list it too")
+            elif not req.specifier.contains(listed[dep], prereleases=True):
+                problems.append(f"{shown} needs {req}, not {dep}=={listed[dep]}")
+    return problems

@@ -69,6 +69,9 @@ class SandboxRow(Base):
     owner: Mapped[str | None] = mapped_column(String(256), nullable=True)
     agent: Mapped[str | None] = mapped_column(String(64), nullable=True)
     policy: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # Its policy's data rules (JSON, `DataPolicy.to_json`): what its files in and out are
+    # checked against on every replica. None for an admin's sandbox made without a policy.
+    data_rules: Mapped[str | None] = mapped_column(Text, nullable=True)
     # The services its create was granted (a JSON list of names): the only ones its host is
     # ever given a credential for (`fleet/credentials.py`).
     services: Mapped[str | None] = mapped_column(Text, nullable=True)
