@@ -51,7 +51,7 @@ from aamp.sandbox.manager import CreateRequest
 
 RunId = Annotated[str, Path(min_length=1, max_length=32)]
 AgentId = Annotated[str, Path(min_length=1, max_length=32)]
-INPUT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._ -]{0,254}$")
+INPUT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._ -]{0,254}\Z")
 MAX_INPUTS = 100
 EVENTS_PAGE = 500  # steps per store read while streaming
 KEEPALIVE_SECONDS = 15.0

@@ -29,8 +29,8 @@ from aamp.store.tables import AgentRow, ApiTokenRow, GrantRow, SessionRow, UserR
 from aamp.store.timestamps import format_time, now
 from aamp.values import Shown
 
-USERNAME_RE = re.compile(r"^[a-z][a-z0-9._-]{0,63}$")
-TOKEN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$")
+USERNAME_RE = re.compile(r"^[a-z][a-z0-9._-]{0,63}\Z")
+TOKEN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}\Z")
 MAX_TOKEN_DAYS = 3650
 SESSION_HOURS = 12
 # last_used_at is written at most this often per token: a write per request would contend
