@@ -14,7 +14,7 @@ from aamp.agents.definition import AgentDefinition, DefinitionError, endpoint_pr
 from aamp.agents.versions import AgentVersion, AgentVersions
 from aamp.api.context import ControlPlane
 from aamp.api.errors import ApiError
-from aamp.api.sandboxes import sandbox_from
+from aamp.api.sandbox_create import sandbox_from
 from aamp.catalog import KnowledgeBases
 from aamp.catalog.catalog import AgentNeeds
 from aamp.errors import NotFound
