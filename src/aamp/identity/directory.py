@@ -303,9 +303,7 @@ class Directory:
         if not rows:
             raise AuthenticationFailed("the bearer token is not valid")
         token_id, expires_at, revoked_at, last_used_at, *user_fields = rows[0][:8]
-        user = lookup.UserFacts(
-            int(user_fields[0]), user_fields[1], user_fields[2], bool(user_fields[3])
-        )
+        user = lookup.UserFacts.of(user_fields)
         refusal = None
         if revoked_at is not None:
             refusal = "the bearer token was revoked"
@@ -359,9 +357,7 @@ class Directory:
         if not rows:
             raise AuthenticationFailed("the session is not valid; sign in again")
         expires_at, csrf_hash, *user_fields = rows[0]
-        user = lookup.UserFacts(
-            int(user_fields[0]), user_fields[1], user_fields[2], bool(user_fields[3])
-        )
+        user = lookup.UserFacts.of(user_fields)
         claimed = Actor.refused(user.username, via="session")
         if expires_at <= now():
             raise AuthenticationFailed("the session has expired; sign in again", claimed=claimed)
