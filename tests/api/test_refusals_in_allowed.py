@@ -238,3 +238,16 @@ async def test_a_path_with_control_characters_is_refused_and_recorded(plane) -> 
     assert missing.status_code == 404, missing.text
     found = records(plane, missing.headers["x-request-id"])
     assert [(r["resource"], r["decision"]) for r in found][:1] == [("sandbox:a\\x01b", "allow")]
+
+
+async def test_a_failed_login_with_a_line_break_in_the_name_is_recorded(plane) -> None:
+    """`^…$` let one trailing newline through (`$` matches before it): `admin\\n` passed the
+    username pattern, reached the audit record as it was, and the failed login went unrecorded
+    (a 400 audit input error). Every such pattern now ends at `\\Z`."""
+    async with plane.client() as c:
+        r = await c.post("/v1/session", json={"username": "admin\n", "password": "wrong-pass-1"})
+    assert r.status_code in (400, 401), r.text
+    assert r.json()["code"] != "audit_input_error", r.text
+    found = records(plane, r.headers["x-request-id"])
+    assert [(x["action"], x["decision"]) for x in found][-1:] == [("login", "deny")], found
+    assert found[-1]["resource"] == "user:?"  # a name that is no username is not written out

@@ -12,6 +12,7 @@ from audit_helpers import append_many, truncate_tail, witness_seqs
 from aamp.audit import (
     WITNESS_FILENAME,
     AuditLog,
+    Batching,
     CheckpointSigner,
     ExportFormatError,
     WitnessReader,
@@ -27,7 +28,7 @@ N = 30
 @pytest.fixture
 async def exported(store: Store, tmp_path: Path) -> tuple[Path, CheckpointSigner]:
     signer = CheckpointSigner.generate()
-    async with AuditLog(store, signer, checkpoint_every=10) as log:
+    async with AuditLog(store, signer, batching=Batching(checkpoint_every=10)) as log:
         await append_many(log, N, tasks=3)
     path = tmp_path / "audit.jsonl"
     with path.open("w", encoding="utf-8") as out:
@@ -71,7 +72,7 @@ def test_export_verifies_offline(exported: tuple[Path, CheckpointSigner]) -> Non
 
 async def test_export_since_a_seq_or_a_time(store: Store, tmp_path: Path) -> None:
     signer = CheckpointSigner.generate()
-    async with AuditLog(store, signer, checkpoint_every=10) as log:
+    async with AuditLog(store, signer, batching=Batching(checkpoint_every=10)) as log:
         await append_many(log, 12)
         middle = datetime.now(UTC)
         await append_many(log, 5, prefix="late")

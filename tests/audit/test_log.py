@@ -14,6 +14,7 @@ from aamp.audit import (
     AuditInputError,
     AuditLog,
     AuditWriteError,
+    Batching,
     CheckpointSigner,
     verify,
 )
@@ -104,7 +105,7 @@ async def test_bad_input_is_refused_and_nothing_written(settings: Settings, stor
 
 async def test_checkpoints_every_n_and_at_close(settings: Settings, store: Store) -> None:
     signer = CheckpointSigner.load_or_create(settings.home / "audit-signing.key")
-    async with AuditLog(store, signer, checkpoint_every=10) as log:
+    async with AuditLog(store, signer, batching=Batching(checkpoint_every=10)) as log:
         await append_many(log, 25, tasks=5)
     with store.engine.connect() as conn:
         rows = conn.execute(
@@ -133,7 +134,7 @@ async def test_two_writers_on_one_database_extend_one_chain(
     signer = CheckpointSigner.generate()
     stores = [Store.from_url(database_url) for _ in range(2)]
     try:
-        logs = [AuditLog(s, signer, checkpoint_every=50) for s in stores]
+        logs = [AuditLog(s, signer, batching=Batching(checkpoint_every=50)) for s in stores]
         for log in logs:
             await log.start()
         results = await asyncio.gather(

@@ -9,7 +9,7 @@ import pytest
 from audit_helpers import append_many
 from sqlalchemy import Connection, text
 
-from aamp.audit import AuditLog, CheckpointSigner, verify
+from aamp.audit import AuditLog, Batching, CheckpointSigner, verify
 from aamp.audit.canonical import encode
 from aamp.store import Store
 
@@ -19,7 +19,7 @@ N = 30
 @pytest.fixture
 async def signed(store: Store) -> CheckpointSigner:
     signer = CheckpointSigner.generate()
-    async with AuditLog(store, signer, checkpoint_every=10) as log:
+    async with AuditLog(store, signer, batching=Batching(checkpoint_every=10)) as log:
         await append_many(log, N, tasks=4)
     report = verify(store, signer.trusted_keys())
     assert report.ok and report.records == N and report.checkpoints == 3, report.summary()

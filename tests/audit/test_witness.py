@@ -338,8 +338,8 @@ async def test_bad_settings_are_refused_when_the_log_opens(
             AuditLog.open(bad, store)
     assert not _witness(settings).exists()
     good = settings.replace(env={**settings.env, SECONDS_ENV: "2"})
-    assert AuditLog.open(good, store).checkpoint_seconds == 2
-    assert AuditLog.open(settings, store).checkpoint_seconds == 5
+    assert AuditLog.open(good, store).batching.checkpoint_seconds == 2
+    assert AuditLog.open(settings, store).batching.checkpoint_seconds == 5
 
 
 def test_aamp_up_refuses_a_bad_forward(tmp_path: Path) -> None:

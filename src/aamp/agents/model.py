@@ -13,7 +13,10 @@ the `openai` SDK's own mechanism, at most `model.retries` times: it waits what t
 each, with at most 60 s between two. When the retries are spent, or the server refuses the
 request itself (400, 401, 404), `ModelError` says what happened in words the run's failure
 reason can carry. A connection the host refuses (an address the endpoint may not reach) is
-final: it is never tried again (`_RefusalIsFinal`).
+final: it is never tried again (`_RefusalIsFinal`). An answer is read only up to
+`MAX_ANSWER_BYTES` and within `model.timeout` of its head (`_BoundedAnswer`): a compromised
+endpoint, or anyone on the path of a plain-http one, could otherwise fill the control plane's
+memory with one answer, or hold a run with a trickle that never times out a read.
 
 `openai` is imported by the functions that use it, not here: the server imports this module
 at start-up (the run service), and the SDK's hundreds of modules were a third of a second of
@@ -22,6 +25,7 @@ every `aamp up` before it could answer a request.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +42,9 @@ if TYPE_CHECKING:
 # What the SDK retries: connection failures (timeouts included; `_retried`) and these statuses.
 RETRIED_STATUSES = (408, 409)
 _REFUSAL = "aamp.refusal"  # the extension of the answer `_RefusalIsFinal` makes
+# The most of one answer that is read: a chat completion of many thousand tokens with tool
+# calls is well under a megabyte.
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
 
 
 def _retried() -> tuple[type[openai.APIError], ...]:
@@ -106,13 +113,62 @@ class _RefusalIsFinal(httpx.AsyncBaseTransport):
         await self.checked.aclose()
 
 
+class AnswerRefused(Exception):
+    """An answer too large or too slow to be read whole (`_BoundedAnswer`)."""
+
+
+class _BoundedAnswer(httpx.AsyncByteStream):
+    """An answer's body, refused past `limit` bytes or `seconds` after its head arrived."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, limit: int, seconds: float) -> None:
+        self.inner, self.limit, self.seconds = inner, limit, seconds
+
+    async def __aiter__(self):  # type: ignore[no-untyped-def]
+        loop = asyncio.get_running_loop()
+        deadline, seen = loop.time() + self.seconds, 0
+        iterator = aiter(self.inner)
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    chunk = await anext(iterator)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise AnswerRefused(f"its answer took over {self.seconds:g} s to arrive") from None
+            seen += len(chunk)
+            if seen > self.limit:
+                raise AnswerRefused(f"its answer is over {self.limit} bytes")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _BoundedAnswers(httpx.AsyncBaseTransport):
+    """Every answer's body read through `_BoundedAnswer`."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, seconds: float) -> None:
+        self.inner, self.seconds = inner, seconds
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        response.stream = _BoundedAnswer(response.stream, MAX_ANSWER_BYTES, self.seconds)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 class ModelClient:
     def __init__(self, config: ModelConfig, endpoint: EndpointAccess) -> None:
         self.config = config
         self.endpoint = endpoint
         self._where = f"the model endpoint {endpoint.name} ({endpoint.base_url})"
         self._http = httpx.AsyncClient(
-            transport=_RefusalIsFinal(endpoint.transport),
+            transport=_BoundedAnswers(
+                _RefusalIsFinal(endpoint.transport), float(config.timeout_seconds)
+            ),
             follow_redirects=False,
             trust_env=False,
             timeout=float(config.timeout_seconds),
@@ -159,7 +215,11 @@ class ModelClient:
                 raise ModelError(_spent(where, exc)) from None
             raise ModelError(f"{where} refused the request: {_describe(exc)}") from None
         except retried as exc:
+            if isinstance(exc.__cause__, AnswerRefused):
+                raise ModelError(f"{where} was not read: {exc.__cause__}") from None
             raise ModelError(_spent(where, exc)) from None
+        except AnswerRefused as exc:
+            raise ModelError(f"{where} was not read: {exc}") from None
         except openai.OpenAIError as exc:
             raise ModelError(f"{where}: {exc}") from None
         if not response.choices:

@@ -22,7 +22,7 @@ from aamp.store.tables import AgentRow, GrantRow
 from aamp.store.timestamps import now
 from aamp.values import Shown
 
-AGENT_NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$")
+AGENT_NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?\Z")
 AGENT_SQL = "SELECT id, name, owner, created_at FROM agents WHERE id = :agent_id"
 
 

@@ -14,6 +14,6 @@ __all__, __getattr__ = surface(
     errors: ApiError error_response
     guard: CSRF_HEADER SESSION_COOKIE bearer_actor record_connect_refusal
     middleware: BodyLimitMiddleware RequestIdMiddleware
-    runs: rebuilt_request
+    run_resolve: rebuilt_request
     """,
 )

@@ -18,7 +18,8 @@ from aamp.api.guard import cp_of, guarded_router, record_change, rule
 from aamp.catalog import MAX_DOCUMENT_BYTES, Document, KnowledgeBaseError, KnowledgeBases
 from aamp.policy.model import NAME_RE
 
-KB_NAME = NAME_RE.pattern
+# For pydantic, whose regex engine has no `\Z` and reads `$` as the end of the text.
+KB_NAME = NAME_RE.pattern.removesuffix("\\Z") + "$"
 DOCUMENT_NAME = r"^[^/\x00-\x1f.][^/\x00-\x1f]{0,199}$"
 KbName = Annotated[str, Path(pattern=KB_NAME)]
 DocName = Annotated[str, Path(pattern=DOCUMENT_NAME)]

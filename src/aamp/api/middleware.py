@@ -18,7 +18,7 @@ from collections.abc import Callable
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{8,64}$")
+REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{8,64}\Z")
 
 
 class RequestIdMiddleware:

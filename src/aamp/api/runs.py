@@ -10,21 +10,18 @@ and admins.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import json
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path as FilePath
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
-from aamp.agents.definition import AgentDefinition, DefinitionError, endpoint_problems
 from aamp.agents.versions import AgentVersion, AgentVersions, missing_version
 from aamp.api.body import Body
 from aamp.api.context import ControlPlane
@@ -39,19 +36,17 @@ from aamp.api.guard import (
     request_id,
     rule,
 )
-from aamp.api.sandboxes import sandbox_from
-from aamp.catalog import KnowledgeBases
+from aamp.api.run_resolve import resolve_definition
 from aamp.catalog.catalog import AgentNeeds
 from aamp.errors import NotFound
 from aamp.identity.model import Actor, Resource
-from aamp.policy import Policy, file_type
+from aamp.policy import file_type
 from aamp.runs.service import RunRequest, RunService
 from aamp.runs.store import RunInfo, RunStore
-from aamp.sandbox.manager import CreateRequest
 
 RunId = Annotated[str, Path(min_length=1, max_length=32)]
 AgentId = Annotated[str, Path(min_length=1, max_length=32)]
-INPUT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._ -]{0,254}$")
+INPUT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._ -]{0,254}\Z")
 MAX_INPUTS = 100
 EVENTS_PAGE = 500  # steps per store read while streaming
 KEEPALIVE_SECONDS = 15.0
@@ -220,91 +215,6 @@ async def _refuse_input(request: Request, agent_id: str, message: str, details: 
     )
 
 
-async def _knowledge_bases(
-    cp: ControlPlane, names: tuple[str, ...], image: str
-) -> dict[str, tuple[int, FilePath]]:
-    """The index (version, file) of each knowledge base the agent searches — granted, which
-    `allowed` decided — or the reason the run cannot use it."""
-    if names and image != "rag":
-        raise ApiError(
-            400,
-            "invalid_request",
-            f"tools: knowledge-base:{names[0]} needs a policy with image: rag, not {image!r}",
-        )
-    kbs = KnowledgeBases(cp.settings, cp.manager)
-    found = {}
-    for name in names:
-        current = await asyncio.to_thread(kbs.current_index, name)
-        if current is None:
-            raise ApiError(
-                400, "invalid_request", f"knowledge base {name!r} has no document indexed yet"
-            )
-        found[name] = current
-    return found
-
-
-async def _resolved(
-    cp: ControlPlane, d: AgentDefinition, needs: AgentNeeds
-) -> tuple[Policy, CreateRequest, dict[str, str], dict[str, tuple[int, FilePath]]]:
-    """What a run of definition `d` uses, as its agent's grants (`needs`) give it: the policy,
-    the sandbox it makes, each service tool's upstream, each knowledge base's index; or the
-    error saying what is missing. One rule for a new run and for one taken over."""
-    if needs.policy is None:
-        raise ApiError(400, "invalid_request", f"policy: no policy named {d.policy!r}")
-    problems = endpoint_problems(
-        d.model, needs.endpoint.models if needs.endpoint is not None else None
-    )
-    if problems or needs.endpoint is None:
-        raise ApiError(400, "invalid_definition", str(DefinitionError(problems)))
-    policy = needs.policy.policy
-    create = sandbox_from(needs)  # every service of the policy exists
-    upstreams = {s.name: s.upstream for s in needs.services}
-    services: dict[str, str] = {}
-    for name in d.services:
-        if name not in policy.services:
-            raise ApiError(
-                400,
-                "invalid_request",
-                f"tools: service:{name} is not among the services of policy {d.policy!r}",
-            )
-        services[name] = upstreams[name]
-    indexes = await _knowledge_bases(cp, d.knowledge_bases, policy.image)
-    return policy, create, services, indexes
-
-
-async def rebuilt_request(cp: ControlPlane, run: RunInfo) -> RunRequest:
-    """A run another replica drove, resolved again for this one to go on with (its version,
-    its inputs, what its agent is granted now): refused, naming what, when the agent no
-    longer has a grant it needs or its model endpoint is no longer confirmed."""
-
-    def plan() -> tuple[AgentVersion | None, AgentNeeds | None, tuple[tuple[str, bytes], ...]]:
-        version = AgentVersions(cp.store).find(run.agent_id, run.version)
-        if version is None:
-            return None, None, ()
-        d = version.definition
-        needs = cp.catalog.agent_needs(
-            run.agent_id, d.policy, endpoint=d.model.endpoint, knowledge_bases=d.knowledge_bases
-        )
-        return version, needs, RunStore(cp.store).inputs(run.id)
-
-    version, needs, inputs = await cp.store.run(plan)
-    if version is None or needs is None:
-        raise NotFound(f"agent {run.agent_id} has no version {run.version} any more")
-    if needs.ungranted:
-        raise ApiError(
-            403, "forbidden", f"the agent is no longer granted {', '.join(needs.ungranted)}"
-        )
-    if needs.endpoint is not None and not needs.endpoint.confirmed:
-        raise ApiError(
-            403, "forbidden", f"model endpoint {needs.endpoint.name} is no longer confirmed"
-        )
-    d = version.definition
-    policy, create, services, indexes = await _resolved(cp, d, needs)
-    return RunRequest(
-        run, d, policy, create, inputs, services, f"user:{run.owner}", needs.endpoint, indexes
-    )
-
-
 def router() -> APIRouter:
     r = guarded_router(prefix="/v1", tags=["runs"])
 
@@ -340,7 +250,7 @@ def router() -> APIRouter:
             raise ApiError(404, "not_found", missing_version(agent_id, body.version))
         version, d, needs = plan.version, plan.version.definition, plan.needs
         assert needs is not None  # found with the version
-        policy, create, services, indexes = await _resolved(cp, d, needs)
+        policy, create, services, indexes = await resolve_definition(cp, d, needs)
         inputs = _decode_inputs(body)
         inbound = policy.data.inbound
         total = 0

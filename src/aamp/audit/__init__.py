@@ -3,7 +3,8 @@
 Public surface:
 
 - `AuditSink` — the interface every other part records through (`await sink.record(...)`).
-- `AuditLog` — the implementation (group-committed single writer; see `log.py`).
+- `AuditLog` — the implementation (group-committed single writer; see `log.py`), and its
+  `Batching` (records a commit, how often it signs).
 - `verify(store, keys, witness=...)` / `export(store, out, since=...)` /
   `verify_export(path, keys, witness=...)`.
 - `WitnessFile` / `WitnessReader` — the signed heads kept outside the database (`witness.py`).
@@ -12,7 +13,7 @@ Public surface:
 
 from aamp.audit.chain import Problem, VerifyReport
 from aamp.audit.export import ExportFormatError, export, verify_export
-from aamp.audit.log import AuditClosed, AuditLog, AuditWriteError
+from aamp.audit.log import AuditClosed, AuditLog, AuditWriteError, Batching
 from aamp.audit.record import (
     RECORD_COLUMNS,
     AuditInputError,
@@ -37,6 +38,7 @@ __all__ = [
     "AuditRecord",
     "AuditSink",
     "AuditWriteError",
+    "Batching",
     "CheckpointSigner",
     "Decision",
     "EventFields",

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Unpack
 
 from sqlalchemy import select
@@ -85,6 +86,20 @@ def _move_head_sql(paramstyle: str) -> str:
     return f"UPDATE audit_head SET seq = {mark}, hash = {mark} WHERE id = 1"
 
 
+@dataclass(frozen=True)
+class Batching:
+    """How the writer batches and signs: at most `max_batch` records a commit, a checkpoint
+    at every multiple of `checkpoint_every` and at least every `checkpoint_seconds`."""
+
+    checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY
+    max_batch: int = DEFAULT_MAX_BATCH
+    checkpoint_seconds: float = DEFAULT_SECONDS
+
+    def __post_init__(self) -> None:
+        if self.checkpoint_every < 1 or self.max_batch < 1 or self.checkpoint_seconds <= 0:
+            raise ValueError("checkpoint_every, max_batch and checkpoint_seconds must be positive")
+
+
 class AuditWriteError(RuntimeError):
     """The batch holding this record could not be committed; the record was NOT written."""
 
@@ -113,18 +128,12 @@ class AuditLog:
         store: Store,
         signer: CheckpointSigner,
         *,
-        checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
-        max_batch: int = DEFAULT_MAX_BATCH,
-        checkpoint_seconds: float = DEFAULT_SECONDS,
+        batching: Batching = Batching(),
         witness: WitnessFile | None = None,
     ) -> None:
-        if checkpoint_every < 1 or max_batch < 1 or checkpoint_seconds <= 0:
-            raise ValueError("checkpoint_every, max_batch and checkpoint_seconds must be positive")
         self.store = store
         self.signer = signer
-        self.checkpoint_every = checkpoint_every
-        self.max_batch = max_batch
-        self.checkpoint_seconds = checkpoint_seconds
+        self.batching = batching
         self.witness = witness
         self._queue: asyncio.Queue[_Pending | None] | None = None
         self._writer: asyncio.Task[None] | None = None
@@ -134,16 +143,18 @@ class AuditLog:
         self._closing = False
 
     @classmethod
-    def open(cls, settings: Settings, store: Store, **kwargs: Any) -> AuditLog:
+    def open(cls, settings: Settings, store: Store, **batching: Any) -> AuditLog:
         """The installation's log: the host signing key from `$AAMP_HOME/audit-signing.key`,
         the witness `$AAMP_HOME/audit-witness.jsonl` (forwarded as AAMP_AUDIT_WITNESS_FORWARD
         says) and the interval AAMP_AUDIT_CHECKPOINT_SECONDS; a bad setting is a ConfigError.
+        `batching` are `Batching` fields that replace those.
         """
         witness_path = settings.home / WITNESS_FILENAME
         forward = forward_from_env(settings.env, witness_path)
-        kwargs.setdefault("checkpoint_seconds", seconds_from_env(settings.env))
+        batching.setdefault("checkpoint_seconds", seconds_from_env(settings.env))
         signer = CheckpointSigner.load_or_create(settings.home / SIGNING_KEY_FILENAME)
-        return cls(store, signer, witness=WitnessFile(witness_path, forward), **kwargs)
+        witness = WitnessFile(witness_path, forward)
+        return cls(store, signer, batching=Batching(**batching), witness=witness)
 
     async def start(self) -> None:
         """Start the writer; first sign (and witness) the head an earlier process left."""
@@ -153,7 +164,9 @@ class AuditLog:
         self._witness_executor = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="aamp-audit-witness"
         )
-        checkpointer = Checkpointer(self._sign_head, self._witness, seconds=self.checkpoint_seconds)
+        checkpointer = Checkpointer(
+            self._sign_head, self._witness, seconds=self.batching.checkpoint_seconds
+        )
         try:
             if self.witness is not None:
                 await self._in_thread(self._witness_executor, self.witness.create)
@@ -244,7 +257,7 @@ class AuditLog:
             if first is None:
                 break
             batch = [first]
-            while len(batch) < self.max_batch and not queue.empty():
+            while len(batch) < self.batching.max_batch and not queue.empty():
                 item = queue.get_nowait()
                 if item is None:
                     stop = True
@@ -328,7 +341,7 @@ class AuditLog:
         return [
             self._signed(rec.seq, rec.hash, rec.time)
             for rec in records
-            if rec.seq % self.checkpoint_every == 0
+            if rec.seq % self.batching.checkpoint_every == 0
         ]
 
     def _signed(self, seq: int, hash_hex: str, time: str) -> Checkpoint:

@@ -18,7 +18,7 @@ import typing_extensions
 from aamp.audit.canonical import canonical_json, record_hash
 
 MAX_DETAILS_BYTES = 64 * 1024
-_DECISION_RE = re.compile(r"^[a-z][a-z_]{0,31}$")
+_DECISION_RE = re.compile(r"^[a-z][a-z_]{0,31}\Z")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 _LIMITS = {"actor": 256, "action": 128, "resource": 512, "request_id": 128}
 MAX_REASON_CHARS = 4096

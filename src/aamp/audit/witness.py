@@ -43,7 +43,7 @@ from aamp.store.timestamps import is_time
 WITNESS_FILENAME = "audit-witness.jsonl"
 _KEYS = ("seq", "hash", "key_id", "signature", "time")
 _HEX = {"hash": 64, "key_id": 32, "signature": 128}
-_HEX_RE = re.compile(r"^[0-9a-f]+$")
+_HEX_RE = re.compile(r"^[0-9a-f]+\Z")
 _TAIL_BYTES = 4096  # more than one line: enough to find the last complete one
 MAX_LINE_BYTES = 4096  # a line is about 300 bytes
 

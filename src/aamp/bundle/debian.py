@@ -31,6 +31,7 @@ from email.utils import formatdate
 from pathlib import Path
 
 from aamp.bundle.manifest import sha256_file
+from aamp.sandbox import stanza_fields
 
 Progress = Callable[[str], None]
 
@@ -136,7 +137,7 @@ class PrivateApt:
         )
         by_key: dict[tuple[str, str], Package] = {}
         for stanza in out.split("\n\n"):
-            fields = _fields(stanza)
+            fields = stanza_fields(stanza)
             if {"Package", "Version", "SHA256", "Size", "Filename"} <= fields.keys():
                 key = (fields["Package"], fields["Version"])
                 by_key.setdefault(
@@ -164,7 +165,7 @@ class PrivateApt:
             # apt keeps lists compressed; its helper reads any of its formats.
             text = _run(["/usr/lib/apt/apt-helper", "cat-file", str(lst)], f"reading {lst.name}")
             for stanza in text.split("\n\n"):
-                fields = _fields(stanza)
+                fields = stanza_fields(stanza)
                 if fields.get("Priority") == "required" and "Package" in fields:
                     names.add(fields["Package"])
         if not names:
@@ -216,15 +217,6 @@ def debootstrap_packages(
     if not names:
         raise DebianError("debootstrap --print-debs named no package")
     return names
-
-
-def _fields(stanza: str) -> dict[str, str]:
-    fields: dict[str, str] = {}
-    for line in stanza.splitlines():
-        key, sep, value = line.partition(": ")
-        if sep and not line.startswith(" ") and key not in fields:
-            fields[key] = value.strip()
-    return fields
 
 
 def _link_or_copy(src: Path, dest: Path) -> None:
@@ -313,7 +305,7 @@ def write_indexes(repo: Path, suites: dict[str, list[Package]], arch: str, say: 
         )
     by_file: dict[str, str] = {}
     for stanza in out.strip().split("\n\n"):
-        fields = _fields(stanza)
+        fields = stanza_fields(stanza)
         if "Filename" in fields:
             by_file[fields["Filename"].rsplit("/", 1)[-1]] = stanza.strip() + "\n"
     for suite, packages in suites.items():

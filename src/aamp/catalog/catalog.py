@@ -53,7 +53,7 @@ AUTH_KINDS = ("bearer", "basic", "header")
 # How many secrets each auth kind takes: bearer a token, basic a username and a password,
 # header the header's value.
 SECRETS_PER_KIND = {"bearer": 1, "basic": 2, "header": 1}
-HEADER_NAME_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")
+HEADER_NAME_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}\Z")
 MAX_POLICY_BYTES = 64 * 1024
 
 

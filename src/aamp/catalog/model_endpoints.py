@@ -18,8 +18,8 @@ from aamp.errors import InvalidInput, matching
 from aamp.values import Shown
 from aamp.vault.vault import NAME_RE as SECRET_NAME_RE
 
-ENDPOINT_NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?$")
-MODEL_NAME_RE = re.compile(r"^[\w./:@+-]{1,200}$")
+ENDPOINT_NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?\Z")
+MODEL_NAME_RE = re.compile(r"^[\w./:@+-]{1,200}\Z")
 MAX_MODELS = 100
 
 

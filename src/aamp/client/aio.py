@@ -142,8 +142,8 @@ class AsyncFiles:
     async def write(self, path: str, data: bytes) -> int:
         return await self._owner._run(lambda c: Sandbox(c, self._info).files.write(path, data))
 
-    async def read(self, path: str) -> bytes:
-        return await self._owner._run(lambda c: Sandbox(c, self._info).files.read(path))
+    async def read(self, path: str, max_bytes: int | None = None) -> bytes:
+        return await self._owner._run(lambda c: Sandbox(c, self._info).files.read(path, max_bytes))
 
 
 class AsyncSandbox:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 PROFILE_ENV = "AAMP_PROFILE"
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 DEFAULT_NAME = "default"
 
 

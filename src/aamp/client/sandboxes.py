@@ -171,13 +171,23 @@ class Files:
         )
         return len(data)
 
-    def read(self, path: str) -> bytes:
-        """The bytes of `path` in the sandbox; a short answer is an error, not fewer bytes."""
+    def read(self, path: str, max_bytes: int | None = None) -> bytes:
+        """The bytes of `path` in the sandbox; a short answer is an error, not fewer bytes.
+        With `max_bytes`, a larger file is refused (`too_large`) before more than that is
+        read."""
         with self._client.stream(
             "GET", f"/v1/sandboxes/{self._id}/files", params={"path": path}, timeout=None
         ) as resp:
-            data = b"".join(resp.iter_bytes())
             expected = int(resp.headers.get("content-length", "-1"))
+            if max_bytes is not None and expected > max_bytes:
+                raise ClientError("too_large", f"{path} is {expected} bytes; at most {max_bytes}")
+            chunks, seen = [], 0
+            for chunk in resp.iter_bytes():
+                seen += len(chunk)
+                if max_bytes is not None and seen > max_bytes:
+                    raise ClientError("too_large", f"{path} is over {max_bytes} bytes")
+                chunks.append(chunk)
+            data = b"".join(chunks)
         if expected >= 0 and len(data) != expected:
             raise ClientError("truncated", f"got {len(data)} of {expected} bytes")
         return data

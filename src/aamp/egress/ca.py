@@ -47,7 +47,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from aamp.config import Settings
-from aamp.egress.tls_socket import harden
+from aamp.egress.tls_streams import harden
 
 CA_DIRNAME = "ca"
 CA_KEY = "ca.key"

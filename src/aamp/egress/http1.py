@@ -26,10 +26,10 @@ from aamp.egress.limits import ProxyLimits
 from aamp.policy.hosts import Host, HostError, normalize_host, parse_port, split_host_port
 
 _TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
-_TOKEN_RE = re.compile(rb"^" + _TOKEN + rb"$")
-_TARGET_RE = re.compile(rb"^[\x21-\x7e]+$")
-_FIELD_VALUE_RE = re.compile(rb"^[\t\x20-\x7e\x80-\xff]*$")
-_STATUS_LINE_RE = re.compile(rb"^HTTP/1\.[01] [1-5][0-9]{2}(?: [\t\x20-\x7e\x80-\xff]*)?$")
+_TOKEN_RE = re.compile(rb"^" + _TOKEN + rb"\Z")
+_TARGET_RE = re.compile(rb"^[\x21-\x7e]+\Z")
+_FIELD_VALUE_RE = re.compile(rb"^[\t\x20-\x7e\x80-\xff]*\Z")
+_STATUS_LINE_RE = re.compile(rb"^HTTP/1\.[01] [1-5][0-9]{2}(?: [\t\x20-\x7e\x80-\xff]*)?\Z")
 _QUOTED = rb'"(?:[\t \x21\x23-\x5b\x5d-\x7e\x80-\xff]|\\[\t\x20-\x7e\x80-\xff])*"'
 # RFC 9112 7.1: chunk-size [ chunk-ext ], chunk-ext = *( BWS ";" BWS name [ BWS "=" BWS value ] )
 _CHUNK_LINE_RE = re.compile(
@@ -39,7 +39,7 @@ _CHUNK_LINE_RE = re.compile(
     + _TOKEN
     + rb"|"
     + _QUOTED
-    + rb"))?)*)$"
+    + rb"))?)*)\Z"
 )
 HOP_BY_HOP = frozenset(
     {

@@ -48,7 +48,7 @@ from aamp.egress.ca import LeafRefused, LeafSource, client_sni
 from aamp.egress.http1 import Refusal, RequestHead, clean, parse_authority, split_origin
 from aamp.egress.rules import Decision
 from aamp.egress.splice import flushed
-from aamp.egress.tls_socket import detach_socket, handshake, harden, take_over
+from aamp.egress.tls_streams import detach_socket, handshake, harden, take_over
 from aamp.policy.hosts import Host, HostError, normalize_host
 
 if TYPE_CHECKING:

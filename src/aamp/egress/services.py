@@ -40,8 +40,8 @@ from aamp.policy.model import SERVICE_RE
 from aamp.vault import NAME_RE as SECRET_NAME_RE  # the vault's rule for secret names
 
 _TEMPLATE_RE = re.compile(r"\{\{secret:([^{}]*)\}\}")
-_TOKEN_RE = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
-_LITERAL_RE = re.compile(r"^[\x20-\x7e]*$")
+_TOKEN_RE = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+_LITERAL_RE = re.compile(r"^[\x20-\x7e]*\Z")
 # Headers a service may not set: framing, routing and hop-by-hop fields the proxy owns.
 _RESERVED_HEADERS = frozenset(
     {

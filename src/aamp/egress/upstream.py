@@ -24,7 +24,7 @@ from aamp.egress.http1 import Refusal
 from aamp.egress.intercept import tls_server_name, upstream_tls_context
 from aamp.egress.limits import ProxyLimits
 from aamp.egress.meter import Attempt
-from aamp.egress.tls_socket import handshake, open_stream
+from aamp.egress.tls_streams import handshake, open_stream
 from aamp.policy.addresses import IPAddress
 from aamp.policy.hosts import Host
 

@@ -54,7 +54,7 @@ MAX_EXEC_LINE = 1 * 2**20  # one line of an exec stream (a guest's output chunk,
 SUCCESS_STATUSES = frozenset({200, 201, 204})
 # The error statuses the link uses (`link_server.py`); any other is the host misbehaving.
 HOST_STATUSES = frozenset({400, 404, 409, 410, 411, 413, 422, 503})
-CODE_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+CODE_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}\Z")
 MAX_MESSAGE = 500
 Refusals = Callable[[str, str], Awaitable[None]]  # (host id, why): each refusal is recorded
 UPLOAD_CHUNK = 1 << 20

@@ -27,8 +27,8 @@ from aamp.fleet.link_ca import LinkCA
 from aamp.fleet.link_client import LinkClient
 from aamp.fleet.registry import HostRefused
 
-PROOF_RE = re.compile(r"^[A-Za-z0-9_-]{32,128}$")
-ADDRESS_RE = re.compile(r"^[A-Za-z0-9.-]{1,253}:[0-9]{1,5}$|^\[[0-9a-fA-F:.]{2,45}\]:[0-9]{1,5}$")
+PROOF_RE = re.compile(r"^[A-Za-z0-9_-]{32,128}\Z")
+ADDRESS_RE = re.compile(r"^[A-Za-z0-9.-]{1,253}:[0-9]{1,5}\Z|^\[[0-9a-fA-F:.]{2,45}\]:[0-9]{1,5}\Z")
 
 
 def check_address(address: object) -> str:

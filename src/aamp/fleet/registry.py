@@ -36,7 +36,7 @@ from aamp.errors import AampError, Conflict, InvalidInput, NotFound, matching
 from aamp.store import Store, existing, time_at, value_of
 from aamp.store.tables import HostRow, SandboxRow
 
-HOST_ID_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,62}$")
+HOST_ID_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{0,62}\Z")
 TOKEN_PREFIX = "aamph_"
 HEARTBEAT_SECRET_PREFIX = "aamphb_"
 MAX_IMAGES = 256
@@ -70,12 +70,12 @@ class HostFacts:
         if not self.drivers or len(self.drivers) > 8:
             raise InvalidInput("drivers must name between 1 and 8 isolation drivers")
         for d in self.drivers:
-            matching(d, re.compile(r"^[a-z][a-z0-9-]{0,31}$"), f"driver name {d!r} is not valid")
+            matching(d, re.compile(r"^[a-z][a-z0-9-]{0,31}\Z"), f"driver name {d!r} is not valid")
         check_images(self.images)
 
 
 # An image a host has built, or a packages layer over one (`ImageStore.layers`).
-IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}(\+[0-9a-f]{16})?@[0-9a-f]{8,64}$")
+IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}(\+[0-9a-f]{16})?@[0-9a-f]{8,64}\Z")
 
 
 def check_images(images: tuple[str, ...]) -> None:

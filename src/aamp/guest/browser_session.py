@@ -30,14 +30,13 @@ import asyncio
 import contextlib
 import itertools
 import json
-import mimetypes
 import os
-import re
 import shutil
 import subprocess
 import time
 
 from aamp.guest.browser_actions import Actions, DialogPending
+from aamp.guest.browser_downloads import save_download
 from aamp.guest.browser_targets import (
     ActionError,
     call_log_hint,
@@ -69,8 +68,6 @@ TRACKED_REQUESTS = frozenset({"document", "xhr", "fetch"})
 MAX_FAILED = 20
 MAX_EVENTS = 50
 MAX_SNAPSHOT_CHARS = 300_000
-DOWNLOAD_DIR = "downloads"
-_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._ -]")
 
 
 class Tab:
@@ -81,27 +78,6 @@ class Tab:
         self.page = page
         self.known_refs: set[str] = set()  # refs shown since the tab last navigated
         self.inflight: set[Any] = set()
-
-
-def safe_download_name(suggested: str) -> str:
-    """A file name that is safe in /workspace/downloads and usable as an artifact name."""
-    name = os.path.basename(suggested.replace("\\", "/")).strip()
-    name = _UNSAFE_NAME.sub("_", name).lstrip(" .") or "download"
-    stem, ext = os.path.splitext(name)
-    return stem[: 200 - len(ext[:20])] + ext[:20]
-
-
-def _claim(folder: str, name: str) -> str:
-    """A path in `folder` for `name` that no file has yet ('a.csv', 'a (2).csv', ...)."""
-    stem, ext = os.path.splitext(name)
-    for n in itertools.count(1):
-        candidate = os.path.join(folder, name if n == 1 else f"{stem} ({n}){ext}")
-        try:
-            os.close(os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-        except FileExistsError:
-            continue
-        return candidate
-    raise AssertionError("unreachable")
 
 
 def _set_parent_death_signal() -> None:
@@ -334,43 +310,8 @@ class BrowserSession(Actions):
         self._event(info)
 
     def _on_download(self, tab: Tab, download: Any) -> None:
-        self.downloads.append(asyncio.ensure_future(self._save_download(tab, download)))
-
-    async def _save_download(self, tab: Tab, download: Any) -> None:
-        folder = os.path.join(self.workspace, DOWNLOAD_DIR)
-        name = safe_download_name(download.suggested_filename or "")
-        try:
-            os.makedirs(folder, exist_ok=True)
-            path = _claim(folder, name)
-            await download.save_as(path)
-        except Exception as exc:
-            reason = None
-            with contextlib.suppress(Exception):
-                reason = await download.failure()
-            self._event(
-                {
-                    "kind": "download_failed",
-                    "tab": tab.id,
-                    "name": name,
-                    "url": download.url[:500],
-                    "error": reason or first_line(exc),
-                }
-            )
-            return
-        stored = os.path.basename(path)
-        self._event(
-            {
-                "kind": "download",
-                "tab": tab.id,
-                "path": f"{DOWNLOAD_DIR}/{stored}",
-                "name": stored,
-                "size": os.path.getsize(path),
-                "type": mimetypes.guess_type(stored)[0] or "application/octet-stream",
-                "url": download.url[:500],
-            }
-        )
-        with contextlib.suppress(Exception):
-            await download.delete()
+        saving = save_download(self.workspace, tab.id, download, self._event)
+        self.downloads.append(asyncio.ensure_future(saving))
 
     # --- one request ------------------------------------------------------------------
 

@@ -19,8 +19,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-REF_RE = re.compile(r"^(?:f[0-9]+)?e[0-9]+$")
-ROLE_RE = re.compile(r"^[a-z]{2,40}$")
+REF_RE = re.compile(r"^(?:f[0-9]+)?e[0-9]+\Z")
+ROLE_RE = re.compile(r"^[a-z]{2,40}\Z")
 SNAPSHOT_REF_RE = re.compile(r"\[ref=((?:f[0-9]+)?e[0-9]+)\]")
 
 

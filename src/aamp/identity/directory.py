@@ -29,8 +29,8 @@ from aamp.store.tables import AgentRow, ApiTokenRow, GrantRow, SessionRow, UserR
 from aamp.store.timestamps import format_time, now
 from aamp.values import Shown
 
-USERNAME_RE = re.compile(r"^[a-z][a-z0-9._-]{0,63}$")
-TOKEN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}$")
+USERNAME_RE = re.compile(r"^[a-z][a-z0-9._-]{0,63}\Z")
+TOKEN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,63}\Z")
 MAX_TOKEN_DAYS = 3650
 SESSION_HOURS = 12
 # last_used_at is written at most this often per token: a write per request would contend
@@ -303,9 +303,7 @@ class Directory:
         if not rows:
             raise AuthenticationFailed("the bearer token is not valid")
         token_id, expires_at, revoked_at, last_used_at, *user_fields = rows[0][:8]
-        user = lookup.UserFacts(
-            int(user_fields[0]), user_fields[1], user_fields[2], bool(user_fields[3])
-        )
+        user = lookup.UserFacts.of(user_fields)
         refusal = None
         if revoked_at is not None:
             refusal = "the bearer token was revoked"
@@ -359,9 +357,7 @@ class Directory:
         if not rows:
             raise AuthenticationFailed("the session is not valid; sign in again")
         expires_at, csrf_hash, *user_fields = rows[0]
-        user = lookup.UserFacts(
-            int(user_fields[0]), user_fields[1], user_fields[2], bool(user_fields[3])
-        )
+        user = lookup.UserFacts.of(user_fields)
         claimed = Actor.refused(user.username, via="session")
         if expires_at <= now():
             raise AuthenticationFailed("the session has expired; sign in again", claimed=claimed)

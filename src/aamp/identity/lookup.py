@@ -16,6 +16,7 @@ The SQL is written once with `:name` parameters and rendered for the driver's pa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -94,6 +95,11 @@ class UserFacts:
     username: str
     role: str
     disabled: bool
+
+    @classmethod
+    def of(cls, columns: Sequence[Any]) -> UserFacts:
+        """From a row's user columns as `_TOKEN_USER` and `SESSION_SQL` select them."""
+        return cls(int(columns[0]), columns[1], columns[2], bool(columns[3]))
 
 
 def agent_access(user: UserFacts) -> ReadPlan[MappingProxyType[str, AgentAccess]]:

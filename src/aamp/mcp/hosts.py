@@ -23,7 +23,7 @@ LOOPBACK = ("127.0.0.1:*", "localhost:*", "[::1]:*")
 WILDCARD_ADDRESSES = ("", "0.0.0.0", "::", "[::]")
 # A Host header value: a name or IPv4 address, or a bracketed IPv6 one; then a port or `*`.
 HOST_RE = re.compile(
-    r"^(?:[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?|\[[0-9a-f:.]+\])(?::(?:[0-9]{1,5}|\*))?$"
+    r"^(?:[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?|\[[0-9a-f:.]+\])(?::(?:[0-9]{1,5}|\*))?\Z"
 )
 
 

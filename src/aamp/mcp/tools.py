@@ -221,9 +221,13 @@ def build_server(client_for: ClientFor) -> MCPServer:
         with utf-8, anything else with base64."""
 
         async def read(client: AsyncClient) -> dict[str, Any]:
-            data = await (await _sandbox(client, sandbox_id)).files.read(path)
-            if len(data) > MAX_FILE_BYTES:
-                raise ToolError(f"{path} is {len(data)} bytes; a tool moves at most 4 MiB")
+            sandbox = await _sandbox(client, sandbox_id)
+            try:  # refused before more than the bound is read into this process
+                data = await sandbox.files.read(path, max_bytes=MAX_FILE_BYTES)
+            except ClientError as exc:
+                if exc.code != "too_large":
+                    raise
+                raise ToolError(f"{exc.message}; a tool moves at most 4 MiB") from None
             return {"path": path, "bytes": len(data), "content": _encode(data, encoding)}
 
         return await with_client(ctx, read)

@@ -149,7 +149,7 @@ class NotAnAddress(ValueError):
     """The host looks like an IP literal (it ends in a number) but is not a valid one."""
 
 
-_NUMBER_RE = re.compile(r"^(?:0[xX][0-9a-fA-F]*|[0-9]+)$")
+_NUMBER_RE = re.compile(r"^(?:0[xX][0-9a-fA-F]*|[0-9]+)\Z")
 
 
 def _ends_in_number(host: str) -> bool:

@@ -35,8 +35,8 @@ Default = Literal["allow", "block", "ask"]
 DEFAULTS = ("block", "allow", "ask")
 _MAX_NAME = 253
 _MAX_LABEL = 63
-_ASCII_HOST_RE = re.compile(r"^[a-z0-9._-]+$")
-_PORT_RE = re.compile(r"^[1-9][0-9]{0,4}$")
+_ASCII_HOST_RE = re.compile(r"^[a-z0-9._-]+\Z")
+_PORT_RE = re.compile(r"^[1-9][0-9]{0,4}\Z")
 _FORBIDDEN_EXPLAINED = {
     "%": "percent-encoding is not accepted in a host",
     "@": "userinfo (user@host) is not accepted in a host",

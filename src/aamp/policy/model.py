@@ -40,16 +40,16 @@ from aamp.policy.resources import Resources
 from aamp.policy.source import load_yaml
 from aamp.policy.units import parse_duration, parse_size
 
-NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?$")
-SERVICE_RE = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?$")
-IMAGE_RE = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?$")
+NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?\Z")
+SERVICE_RE = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?\Z")
+IMAGE_RE = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,62}[a-z0-9])?\Z")
 BUILTIN_IMAGES = ("base", "browser", "docs", "rag")
 # A pinned requirement from the offline wheelhouse: `name==version`, nothing else (no URLs,
 # no ranges, no extras that could pull something unpinned).
 PACKAGE_RE = re.compile(
-    r"^(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)==(?P<version>[A-Za-z0-9.+!_-]+)$"
+    r"^(?P<name>[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)==(?P<version>[A-Za-z0-9.+!_-]+)\Z"
 )
-FILE_TYPE_RE = re.compile(r"^[a-z0-9]{1,16}$")
+FILE_TYPE_RE = re.compile(r"^[a-z0-9]{1,16}\Z")
 MAX_TTL_SECONDS = 24 * 3600
 DEFAULT_TTL_SECONDS = 15 * 60
 DEFAULT_IDLE_SECONDS = 5 * 60

@@ -25,10 +25,10 @@ _SIZE_UNITS: dict[str, int] = {
     "gib": 1024**3,
     "tib": 1024**4,
 }
-_SIZE_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s?([A-Za-z]+)$")
+_SIZE_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s?([A-Za-z]+)\Z")
 _DURATION_UNITS: dict[str, int] = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION_PART_RE = re.compile(r"([0-9]+)([smhd])")
-_DURATION_RE = re.compile(r"^(?:[0-9]+[smhd])+$")
+_DURATION_RE = re.compile(r"^(?:[0-9]+[smhd])+\Z")
 
 
 def _count_or_text(value: object, noun: str, examples: str) -> int | str:

@@ -24,7 +24,7 @@ WORKSPACE = "/workspace"
 OUT_DIR = "/workspace/out"
 DOWNLOADS_DIR = "/workspace/downloads"
 ROOTS = (OUT_DIR, DOWNLOADS_DIR)  # where artifacts come from, in order of precedence
-NAME_RE = re.compile(r"^[A-Za-z0-9._-][A-Za-z0-9._ /-]{0,254}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9._-][A-Za-z0-9._ /-]{0,254}\Z")
 
 
 @dataclass(frozen=True)

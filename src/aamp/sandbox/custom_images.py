@@ -28,8 +28,8 @@ from aamp.policy import DOCUMENT, PolicyError, load_yaml, validate
 from aamp.sandbox.image_recipes import RECIPES, Recipe
 
 PREFIX = "custom-"
-_DEBIAN_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]{0,99}$")
-_PACKAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+$")
+_DEBIAN_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]{0,99}\Z")
+_PACKAGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+\Z")
 MAX_RECIPE_BYTES = 1_000_000
 
 

@@ -8,6 +8,8 @@ offline installation (`AAMP_BUNDLE`) uses the bundle's own repository, `file://B
 its index is unsigned, since the bundle's manifest (size and SHA-256 of every file, signed
 when made with `--sign`) is what `scripts/install --bundle` checked, so apt and debootstrap
 are told to trust that one local repository (`bundle_repository`) and nothing else.
+`stanza_fields` reads one stanza of what apt and dpkg print (a package's fields), for the
+bundle maker and the guest kernel's fetch alike.
 
 Usage::
 
@@ -62,6 +64,17 @@ def parse_one_line(text: str, origin: str) -> list[AptSource]:
         uri, suite, *components = fields
         found.append(AptSource(kind, uri, suite, tuple(components), f"{origin}:{lineno}"))
     return found
+
+
+def stanza_fields(stanza: str) -> dict[str, str]:
+    """`Key: value` of one stanza as apt-cache and dpkg-scanpackages print it; the first of a
+    repeated key wins and continuation lines are passed over."""
+    fields: dict[str, str] = {}
+    for line in stanza.splitlines():
+        key, sep, value = line.partition(": ")
+        if sep and not line.startswith(" ") and key not in fields:
+            fields[key] = value.strip()
+    return fields
 
 
 def _deb822_paragraphs(text: str) -> list[tuple[int, dict[str, str]]]:

@@ -49,7 +49,7 @@ from aamp.policy.resources import Resources
 if TYPE_CHECKING:
     from aamp.sandbox.images import BuiltImage
 
-SANDBOX_ID_RE = re.compile(r"^sb-[0-9a-f]{12}$")
+SANDBOX_ID_RE = re.compile(r"^sb-[0-9a-f]{12}\Z")
 # Where a read-only file may appear in a guest: under the workspace, never over a path the
 # guest agent, the channel or the kernel's own file systems live at.
 READ_ONLY_FILE_ROOT = "/workspace/"

@@ -55,7 +55,6 @@ from aamp.config import Settings
 from aamp.policy import MiB
 from aamp.sandbox import cgroups, driver_record, procs
 from aamp.sandbox.driver import (
-    SANDBOX_ID_RE,
     Driver,
     DriverError,
     DriverStatus,
@@ -69,7 +68,7 @@ from aamp.sandbox.firecracker_binary import (
     ensure_binaries,
 )
 from aamp.sandbox.firecracker_exit import exit_reason, last_line, progress_words, tail
-from aamp.sandbox.firecracker_files import make_scratch, place, sparse_copy
+from aamp.sandbox.firecracker_files import make_scratch, place
 from aamp.sandbox.firecracker_jail import CGROUP_PARENT, JailerConfig, jailer_argv
 from aamp.sandbox.firecracker_kernel import GuestKernel, ensure_guest_kernel
 from aamp.sandbox.firecracker_procs import (
@@ -80,6 +79,7 @@ from aamp.sandbox.firecracker_procs import (
     unmount_under,
     vm_pids,
 )
+from aamp.sandbox.firecracker_snapshot import RECORD, Snapshots, check_id
 from aamp.sandbox.images import ImageUnavailable, ImageUse, hold_image_async
 from aamp.sandbox.kvm import detect_kvm
 
@@ -91,7 +91,6 @@ AGENT_ARGS = "--init --connect vsock:2:5000 --egress vsock:2:5001"
 GUEST_CID = 3
 CHANNEL_PORT = 5000
 EGRESS_PORT = 5001
-RECORD = "firecracker.json"
 VSOCK = "v.sock"
 MAX_VCPUS = 32
 UNIX_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
@@ -99,7 +98,7 @@ UNIX_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
 Progress = Callable[[str], None]
 
 
-class FirecrackerDriver(Driver):
+class FirecrackerDriver(Snapshots, Driver):
     name = "firecracker"
 
     def __init__(
@@ -162,7 +161,7 @@ class FirecrackerDriver(Driver):
     async def create(
         self, sandbox_id: str, spec: SandboxSpec, image: BuiltImage, state_dir: Path
     ) -> SandboxHandle:
-        _check_id(sandbox_id)
+        check_id(sandbox_id)
         if spec.read_only_files:
             raise DriverError(
                 "the firecracker driver cannot show a host file read-only in a microVM (it has "
@@ -200,93 +199,6 @@ class FirecrackerDriver(Driver):
             await self._teardown(handle, remove_state_dir=False)
             raise
         return handle
-
-    async def restore(self, sandbox_id: str, snapshot: Path, state_dir: Path) -> SandboxHandle:
-        """Start a fresh Firecracker in `state_dir` from a snapshot made by `snapshot()`.
-        The guest resumes where it was paused; its vsock connections were reset, so the guest
-        agent dials the (new) channel again."""
-        _check_id(sandbox_id)
-        meta_path = snapshot / "snapshot.json"
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, ValueError) as exc:
-            raise DriverError(f"{snapshot} is not a Firecracker snapshot ({exc})") from None
-        for name in ("vmstate", "mem", "scratch.ext4"):
-            if not (snapshot / name).is_file():
-                raise DriverError(f"snapshot {snapshot} lacks {name}")
-        if not state_dir.is_dir():
-            raise DriverError(f"state directory {state_dir} does not exist")
-        binaries, kernel = await self._assets()
-        handle = SandboxHandle(sandbox_id, self.name, state_dir)
-        try:
-            image = Path(meta["image"])
-            await self._hold_image(sandbox_id, image.parent)
-            vm = self._prepare(handle, binaries, int(meta["memory_bytes"]), meta["cpus"], image)
-            await asyncio.to_thread(self._place_files, handle, vm, image, kernel)
-            await asyncio.to_thread(sparse_copy, snapshot / "scratch.ext4", vm / "scratch.ext4")
-            await asyncio.to_thread(place, bool(self.jailer), snapshot / "vmstate", vm / "vmstate")
-            await asyncio.to_thread(place, bool(self.jailer), snapshot / "mem", vm / "mem")
-            if self.jailer:
-                os.chown(vm / "scratch.ext4", self.jailer.uid, self.jailer.gid)
-            await self._launch(handle, binaries, vm)
-            async with self._api(handle) as api:
-                await self._observe(api)
-                await api.call(
-                    "PUT",
-                    "/snapshot/load",
-                    {
-                        "snapshot_path": "vmstate",
-                        "mem_backend": {"backend_type": "File", "backend_path": "mem"},
-                        "resume_vm": True,
-                    },
-                )
-                handle.details["timings"] = dict(api.timings)
-        except BaseException:
-            await self._teardown(handle, remove_state_dir=False)
-            raise
-        return handle
-
-    async def snapshot(self, handle: SandboxHandle, dest: Path) -> Path:
-        """Pause, write a Full snapshot (vmstate + guest memory) plus a copy of the scratch disk
-        taken while paused (so disk and memory agree), and resume whatever happens."""
-        record = driver_record.read(handle.state_dir, RECORD)
-        if record is None or not is_our_vm(record):
-            raise DriverError(f"sandbox {handle.sandbox_id} has no running Firecracker")
-        vm = Path(record["vm_root"])
-        dest.mkdir(parents=True, exist_ok=True)
-        work = vm / "snapshot-tmp"
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir()
-        if self.jailer or record.get("jailed"):
-            os.chown(work, int(record["uid"]), int(record["gid"]))
-        async with self._api(handle) as api:
-            await api.call("PATCH", "/vm", {"state": "Paused"})
-            try:
-                await api.call(
-                    "PUT",
-                    "/snapshot/create",
-                    {
-                        "snapshot_type": "Full",
-                        "snapshot_path": "snapshot-tmp/vmstate",
-                        "mem_file_path": "snapshot-tmp/mem",
-                    },
-                )
-                await asyncio.to_thread(sparse_copy, vm / "scratch.ext4", dest / "scratch.ext4")
-            finally:
-                await api.call("PATCH", "/vm", {"state": "Resumed"})
-            handle.details["snapshot_timings"] = dict(api.timings)
-        for name in ("vmstate", "mem"):
-            await asyncio.to_thread(shutil.move, str(work / name), str(dest / name))
-        shutil.rmtree(work, ignore_errors=True)
-        meta = {
-            "image": record["image"],
-            "memory_bytes": record["memory_bytes"],
-            "cpus": record["cpus"],
-            "firecracker": "1.12.1",
-            "from_sandbox": handle.sandbox_id,
-        }
-        (dest / "snapshot.json").write_text(json.dumps(meta, indent=2))
-        return dest
 
     async def metrics(self, handle: SandboxHandle) -> dict[str, Any]:
         """Ask Firecracker to flush its metrics and return that flush (counters are deltas
@@ -550,8 +462,3 @@ class FirecrackerDriver(Driver):
                     shutil.rmtree(entry, ignore_errors=True)
                 else:
                     entry.unlink(missing_ok=True)
-
-
-def _check_id(sandbox_id: str) -> None:
-    if not SANDBOX_ID_RE.match(sandbox_id):
-        raise DriverError(f"bad sandbox id {sandbox_id!r} (expected sb- and 12 hex digits)")

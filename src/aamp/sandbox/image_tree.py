@@ -1,6 +1,6 @@
-"""Building one resolved recipe into a tree (`TreeBuilder`): debootstrap, apt, pip, the
-recipe's files, the guest agent, the CA, byte-code and trimming, then the ext4 file; and the
-check that this host can build at all (`preflight`).
+"""Building one resolved recipe into a tree (`TreeBuilder`): debootstrap, apt, pip, native
+libraries, the recipe's files, the guest agent, the CA, byte-code and trimming, then the ext4
+file; and the check that this host can build at all (`preflight`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from aamp.sandbox.image_commands import (
 )
 from aamp.sandbox.image_ext4 import make_ext4
 from aamp.sandbox.image_recipes import GUEST_SITE_PACKAGES, ResolvedRecipe, guest_pip_target_args
+from aamp.sandbox.native_build import NativeBuildError, build_native
 
 # Bump when the builder changes what it puts into an image, so old caches are not reused.
 BUILDER_FORMAT = 1
@@ -109,6 +110,12 @@ class TreeBuilder:
         if self.recipe.pip:
             with self.step(f"pip packages {' '.join(self.recipe.pip)}"):
                 self.pip_install()
+        for library in self.recipe.native:
+            with self.step(f"native library {library.package}/{library.output}"):
+                try:
+                    build_native(self.rootfs, library)
+                except NativeBuildError as exc:
+                    raise ImageBuildError(str(exc)) from None
         if self.recipe.wheels:
             with self.step(f"wheelhouse packages {' '.join(n for n, _ in self.recipe.wheels)}"):
                 self.wheelhouse_install()

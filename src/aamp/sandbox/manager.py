@@ -8,7 +8,9 @@ each sandbox's host is chosen, and its capacity reserved, before it boots, and g
 when it is destroyed. A manager with no drivers runs no sandbox itself (a replica started
 with `aamp up --role api`): its placer puts every one on a registered host. Its parts, each a
 module of its own: what a sandbox is asked for and the errors (`requests.py`), a live sandbox
-(`live.py`), the warm pools (`pool_fill.py`), events to the process log (`log_sinks.py`).
+(`live.py`), the warm pools (`pool_fill.py`), a live sandbox's egress rules, events and
+approver (`egress_controls.py`), sandboxes placed on other hosts (`other_hosts.py`), events
+to the process log (`log_sinks.py`).
 
 Usage::
 
@@ -38,10 +40,8 @@ from aamp.config import Settings
 from aamp.egress.approvals import Approver
 from aamp.egress.installation import InstallationListeners
 from aamp.egress.proxy import EgressContext
-from aamp.egress.recent import EgressView, RecentEgress
+from aamp.egress.recent import RecentEgress
 from aamp.egress.resolver import Resolver, SystemResolver
-from aamp.egress.rules import EgressRules
-from aamp.egress.services import ServiceSet
 from aamp.policy import (
     Policy,
     Resources,
@@ -55,9 +55,11 @@ from aamp.sandbox.driver import (
     SandboxHandle,
     SandboxSpec,
 )
+from aamp.sandbox.egress_controls import EgressControls
 from aamp.sandbox.images import BuiltImage, ImageBuildError, ImageStore
 from aamp.sandbox.live import Sandbox
 from aamp.sandbox.log_sinks import LogEgressSink, LogRecorder
+from aamp.sandbox.other_hosts import OnOtherHosts
 from aamp.sandbox.placer import Placer, SandboxElsewhere
 from aamp.sandbox.pool_fill import WarmPools
 from aamp.sandbox.requests import (
@@ -77,7 +79,7 @@ log = logging.getLogger("aamp.sandbox")
 GUEST_READY_TIMEOUT = 30.0
 
 
-class SandboxManager(WarmPools):
+class SandboxManager(WarmPools, EgressControls, OnOtherHosts):
     def __init__(
         self,
         settings: Settings,
@@ -344,39 +346,6 @@ class SandboxManager(WarmPools):
         except ImageBuildError as exc:
             raise SandboxUnavailable(f"the image with packages could not be built: {exc}") from None
 
-    async def _create_elsewhere(
-        self, driver_name: str, request: CreateRequest, actor: str
-    ) -> SandboxElsewhere:
-        """A create in a process that runs no sandbox itself: placed on a registered host,
-        or the placer says why none can take it."""
-        if self.placer is None:
-            raise SandboxUnavailable("this process runs no sandboxes and places none")
-        reservation = await self.placer.reserve(
-            driver_name,
-            request.image,
-            request.resources,
-            packages=request.packages,
-        )
-        remote = await self._boot_elsewhere(self.placer, reservation, request, actor)
-        if remote is None:  # a placer that chose this process's host, which it does not have
-            await self.placer.cancel(reservation)
-            raise SandboxUnavailable("this process runs no sandboxes of its own")
-        return remote
-
-    async def _boot_elsewhere(
-        self, placer: Placer, reservation: object, request: CreateRequest, actor: str
-    ) -> SandboxElsewhere | None:
-        """Boot it on the remote host it was placed on (None: placed on this process's)."""
-        try:
-            remote = await placer.boot_elsewhere(reservation, request, actor)
-        except BaseException:
-            await placer.cancel(reservation)
-            raise
-        if remote is not None:
-            self._elsewhere.add(remote.id)
-            await self._record_created(remote, actor)
-        return remote
-
     async def _record_destroyed(
         self, sandbox_id: str, reason: str, actor: str, details: dict[str, object] | None = None
     ) -> None:
@@ -449,18 +418,6 @@ class SandboxManager(WarmPools):
             del self._stopping[sandbox_id]
             if self.placer is not None and sandbox.host is not None:
                 await self.placer.release(sandbox_id)
-
-    async def reap_elsewhere(self) -> list[str]:
-        """The sandboxes on other hosts past their ttl that their hosts did not end (the
-        fleet's sweep, every tick): reaped through the placer and recorded as this host's
-        clock records its own (`sandbox.destroy`, reason `ttl`, naming the host)."""
-        if self.placer is None:
-            return []
-        reaped = await self.placer.reap_expired()
-        for sandbox_id, host in reaped:
-            self._elsewhere.discard(sandbox_id)
-            await self._record_destroyed(sandbox_id, "ttl", "system", {"host": host})
-        return [sandbox_id for sandbox_id, _ in reaped]
 
     async def _check_alive(self, sandbox: Sandbox) -> None:
         """A guest that stopped by itself is destroyed at once, and the caller told why."""
@@ -552,83 +509,6 @@ class SandboxManager(WarmPools):
                 await self._teardown(pool.pop(), reason="pool made smaller")
             if self._lifetime_task is not None:  # started: fill now (else `start` does)
                 self._refill_pool(changed)
-
-    async def update_egress(
-        self,
-        sandbox_id: str,
-        rules: EgressRules,
-        services: ServiceSet | None = None,
-        *,
-        actor: str = "system",
-    ) -> None:
-        """New rules (and services) for a live sandbox; they apply to its next connection or
-        request. A sandbox on another host gets them over its link (its host's proxy enforces
-        them; the services it may ask credentials for change with them). Recorded either way
-        (`sandbox.update_egress`, with the rules and the host): "allow" once they apply,
-        "error" if its host could not be told (nothing changed there)."""
-        sandbox = await self.find(sandbox_id)
-        details: dict[str, object] = {
-            "egress": rules.to_dict(),
-            "services": list(services.names) if services is not None else None,
-        }
-        if isinstance(sandbox, Sandbox):
-            self.apply_egress(sandbox_id, rules, services)
-        else:
-            assert self.placer is not None  # only a placer finds a sandbox elsewhere
-            details["host"] = sandbox.host
-            try:
-                await self.placer.update_egress_elsewhere(sandbox, rules, services, actor)
-            except Exception as exc:
-                why = f"its host {sandbox.host} was not told the new rules: {exc}"
-                await self._record(
-                    sandbox_id, "sandbox.update_egress", "error", why, actor, details
-                )
-                raise
-        await self._record(
-            sandbox_id, "sandbox.update_egress", "allow", "new egress rules", actor, details
-        )
-
-    def apply_egress(
-        self, sandbox_id: str, rules: EgressRules, services: ServiceSet | None
-    ) -> None:
-        """New rules (and services, None: unchanged) for a sandbox on this host, unrecorded:
-        `update_egress` records them, here or on the replica that asked over the link."""
-        sandbox = self.get(sandbox_id)
-        sandbox.egress.update_rules(rules)
-        if services is not None:
-            sandbox.egress.update_services(services)
-
-    async def egress_view(self, sandbox_id: str) -> EgressView:
-        """The sandbox's egress events from now on, as its proxy decided them; for one on
-        another host, its host's own view, asked over the link and checked
-        (`aamp.fleet.link_egress`)."""
-        sandbox = await self.find(sandbox_id)
-        if isinstance(sandbox, Sandbox):
-            return self.recent_egress.view(sandbox_id)
-        assert self.placer is not None
-        return self.placer.egress_view_elsewhere(sandbox)
-
-    async def set_egress_approver(
-        self, sandbox_id: str, approver: Approver | None, *, timeout: float = 300.0
-    ) -> None:
-        """Who answers this sandbox's `egress.default: ask` destinations (a run puts them to
-        a person, within `timeout` seconds); with none they are refused. For a sandbox on
-        another host, its host is told over the link that this replica answers them, and its
-        questions reach `remote_approver` (`aamp.fleet.collector`)."""
-        if sandbox_id in self._elsewhere:
-            assert self.placer is not None
-            if approver is None:
-                self._remote_approvers.pop(sandbox_id, None)
-            else:
-                self._remote_approvers[sandbox_id] = approver
-            await self.placer.approver_elsewhere(sandbox_id, approver is not None, timeout)
-            return
-        self.get(sandbox_id).egress.approvals.approver = approver
-
-    def remote_approver(self, sandbox_id: str) -> Approver | None:
-        """Who answers the questions of `sandbox_id`, a sandbox this process made on another
-        host (None: no run here drives it)."""
-        return self._remote_approvers.get(sandbox_id)
 
     # -- the host's clock ------------------------------------------------------------------
 

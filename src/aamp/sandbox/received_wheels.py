@@ -29,8 +29,8 @@ from aamp.sandbox.wheelhouse import (
     requirements_of,
 )
 
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-FILENAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,250}\.whl$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
+FILENAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,250}\.whl\Z")
 MAX_OFFERED = 256  # wheels in one offer: far more than any policy's packages
 
 

@@ -10,7 +10,7 @@ import re
 from datetime import UTC, datetime
 
 _FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"  # for parsing; `format_time` writes the same
-_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$")
+_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z\Z")
 
 
 def format_time(moment: datetime) -> str:

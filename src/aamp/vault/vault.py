@@ -35,7 +35,7 @@ from aamp.values import Shown
 from aamp.vault.envelope import Sealed, rewrap, seal, unseal
 from aamp.vault.masterkey import MasterKey, MasterKeyError, load_master_key
 
-NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}\Z")
 MAX_VALUE_BYTES = 64 * 1024
 STAGED_SUFFIX = ".next"
 

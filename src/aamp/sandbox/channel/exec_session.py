@@ -48,16 +48,18 @@ class ExecSession(HoldsConnection):
         channel: ConnectionPool,
         conn: Conn,
         argv0: str,
-        started: float,
         timeout: float | None,
     ) -> None:
+        """Made as the exec request goes out: the command's clock starts here."""
+        self._started = time.monotonic()
         self._channel = channel
         self._conn = conn
         self._argv0 = argv0
-        self._started = started
         self._timeout = timeout
         # Past this instant the host stops waiting for the guest to end the command.
-        self._hard_deadline = started + timeout + channel.exec_grace if timeout else None
+        self._hard_deadline = (
+            self._started + timeout + channel.limits.exec_grace if timeout else None
+        )
         self._killed = False
         self._stdin_task: asyncio.Task[None] | None = None
         self.result: ExecResult | None = None
@@ -104,7 +106,7 @@ class ExecSession(HoldsConnection):
 
     async def _next_frame(self) -> tuple[int, bytes]:
         channel = self._channel
-        limit = channel.io_timeout
+        limit = channel.limits.io_timeout
         if self._hard_deadline is not None:
             limit = min(limit, self._hard_deadline - time.monotonic())
         try:
@@ -121,7 +123,7 @@ class ExecSession(HoldsConnection):
                 raise
             if self._killed and not (self._timeout and self._past_timeout()):
                 raise GuestTimeout(
-                    f"the guest did not confirm the kill within {channel.exec_grace:g}s"
+                    f"the guest did not confirm the kill within {channel.limits.exec_grace:g}s"
                 ) from None
             # The guest did not end the command in time: the host ends it.
             self._finish(ExecResult(None, None, True, time.monotonic() - self._started))
@@ -163,7 +165,7 @@ class ExecSession(HoldsConnection):
             return
         self._killed = True
         self._send_kill()
-        deadline = time.monotonic() + self._channel.exec_grace
+        deadline = time.monotonic() + self._channel.limits.exec_grace
         if self._hard_deadline is None or deadline < self._hard_deadline:
             self._hard_deadline = deadline
 

@@ -137,15 +137,14 @@ class GuestChannel(ConnectionPool, RunsToEnd[ExecSession]):
             "cwd": command.cwd,
             "stdin": stdin is not None or command.stdin_open,
             "timeout": timeout,
-            "heartbeat": max(self.io_timeout / 3, 0.05),
+            "heartbeat": max(self.limits.io_timeout / 3, 0.05),
         }
         encoded = wire.encode_control(request)
         if len(encoded) > wire.MAX_PAYLOAD:
             raise ValueError(f"exec request is {len(encoded)} bytes, over {wire.MAX_PAYLOAD}")
         conn = await self._acquire()
-        started = time.monotonic()
+        session = ExecSession(self, conn, argv[0], timeout)
         wire.write_frame(conn.writer, wire.CONTROL, encoded)
-        session = ExecSession(self, conn, argv[0], started, timeout)
         if stdin is not None:
             if len(stdin) <= wire.MAX_PAYLOAD:
                 if stdin:
@@ -212,11 +211,13 @@ class GuestChannel(ConnectionPool, RunsToEnd[ExecSession]):
         if isinstance(send_error, ValueError):
             raise send_error  # our own source misbehaved; the connection is dropped
         if not reply.done():
-            await asyncio.wait({reply}, timeout=self.io_timeout)
+            await asyncio.wait({reply}, timeout=self.limits.io_timeout)
             if not reply.done():
                 if send_error is not None:
                     raise send_error
-                raise GuestTimeout(f"the guest did not confirm within {self.io_timeout:g}s {what}")
+                raise GuestTimeout(
+                    f"the guest did not confirm within {self.limits.io_timeout:g}s {what}"
+                )
         reply_error = reply.exception()
         if reply_error is not None:
             # A guest that stopped reading (send_error) is the cause of the hang-up it sees.
@@ -227,7 +228,7 @@ class GuestChannel(ConnectionPool, RunsToEnd[ExecSession]):
         if message.get("ok") is not True or message.get("size") != size:
             raise GuestProtocolError(f"unexpected answer {what}")
         if not sender.done():  # it may still be returning from its last drain
-            await asyncio.wait({sender}, timeout=self.io_timeout)
+            await asyncio.wait({sender}, timeout=self.limits.io_timeout)
         if not sender.done() or sender.exception() is not None:
             raise GuestProtocolError(f"the guest confirmed before receiving all data {what}")
 

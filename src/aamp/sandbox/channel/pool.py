@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -93,19 +94,22 @@ class HoldsConnection:
         await self.aclose()
 
 
+@dataclass(frozen=True)
+class ChannelLimits:
+    """How long the host waits on a guest and how many connections it takes from one."""
+
+    hello_timeout: float = 30.0  # for a new connection's hello
+    io_timeout: float = 30.0  # for each read and drain of a request
+    exec_grace: float = 2.0  # past a command's own timeout, for the guest to end it
+    max_connections: int = 256
+
+
 class ConnectionPool:
     """The listening socket and the guest's connections: one per request, each checked at
     its hello, with a timeout on every read and drain. `GuestChannel` adds the operations."""
 
     def __init__(
-        self,
-        socket_path: Path,
-        *,
-        max_file_bytes: int,
-        hello_timeout: float = 30.0,
-        io_timeout: float = 30.0,
-        exec_grace: float = 2.0,
-        max_connections: int = 256,
+        self, socket_path: Path, *, max_file_bytes: int, limits: ChannelLimits = ChannelLimits()
     ) -> None:
         socket_path = Path(socket_path)
         size = len(os.fsencode(socket_path))
@@ -118,10 +122,7 @@ class ConnectionPool:
             raise ValueError("max_file_bytes must be positive")
         self.socket_path = socket_path
         self.max_file_bytes = max_file_bytes
-        self.hello_timeout = hello_timeout
-        self.io_timeout = io_timeout
-        self.exec_grace = exec_grace
-        self.max_connections = max_connections
+        self.limits = limits
         self.last_activity = time.monotonic()
         self.guest_info: dict[str, Any] | None = None
         # The most recent connection the channel refused, and why (for logs and tests).
@@ -165,7 +166,7 @@ class ConnectionPool:
 
     async def wait_ready(self, timeout: float | None = None) -> dict[str, Any]:
         """Wait for the guest agent's first hello; returns it (protocol, version, pid)."""
-        limit = self.hello_timeout if timeout is None else timeout
+        limit = self.limits.hello_timeout if timeout is None else timeout
         try:
             async with asyncio.timeout(limit):
                 await self._ready.wait()
@@ -196,7 +197,7 @@ class ConnectionPool:
 
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = Conn(reader, writer, self._forget)
-        if self._closed or len(self._conns) >= self.max_connections:
+        if self._closed or len(self._conns) >= self.limits.max_connections:
             self._reject(conn, GuestProtocolError("too many guest connections"))
             return
         self._conns.add(conn)
@@ -205,13 +206,13 @@ class ConnectionPool:
             self._handshakes.add(task)
             task.add_done_callback(self._handshakes.discard)
         try:
-            async with asyncio.timeout(self.hello_timeout):
+            async with asyncio.timeout(self.limits.hello_timeout):
                 ftype, payload = await wire.read_frame(
                     reader, max_payload=wire.MAX_GUEST_CONTROL, max_control=wire.MAX_GUEST_CONTROL
                 )
             hello = parse_hello(ftype, payload)
         except TimeoutError:
-            self._reject(conn, GuestTimeout(f"no hello within {self.hello_timeout:g}s"))
+            self._reject(conn, GuestTimeout(f"no hello within {self.limits.hello_timeout:g}s"))
             return
         except wire.ProtocolError as exc:
             self._reject(conn, GuestProtocolError(f"bad hello frame: {exc}"))
@@ -241,17 +242,17 @@ class ConnectionPool:
             raise GuestUnavailable("the channel is closed")
         self._touch()
         try:
-            async with asyncio.timeout(self.io_timeout):
+            async with asyncio.timeout(self.limits.io_timeout):
                 while True:
                     conn = self._idle.get_nowait() if self._idle.qsize() else await self._idle.get()
                     if conn.alive():
                         self._active.add(conn)
-                        self._spare_due_until = time.monotonic() + self.io_timeout
+                        self._spare_due_until = time.monotonic() + self.limits.io_timeout
                         return conn
                     conn.close(abort=True)
         except TimeoutError:
             raise GuestUnavailable(
-                f"no guest agent connection within {self.io_timeout:g}s"
+                f"no guest agent connection within {self.limits.io_timeout:g}s"
             ) from None
 
     async def _read(
@@ -266,7 +267,7 @@ class ConnectionPool:
         """Read one frame within `timeout` (default: io_timeout; `forever` for a caller that
         bounds the wait itself), turning every way it can go wrong into a channel error and
         dropping the connection."""
-        limit = None if forever else (self.io_timeout if timeout is None else timeout)
+        limit = None if forever else (self.limits.io_timeout if timeout is None else timeout)
         try:
             async with asyncio.timeout(limit):
                 frame = await wire.read_frame(conn.reader)
@@ -285,12 +286,12 @@ class ConnectionPool:
 
     async def _drain(self, conn: Conn, what: str) -> None:
         try:
-            async with asyncio.timeout(self.io_timeout):
+            async with asyncio.timeout(self.limits.io_timeout):
                 await conn.writer.drain()
         except TimeoutError:
             conn.close(abort=True)
             raise GuestTimeout(
-                f"the guest stopped reading for {self.io_timeout:g}s {what}"
+                f"the guest stopped reading for {self.limits.io_timeout:g}s {what}"
             ) from None
         except (ConnectionError, OSError):
             conn.close(abort=True)
