@@ -7,8 +7,10 @@ host serves no link: `test_sandbox_hosts.py` and the single-host tests run that 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import httpx
 from fleet_processes import exec_in, fleet_on_postgres, free_port, host_state, wait_for
 
 from aamp.sandbox import procs
@@ -51,6 +53,13 @@ def test_a_replicas_own_host_is_reached_from_another(
         assert {s["id"] for s in a.get("/v1/sandboxes").json()} == {mine, theirs}
         assert host_state(a, "rep-a")["used_sandboxes"] == 2
 
+        # A run B drives, its sandbox on A's host: it runs there (its policy asks nobody, so
+        # B has no questions to be sent; B set an answerer on A's link and the run failed).
+        run = _run_of_b(b)
+        assert run["status"] == "succeeded", run
+        created = b.get("/v1/audit", params={"action": "sandbox.create"}).json()["records"]
+        assert created[-1]["details"]["host"] == "rep-a", created[-1]
+
         assert b.delete(f"/v1/sandboxes/{mine}").status_code == 204  # through A's link
         assert a.get(f"/v1/sandboxes/{mine}").status_code == 404
         assert b.get(f"/v1/sandboxes/{mine}").status_code == 404
@@ -63,3 +72,33 @@ def test_a_replicas_own_host_is_reached_from_another(
     finally:
         left = fleet.close()
     assert left == []
+
+
+def _run_of_b(b: httpx.Client) -> dict:
+    from scripted_model import ScriptedModelServerForTests  # tests/agents
+
+    turns = [{"tool_calls": [{"name": "shell", "arguments": {"command": "echo hi"}}]},
+             {"content": "done"}]  # fmt: skip
+    with ScriptedModelServerForTests(turns) as model:
+        agent = b.post("/v1/agents", json={"name": "far"}).json()["id"]
+        policy = {"name": "closed", "image": "base", "egress": {"default": "block"}}
+        assert b.put("/v1/policies/closed", json=policy).status_code == 200
+        endpoint = {"base_url": model.base_url, "models": ["scripted"]}
+        assert b.put("/v1/model-endpoints/llm", json=endpoint).status_code == 200
+        for kind, item in (("policy", "closed"), ("image", "base"), ("model-endpoint", "llm")):
+            r = b.post(f"/v1/agents/{agent}/resources", json={"kind": kind, "name": item})
+            assert r.status_code == 201, r.text
+        definition = {"model": {"endpoint": "llm", "name": "scripted", "retries": 0},
+                      "system_prompt": "test", "tools": ["shell"], "policy": "closed"}  # fmt: skip
+        assert b.put(f"/v1/agents/{agent}/draft", json=definition).status_code == 200
+        assert b.post(f"/v1/agents/{agent}/publish").status_code == 200
+        made = b.post(f"/v1/agents/{agent}/runs", json={"task": "say hi"})
+        assert made.status_code == 201, made.text
+        deadline = time.monotonic() + 300
+        while (run := b.get(f"/v1/runs/{made.json()['id']}").json())["status"] in (
+            "queued",
+            "running",
+        ):
+            assert time.monotonic() < deadline, run
+            time.sleep(0.5)
+    return run

@@ -317,8 +317,14 @@ def link_app(
         # from now on (`replica` None: nobody, they are refused), each within `timeout`.
         sandbox_id, body = request.path_params["sandbox_id"], await _json(request)
         manager.get(sandbox_id)
-        if outbox is None:
-            raise _Refused(400, "invalid_request", "this host's sandboxes ask their replica")
+        if outbox is None:  # a replica's own host: questions reach only its own replica
+            raise _Refused(
+                400,
+                "invalid_request",
+                "this host is a replica's own: its sandboxes' egress questions reach only that "
+                "replica, so a run with `egress.default: ask` is driven there or on an "
+                "`aamp host` machine",
+            )
         replica, timeout = body.get("replica"), float(body.get("timeout", 300))
         if replica is not None and not (isinstance(replica, str) and 0 < len(replica) <= 64):
             raise _Refused(400, "invalid_request", "replica names the replica that answers")

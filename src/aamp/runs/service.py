@@ -270,9 +270,13 @@ class RunService(RunApprovals, Replica, RunFiles):
             tools = ToolSet.build(d.tools, {n: u for n, u in req.services.items()})
             live = self._live[run_id]
             asking = d.limits.approval_timeout_seconds
-            await self.manager.set_egress_approver(
-                sandbox_id, self._egress_approver(run_id, asking), timeout=asking
-            )
+            # Only an `ask` policy's destinations are put to people; any other has no question
+            # to answer (so a sandbox on another replica's own host, which cannot send its
+            # questions on, runs it too).
+            if req.policy.egress.default == "ask":
+                await self.manager.set_egress_approver(
+                    sandbox_id, self._egress_approver(run_id, asking), timeout=asking
+                )
             borrow = lambda: self.manager.use(sandbox_id)  # type: ignore[arg-type]  # noqa: E731
             rag = RagTool(borrow, d.limits.tool_timeout_seconds, tuple(req.knowledge_bases))
             egress = await self._egress_view(sandbox_id, {"browser", "documents"} & set(d.tools))
