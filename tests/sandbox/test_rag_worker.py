@@ -463,7 +463,9 @@ def test_a_search_asked_for_its_timings_says_where_its_time_went_part_by_part(re
         wall, cpu = answer["parts"]["wall_ms"], answer["parts"]["cpu_ms"]
         assert list(wall) == list(cpu) == ran[mode], answer["parts"]
         assert all(v >= 0 for v in [*wall.values(), *cpu.values()]), answer["parts"]
-        assert sum(wall.values()) <= answer["seconds"] * 1000, answer
+        # The parts' clock starts a few microseconds before the search's own (`rag.search`
+        # makes its `Parts` first): within 0.1 ms, the parts are the search's time.
+        assert sum(wall.values()) <= answer["seconds"] * 1000 + 0.1, answer
     # The query was embedded by the untimed search before: its embedding is kept, so the
     # embedding part is a lookup, a sliver of the search.
     assert resident["timed"]["hybrid"]["parts"]["wall_ms"]["embed"] < 5
