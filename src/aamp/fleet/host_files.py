@@ -38,8 +38,8 @@ from typing import Any
 from aamp.errors import AampError
 from aamp.sandbox.rag_worker import MAX_INDEX_BYTES
 
-SHA_RE = re.compile(r"^[0-9a-f]{64}$")
-HOLD_RE = re.compile(r"^[0-9a-f]{32}$")
+SHA_RE = re.compile(r"^[0-9a-f]{64}\Z")
+HOLD_RE = re.compile(r"^[0-9a-f]{32}\Z")
 # A hold the replica neither used in a create nor let go of (it died between hold and
 # create) stops keeping its files this long after it was made.
 HOLD_SECONDS = 600.0
