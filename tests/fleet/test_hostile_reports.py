@@ -172,6 +172,7 @@ def reporting_app(proof: list[str | None], ready: asyncio.Event, seen: dict) -> 
         return JSONResponse(_described(request.path_params["sandbox_id"]))
 
     async def create(request: Request) -> Response:
+        seen.setdefault("created", []).append(await request.json())
         return JSONResponse(_described(CREATED), status_code=201)
 
     async def destroy(request: Request) -> Response:
@@ -323,6 +324,8 @@ async def test_a_remote_sandboxs_egress_rules_go_over_the_link_and_its_view_is_c
                 assert (await admin.post(f"/v1/hosts/{own}/drain")).status_code == 200
             sandbox = await a.cp.manager.create(CreateRequest(image="base"), actor="user:t")
             assert (sandbox.id, sandbox.host) == (CREATED, HOST)
+            # The driver placement reserved for, named: not left to the host's own default.
+            assert [c["driver"] for c in seen["created"]] == [a.cp.manager.default_driver]
             auth = {"type": "bearer", "secret": "crm_token"}
             crm = Service.from_dict({"name": "crm", "upstream": "http://crm.test", "auth": auth})
             rules = EgressRules.from_lists("block", allow=["a.test"])

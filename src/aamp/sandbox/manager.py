@@ -267,6 +267,9 @@ class SandboxManager(WarmPools, EgressControls, OnOtherHosts):
         packages' `wheels` ((file, sha256) each) are the ones that replica sent
         (`received_wheels.py`), not this machine's wheelhouse."""
         driver_name = request.driver or self.default_driver
+        # Named from here on: placement reserves on a host with this driver, and a host it is
+        # sent to over the link must boot it with this one, not with its own default.
+        request = dataclasses.replace(request, driver=driver_name)
         if not self.drivers:  # runs none here: the host it is placed on checks driver and image
             return await self._create_elsewhere(driver_name, request, actor)
         if driver_name not in self.drivers:
