@@ -8,7 +8,6 @@ import base64
 import binascii
 import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
 from typing import Annotated, Any
 
 import anyio
@@ -51,15 +50,20 @@ class ExecIn(Body):
 SandboxId = Annotated[str, Path(min_length=1, max_length=64)]
 
 
-async def sandbox_resource(request: Request, cp: ControlPlane, _: Actor) -> Resource:
-    sandbox_id = str(request.path_params.get("sandbox_id", ""))[:64]
-    owner = await cp.find_owner(sandbox_id)
+def _sandbox(sandbox_id: str, owner: SandboxOwner | None, **facts: Any) -> Resource:
+    """A sandbox as `allowed` sees it: who made it and for which agent (and `facts`)."""
     return Resource(
         "sandbox",
         sandbox_id,
         owner=owner.username if owner else None,
         agent=owner.agent if owner else None,
+        **facts,
     )
+
+
+async def sandbox_resource(request: Request, cp: ControlPlane, _: Actor) -> Resource:
+    sandbox_id = str(request.path_params.get("sandbox_id", ""))[:64]
+    return _sandbox(sandbox_id, await cp.find_owner(sandbox_id))
 
 
 def _data_refusal(
@@ -89,13 +93,7 @@ async def _file_resource(request: Request, cp: ControlPlane, going: str) -> Reso
     path = request.query_params.get("path", "")[:4096]
     length = request.headers.get("content-length", "")
     size = int(length) if going == "in" and length.isdigit() else None
-    return Resource(
-        "sandbox",
-        sandbox_id,
-        owner=owner.username if owner else None,
-        agent=owner.agent if owner else None,
-        data_refused=_data_refusal(owner, going, path, size),
-    )
+    return _sandbox(sandbox_id, owner, data_refused=_data_refusal(owner, going, path, size))
 
 
 async def file_in_resource(request: Request, cp: ControlPlane, _: Actor) -> Resource:
@@ -107,13 +105,7 @@ async def file_out_resource(request: Request, cp: ControlPlane, _: Actor) -> Res
 
 
 async def _resource_of(cp: ControlPlane, sandbox_id: str) -> Resource:
-    owner = await cp.find_owner(sandbox_id)
-    return Resource(
-        "sandbox",
-        sandbox_id,
-        owner=owner.username if owner else None,
-        agent=owner.agent if owner else None,
-    )
+    return _sandbox(sandbox_id, await cp.find_owner(sandbox_id))
 
 
 def _admin_only(body: dict[str, Any]) -> str | None:
@@ -328,8 +320,7 @@ def router() -> APIRouter:
         refused = _data_refusal(owner, "out", path, stream.size)
         if refused is not None:
             await stream.aclose()
-            resource = replace(await file_out_resource(request, cp_of(request), actor_of(request)),
-                               data_refused=refused)  # fmt: skip
+            resource = _sandbox(sandbox_id, owner, data_refused=refused)
             decision = allowed(actor_of(request), "sandbox.file_out", resource)
             assert not decision.allowed
             await record_refusal(request, "sandbox.file_out", str(resource), decision.reason)
