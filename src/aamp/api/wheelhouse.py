@@ -15,9 +15,15 @@ from pydantic import Field
 from aamp.api.body import Body
 from aamp.api.errors import ApiError
 from aamp.api.guard import cp_of, guarded_router, record_change, rule
-from aamp.sandbox.wheelhouse import MAX_WHEEL_BYTES, Wheel, Wheelhouse, WheelhouseError
+from aamp.sandbox.wheelhouse import (
+    MAX_WHEEL_BYTES,
+    WHEEL_FILENAME,
+    Wheel,
+    Wheelhouse,
+    WheelhouseError,
+)
 
-WHEEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,250}\.whl$"
+WHEEL_NAME = f"^{WHEEL_FILENAME}$"  # pydantic's (Rust) `$` is the end of the text only
 Requirement = Annotated[str, Field(min_length=1, max_length=500)]
 
 

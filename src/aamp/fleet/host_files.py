@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aamp.digests import is_sha256
 from aamp.errors import AampError
 from aamp.sandbox.rag_worker import MAX_INDEX_BYTES
 
-SHA_RE = re.compile(r"^[0-9a-f]{64}\Z")
 HOLD_RE = re.compile(r"^[0-9a-f]{32}\Z")
 # A hold the replica neither used in a create nor let go of (it died between hold and
 # create) stops keeping its files this long after it was made.
@@ -88,7 +88,7 @@ class HostFiles:
         await self.recorder.record(
             actor="system",
             action="host.file_refused",
-            resource=f"host-file:{sha[:64]!r}" if not SHA_RE.match(sha) else f"host-file:{sha}",
+            resource=f"host-file:{sha}" if is_sha256(sha) else f"host-file:{sha[:64]!r}",
             decision="deny",
             reason=why,
             details=details,
@@ -97,7 +97,7 @@ class HostFiles:
         raise FileRefused(why, status, code)
 
     async def _check(self, sha: str, hold_id: str) -> None:
-        if not SHA_RE.match(sha):
+        if not is_sha256(sha):
             await self._refuse("a host file is named by its SHA-256 in lowercase hex", sha)
         if not HOLD_RE.match(hold_id):
             await self._refuse("a hold id is 32 lowercase hex digits", sha)
@@ -208,7 +208,7 @@ class HostFiles:
         if not self.root.is_dir():
             return
         for path in self.root.iterdir():
-            if SHA_RE.match(path.name) and path.name not in needed:
+            if is_sha256(path.name) and path.name not in needed:
                 path.unlink(missing_ok=True)
 
     def in_use(self) -> dict[str, set[str]]:

@@ -56,7 +56,6 @@ from aamp.fleet.link_client import LinkAnswer, LinkClient, LinkError
 from aamp.fleet.link_egress import LinkEgressView
 from aamp.fleet.links import HostLinks
 from aamp.fleet.placement import Need, NoCapacity, Placed, Placement, give_back
-from aamp.policy import Resources
 from aamp.sandbox.image_derive import packages_key
 from aamp.sandbox.manager import (
     CreateRequest,
@@ -167,14 +166,8 @@ class FleetPlacer:
     def store(self) -> Store:
         return self.placement.registry.store
 
-    async def reserve(
-        self,
-        driver: str,
-        image: str,
-        resources: Resources,
-        *,
-        packages: tuple[str, ...] = (),
-    ) -> Reservation:
+    async def reserve(self, driver: str, request: CreateRequest) -> Reservation:
+        image, resources, packages = request.image, request.resources, request.packages
         wheels: tuple[WheelRef, ...] = ()
         layer = None
         if packages:  # resolved before anything is reserved; a host checks the dependencies

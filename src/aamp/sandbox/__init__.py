@@ -66,7 +66,7 @@ __all__, __getattr__ = surface(
     guest_worker: run_worker
     received_wheels: MAX_OFFERED ReceivedWheels WheelRef WheelRefused
     rag_worker: MAX_INDEX_BYTES BadIndex SearchWorker WorkerFailed call check_index_header
-    wheelhouse: MAX_WHEEL_BYTES Wheel Wheelhouse WheelhouseError
+    wheelhouse: MAX_WHEEL_BYTES WHEEL_FILENAME Wheel Wheelhouse WheelhouseError
     warm_pool: DEFAULT_MAX_WARM WarmTotalExceeded
     """,
 )

@@ -14,7 +14,6 @@ from pathlib import Path
 from aamp.sandbox.image_commands import ImageBuildError
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}\Z")
-HASH_RE = re.compile(r"^[0-9a-f]{64}\Z")
 
 
 def mounts_below(path: Path) -> list[str]:

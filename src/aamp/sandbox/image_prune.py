@@ -10,8 +10,9 @@ import secrets
 from pathlib import Path
 from typing import NamedTuple
 
+from aamp.digests import is_sha256
 from aamp.sandbox.image_commands import Progress
-from aamp.sandbox.image_dirs import HASH_RE, NAME_RE, disk_usage, remove_tree
+from aamp.sandbox.image_dirs import NAME_RE, disk_usage, remove_tree
 from aamp.sandbox.image_locks import build_lock, exclusive_if_unused
 
 
@@ -56,7 +57,7 @@ def _prune_name(name_dir: Path, *, dry_run: bool, progress: Progress) -> list[Pr
         current: str | None = os.readlink(name_dir / "current")
     except OSError:
         current = None
-    if current is not None and not HASH_RE.match(current):
+    if current is not None and not is_sha256(current):
         current = None
     verb = "would remove" if dry_run else "removing"
     pruned: list[Pruned] = []
@@ -68,7 +69,7 @@ def _prune_name(name_dir: Path, *, dry_run: bool, progress: Progress) -> list[Pr
             continue
         if not entry.is_dir():
             continue
-        if HASH_RE.match(label):
+        if is_sha256(label):
             if label == current:
                 continue
             if current is None:
@@ -83,7 +84,7 @@ def _prune_name(name_dir: Path, *, dry_run: bool, progress: Progress) -> list[Pr
             what, check_use = "interrupted prune", False
         else:
             continue
-        shown = label[:12] if HASH_RE.match(label) else label
+        shown = label[:12] if is_sha256(label) else label
         size = disk_usage(entry)
         with contextlib.ExitStack() as stack:
             if check_use and not stack.enter_context(

@@ -50,10 +50,11 @@ from pathlib import Path
 
 import aamp
 from aamp.config import Settings
+from aamp.digests import is_sha256
 from aamp.sandbox import custom_images
 from aamp.sandbox.image_commands import ImageBuildError, MissingTool, Progress
 from aamp.sandbox.image_derive import derive_tree, packages_key, python_distributions
-from aamp.sandbox.image_dirs import HASH_RE, NAME_RE, remove_tree
+from aamp.sandbox.image_dirs import NAME_RE, remove_tree
 from aamp.sandbox.image_ext4 import tree_usage
 from aamp.sandbox.image_locks import (
     USE_LOCK,
@@ -387,7 +388,7 @@ class ImageStore:
         found = []
         for image in self.list():
             for child in sorted((self._root / image.name).iterdir()):
-                if child.name == image.content_hash or not HASH_RE.match(child.name):
+                if child.name == image.content_hash or not is_sha256(child.name):
                     continue
                 try:
                     meta = json.loads((child / "image.json").read_text())
@@ -501,7 +502,7 @@ class ImageStore:
             target = os.readlink(self._root / name / "current")
         except OSError:
             return None
-        if not HASH_RE.match(target):
+        if not is_sha256(target):
             return None
         return self._load(name, target)
 

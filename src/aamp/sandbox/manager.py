@@ -285,16 +285,7 @@ class SandboxManager(WarmPools, EgressControls, OnOtherHosts):
         except (ValueError, LookupError) as exc:  # UnknownImage, ImageNotBuilt
             raise InvalidRequest(str(exc)) from None
         placer = self.placer if placed_on is None else None
-        reservation = (
-            await placer.reserve(
-                driver_name,
-                request.image,
-                request.resources,
-                packages=request.packages,
-            )
-            if placer
-            else None
-        )
+        reservation = await placer.reserve(driver_name, request) if placer else None
         if placer is not None:
             remote = await self._boot_elsewhere(placer, reservation, request, actor)
             if remote is not None:

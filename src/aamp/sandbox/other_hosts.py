@@ -43,12 +43,7 @@ class OnOtherHosts:
         or the placer says why none can take it."""
         if self.placer is None:
             raise SandboxUnavailable("this process runs no sandboxes and places none")
-        reservation = await self.placer.reserve(
-            driver_name,
-            request.image,
-            request.resources,
-            packages=request.packages,
-        )
+        reservation = await self.placer.reserve(driver_name, request)
         remote = await self._boot_elsewhere(self.placer, reservation, request, actor)
         if remote is None:  # a placer that chose this process's host, which it does not have
             await self.placer.cancel(reservation)

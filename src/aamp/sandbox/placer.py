@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from aamp.policy import Resources
-
 if TYPE_CHECKING:
     from aamp.egress.recent import EgressView
     from aamp.egress.rules import EgressRules
@@ -42,16 +40,10 @@ class SandboxElsewhere(Protocol):
 
 
 class Placer(Protocol):
-    async def reserve(
-        self,
-        driver: str,
-        image: str,
-        resources: Resources,
-        *,
-        packages: tuple[str, ...] = (),
-    ) -> object:
-        """Reserve room for one sandbox (of `image` with `packages`: a host that has that
-        layer already is preferred); returns the reservation, or raises why not."""
+    async def reserve(self, driver: str, request: CreateRequest) -> object:
+        """Reserve room for one sandbox booted with `driver` as `request` asks (its image,
+        resources and packages: a host that has that layer already is preferred); returns
+        the reservation, or raises why not."""
         ...
 
     async def boot_elsewhere(

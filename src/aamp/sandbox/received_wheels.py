@@ -22,15 +22,16 @@ from collections.abc import AsyncIterable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from aamp.digests import is_sha256
 from aamp.sandbox.wheelhouse import (
     MAX_WHEEL_BYTES,
+    WHEEL_FILENAME,
     WheelhouseError,
     guest_can_use,
     requirements_of,
 )
 
-SHA256_RE = re.compile(r"^[0-9a-f]{64}\Z")
-FILENAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,250}\.whl\Z")
+FILENAME_RE = re.compile(rf"^{WHEEL_FILENAME}\Z")
 MAX_OFFERED = 256  # wheels in one offer: far more than any policy's packages
 
 
@@ -51,7 +52,7 @@ class WheelRef:
     filename: str
 
     def __post_init__(self) -> None:
-        if not isinstance(self.sha256, str) or not SHA256_RE.match(self.sha256):
+        if not is_sha256(self.sha256):
             raise WheelRefused(f"{str(self.sha256)[:80]!r} is not a SHA-256 in hex")
         if not isinstance(self.filename, str) or not FILENAME_RE.match(self.filename):
             raise WheelRefused(f"{str(self.filename)[:80]!r} is not a wheel file name")

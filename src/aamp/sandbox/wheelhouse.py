@@ -43,6 +43,8 @@ from aamp.sandbox.image_recipes import GUEST_PYTHON_VERSION, guest_pip_target_ar
 from aamp.values import Shown
 
 MAX_WHEEL_BYTES = 500_000_000
+# A wheel's file name as this product takes one from outside (unanchored: each use anchors it).
+WHEEL_FILENAME = r"[A-Za-z0-9][A-Za-z0-9._+-]{0,250}\.whl"
 MAX_METADATA_BYTES = 5_000_000
 INDEX = "index.json"
 _GUEST_GLIBC_MINOR = 36  # bookworm's glibc 2.36
