@@ -206,3 +206,54 @@ async def test_resources_given_directly_are_bounded_naming_each_field(plane) -> 
     assert "resources.cpus" in message and "(0, 64]" in message
     assert "resources.memory" in message and "64MiB" in message
     assert "resources.pids" in message and "[8, 65536]" in message
+
+
+async def test_ones_own_password_changes_only_with_the_current_one(plane) -> None:
+    """A token alone (stolen, say) cannot become the password: changing your own needs the
+    current one, a wrong one is a recorded denial counted as a failed login; an admin still
+    resets anyone else's without it."""
+    cora = await plane.user("cora", "builder", "cora-password-1")
+    await plane.user("vic", "operator", "vic-password-11")
+    ada = await plane.user("ada", "admin", "ada-password-11")
+    url = "/v1/users/cora/password"
+    async with plane.client(cora) as c:
+        bare = await c.put(url, json={"password": "cora-new-pass-2"})
+        assert bare.status_code == 400 and bare.json()["code"] == "current_password_needed"
+        assert "current_password" in bare.json()["message"]
+        body = {"password": "cora-new-pass-2", "current_password": "a-guess-guess"}
+        wrong = await c.put(url, json=body)
+        assert wrong.status_code == 403 and wrong.json()["code"] == "wrong_password"
+        assert (await c.get("/v1/me")).status_code == 200  # the token itself still works
+        body["current_password"] = "cora-password-1"
+        assert (await c.put(url, json=body)).status_code == 204
+    async with plane.client() as c:
+        old = {"username": "cora", "password": "cora-password-1"}
+        assert (await c.post("/v1/session", json=old)).status_code == 401
+        new = {"username": "cora", "password": "cora-new-pass-2"}
+        assert (await c.post("/v1/session", json=new)).status_code == 200
+    # Wrong current passwords count as failed logins: five since the last success lock it.
+    async with plane.client(cora) as c:
+        guess = {"password": "cora-new-pass-3", "current_password": "a-guess-guess"}
+        for _ in range(5):
+            assert (await c.put(url, json=guess)).status_code == 403
+        guess["current_password"] = "cora-new-pass-2"
+        locked = await c.put(url, json=guess)
+        assert locked.status_code == 429
+    async with plane.client(ada) as c:
+        reset = await c.put("/v1/users/vic/password", json={"password": "vic-reset-pass-2"})
+        assert reset.status_code == 204
+        own = await c.put("/v1/users/ada/password", json={"password": "ada-new-pass-22"})
+        assert own.status_code == 400
+    with plane.cp.store.engine.connect() as conn:
+        denied = (
+            conn.execute(
+                text(
+                    "SELECT reason FROM audit_records WHERE action = 'user.password_change' "
+                    "AND decision = 'deny' AND resource = 'user:cora' ORDER BY seq"
+                )
+            )
+            .scalars()
+            .all()
+        )
+    assert denied[:6] == ["the current password given is wrong"] * 6
+    assert len(denied) == 7 and "too many" in denied[6]

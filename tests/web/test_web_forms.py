@@ -1,5 +1,6 @@
 """The UI's forms: what a person typed is kept after a refusal, each error is shown at its
-field, and a refused form changes nothing; a new API token is shown once."""
+field, and a refused form changes nothing; a new API token is shown once; one's own password
+changes only with the current one."""
 
 from __future__ import annotations
 
@@ -68,6 +69,26 @@ async def test_a_new_token_is_shown_once_and_can_be_revoked(site: Site) -> None:
         assert (await api.get("/v1/me")).status_code == 401
     r = await admin.post("/me/tokens", data={"name": "x", "expires_in_days": "soon", "csrf": token})
     assert r.status_code == 400 and 'value="soon"' in r.text and "field-error" in r.text
+
+
+async def test_ones_own_password_is_changed_on_me_with_the_current_one(site: Site) -> None:
+    await site.plane.user("olga", "operator", "olga-password-1")
+    olga = await site.signed_in("olga", "olga-password-1")
+    token = csrf_of((await olga.get("/me")).text)
+    form = {"csrf": token, "current_password": "not-my-password", "password": "olga-new-pass-2"}
+    r = await olga.post("/me/password", data=form)
+    assert r.status_code == 403
+    error = re.search(r'<p class="field-error" id="err-current_password"[^>]*>([^<]+)<', r.text)
+    assert error and "not your current password" in error.group(1)
+    form["current_password"] = "olga-password-1"
+    r = await olga.post("/me/password", data=form)
+    assert r.status_code == 303 and r.headers["location"] == "/login"
+    assert (await olga.get("/me")).status_code == 303  # every session ended: sign in again
+    again = await site.signed_in("olga", "olga-new-pass-2")
+    assert (await again.get("/me")).status_code == 200
+    # An admin's own row on the users page points here instead of resetting without it.
+    users = (await (await site.signed_in()).get("/admin/users")).text
+    assert 'href="/me#own-password"' in users and 'id="pw-olga"' in users
 
 
 async def test_a_bad_draft_is_shown_at_its_field_keeps_what_was_typed_and_saves_nothing(

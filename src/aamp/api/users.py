@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from aamp.api.body import Body
 from aamp.api.context import ControlPlane
+from aamp.api.errors import ApiError
 from aamp.api.guard import (
     SESSION_COOKIE,
     actor_of,
@@ -19,8 +20,8 @@ from aamp.api.guard import (
     request_id,
     rule,
 )
-from aamp.identity.directory import SESSION_HOURS, USERNAME_RE, TokenInfo
-from aamp.identity.errors import AuthenticationFailed
+from aamp.identity.directory import SESSION_HOURS, USERNAME_RE, TokenInfo, UserInfo
+from aamp.identity.errors import AuthenticationFailed, Throttled
 from aamp.identity.model import Actor, Resource
 
 RoleName = Literal["admin", "builder", "operator"]
@@ -73,6 +74,9 @@ class UserPatch(Body):
 
 class PasswordIn(Body):
     password: Password
+    # Needed when the caller changes their own password (a stolen token alone must not
+    # become the password); an admin resetting someone else's gives none.
+    current_password: Password | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +104,50 @@ def _address(request: Request) -> str:
     return request.client.host if request.client else "unknown"
 
 
+async def _checked_password(request: Request, username: str, password: str) -> UserInfo:
+    """The user if `password` is theirs, checked under the login throttle: a wrong one counts
+    as a failed login (for the username and the client's address), a right one clears
+    them; raises `AuthenticationFailed` or `Throttled`."""
+    cp = cp_of(request)
+    attempt: tuple[int, ...] = ()
+    try:
+        attempt = await cp.store.run(cp.throttle.attempt, username, _address(request))
+        user = await cp.store.run(cp.directory.check_password, username, password)
+    except Exception as exc:
+        if attempt and not isinstance(exc, AuthenticationFailed):
+            await cp.store.run(cp.throttle.forget, attempt)  # counted only wrong passwords
+        raise
+    await cp.store.run(cp.throttle.succeeded, username, attempt)
+    return user
+
+
+async def _own_password_checked(request: Request, username: str, given: str | None) -> None:
+    if given is None:
+        raise ApiError(
+            400,
+            "current_password_needed",
+            "current_password: changing your own password needs your current one",
+        )
+    try:
+        await _checked_password(request, username, given)
+    except (AuthenticationFailed, Throttled) as exc:
+        wrong = isinstance(exc, AuthenticationFailed)
+        await cp_of(request).audit.record(
+            actor=f"user:{username}",
+            action="user.password_change",
+            resource=f"user:{username}",
+            decision="deny",
+            reason="the current password given is wrong" if wrong else str(exc),
+            request_id=request_id(request),
+            details={"address": _address(request)},
+        )
+        if wrong:  # 403, not 401: the caller's own credential is still good
+            raise ApiError(
+                403, "wrong_password", "current_password: not your current password"
+            ) from None
+        raise
+
+
 def router() -> APIRouter:
     r = guarded_router(prefix="/v1")
 
@@ -110,13 +158,9 @@ def router() -> APIRouter:
         cp = cp_of(request)
         address = _address(request)
         subject = f"user:{body.username}" if USERNAME_RE.match(body.username) else "user:?"
-        attempt: tuple[int, ...] = ()
         try:
-            attempt = await cp.store.run(cp.throttle.attempt, body.username, address)
-            user = await cp.store.run(cp.directory.check_password, body.username, body.password)
+            user = await _checked_password(request, body.username, body.password)
         except Exception as exc:
-            if attempt and not isinstance(exc, AuthenticationFailed):
-                await cp.store.run(cp.throttle.forget, attempt)  # counted only wrong passwords
             await cp.audit.record(
                 actor="anonymous",
                 action="login",
@@ -127,7 +171,6 @@ def router() -> APIRouter:
                 details={"address": address},
             )
             raise
-        await cp.store.run(cp.throttle.succeeded, body.username, attempt)
         secret, csrf = await cp.store.run(cp.directory.create_session, user)
         await cp.audit.record(
             actor=f"user:{user.username}",
@@ -218,7 +261,12 @@ def router() -> APIRouter:
     @r.put("/users/{username}/password", status_code=204, tags=["users"])
     @rule("user.password", _path_user)
     async def set_password(username: Username, body: PasswordIn, request: Request) -> None:
+        """Set a user's password: your own with your current one (`current_password`), or
+        anyone's as an admin. Every session of the user ends; API tokens stay (revoke them
+        with `DELETE /v1/tokens/ID`)."""
         cp = cp_of(request)
+        if actor_of(request).username == username:
+            await _own_password_checked(request, username, body.current_password)
         await cp.store.run(cp.directory.set_password, username, body.password)
         await record_change(request, "user.password_changed", f"user:{username}", {})
 

@@ -1,4 +1,5 @@
-"""Pages everyone has: sign in, sign out, and "me" (role, grants, own API tokens).
+"""Pages everyone has: sign in, sign out, and "me" (role, grants, own API tokens, own
+password).
 
 Signing in is the API's `POST /v1/session`: its session cookie (HttpOnly, SameSite=Strict) is
 passed to the browser as the API set it, and the session's CSRF token is kept in a second
@@ -87,7 +88,12 @@ async def logout(request: Request) -> Response:
 
 
 async def me_page(
-    request: Request, new_token: dict | None = None, errors=None, values=None, status: int = 200
+    request: Request,
+    new_token: dict | None = None,
+    errors=None,
+    values=None,
+    status: int = 200,
+    password_errors=None,
 ) -> Response:
     page = await Page.signed_in(request)
     tokens = await page.get("/v1/tokens")
@@ -99,6 +105,7 @@ async def me_page(
         new_token=new_token,
         errors=errors or {},
         values=values or {},
+        password_errors=password_errors or {},
     )
 
 
@@ -124,6 +131,20 @@ async def create_token(request: Request) -> Response:
     )
 
 
+async def change_password(request: Request) -> Response:
+    """Your own password, with your current one; every session ends, so you sign in again."""
+    page = await Page.signed_in(request)
+    await page.form()
+    username = str(page.me.get("username", ""))
+    body = {"current_password": page.text("current_password"), "password": page.text("password")}
+    answer = await page.call("PUT", f"/v1/users/{username}/password", json_body=body)
+    if answer.ok:
+        return back("/login")
+    return await me_page(
+        request, password_errors=field_errors(answer.message), status=answer.status
+    )
+
+
 async def revoke_token(request: Request) -> Response:
     page = await Page.signed_in(request)
     await page.form()
@@ -142,5 +163,6 @@ def routes() -> list[Route]:
         Route("/logout", logout, methods=["POST"]),
         Route("/me", me_page, methods=["GET"]),
         Route("/me/tokens", create_token, methods=["POST"]),
+        Route("/me/password", change_password, methods=["POST"]),
         Route("/me/tokens/{token_id}/revoke", revoke_token, methods=["POST"]),
     ]
