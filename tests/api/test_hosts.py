@@ -21,6 +21,7 @@ from driver_double import DriverDouble
 from served_link import ServedLink, served_link
 from sqlalchemy import select, text
 
+from aamp.fleet.link_server import STOP_GRACE_SECONDS
 from aamp.fleet.placement import Need
 from aamp.store import time_at
 from aamp.store.tables import SandboxRow
@@ -384,3 +385,20 @@ async def test_forged_heartbeats_do_not_keep_a_dead_host_alive(
             assert (await _beat(thief, "h1", token, 1, None)).status_code == 401
 
         assert await _until_lost(admin, "h1", forge) >= LOST_SECONDS
+
+
+async def test_a_hosts_link_stops_within_its_grace_while_a_replica_holds_a_connection(
+    replicas: tuple[Plane, Plane], tmp_path: Path
+) -> None:
+    """A replica keeps its TLS connection to a host's link pooled (registration proved the
+    link over it); stopping the link must not wait for that idle peer's TLS close (asyncio
+    waits 30 s for it), only for the link's grace."""
+    a, b = replicas
+    stopping = None
+    async with a.client(a.admin_token) as admin, b.client() as host_side:
+        async with _linked(a, admin, "h1", tmp_path) as (token, link):
+            assert (await link.register(host_side, token, FACTS)).status_code == 200
+            await asyncio.sleep(0.5)  # the replicas' collectors reach it too
+            stopping = time.monotonic()
+        stopped = time.monotonic() - stopping
+    assert stopped < STOP_GRACE_SECONDS + 5, stopped

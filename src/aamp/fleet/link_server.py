@@ -64,6 +64,7 @@ from aamp.sandbox.received_wheels import MAX_OFFERED, ReceivedWheels, WheelRef, 
 from aamp.sandbox.wheelhouse import WheelhouseError
 
 MAX_BODY = 24 * 1024 * 1024
+STOP_GRACE_SECONDS = 3  # how long a stopping link lets open connections finish
 log = logging.getLogger("aamp.fleet")
 
 
@@ -473,6 +474,11 @@ def link_server(
             log_level="warning",
             access_log=False,
             lifespan="off",
+            # Closing a replica's idle pooled connection sends TLS close_notify and waits for
+            # the peer's, which an idle client never sends: asyncio gives up only after its
+            # 30 s ssl_shutdown_timeout, and stopping a host (or `aamp up` with its own
+            # host's link) waited that long. Past this grace the stop goes on.
+            timeout_graceful_shutdown=STOP_GRACE_SECONDS,
         )
     )
 
