@@ -106,6 +106,7 @@ def rows() -> list[tuple[str, str, str, str, str]]:
             taken(start["run_sandbox_warm"]),
             "<= 20 ms p50",
         ),
+        through("floor", "(no target: a bare splice relay on the same hops, the floor)"),
         through("proxy-http", ">= 0.8x"),
         through("connect", ">= 0.8x"),
         through("intercept", ">= 0.5x"),

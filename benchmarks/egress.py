@@ -13,6 +13,10 @@ event: it is what earlier figures were taken with). Measured:
   gives each mode its share in turn, the order rotating round by round, so a mode and its
   baseline are measured moments apart. Per-request latency median and p95; the added p50 is
   the median over the rounds of a round's p50 minus its baseline's p50 in the same round.
+- the same through `floor`, a minimal relay process (splice(2) in blocking threads, no
+  parsing, rules or ledger; not a product path) on the proxy's hops: a Unix socket in, a
+  loopback TCP connection out. What no userspace relay here gets past, printed beside the
+  proxy's modes so their ratios can be read against it;
 - the same with TLS interception: `direct-tls` is TLS straight to the upstream's HTTPS port;
   `intercept` goes through the proxy to a service (bearer credential from a real `Vault` on
   SQLite, read and audited once per connection, again only if it changes; TLS terminated
@@ -45,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import multiprocessing
@@ -55,6 +60,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,6 +108,72 @@ def _upstream_main(port_out, tls_port_out, upstream_ca_dir: str, ready) -> None:
         await asyncio.gather(server.serve_forever(), tls_server.serve_forever())
 
     asyncio.run(main())
+
+
+def _floor_main(sock_path: str, port: int, ready) -> None:
+    """The floor of any relay on this machine, not a product path: a Unix-socket listener
+    that connects each client to the upstream's plain port and moves the bytes each way with
+    splice(2) in a blocking thread — no parsing, rules, ledger or byte budget. The
+    proxy's plain modes take the same hops (a Unix socket in, a loopback TCP connection out,
+    a third process on the machine's cores); what they lose against `direct` beyond what
+    this loses is the proxy's own."""
+    import fcntl
+    import queue
+    import threading
+
+    def pump(src: socket.socket, dst: socket.socket) -> None:
+        pipe_r, pipe_w = os.pipe()
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(pipe_w, 1031, MiB)  # F_SETPIPE_SZ
+        try:
+            while n := os.splice(src.fileno(), pipe_w, MiB):
+                while n:
+                    n -= os.splice(pipe_r, dst.fileno(), n)
+        except OSError:
+            pass
+        finally:
+            os.close(pipe_r)
+            os.close(pipe_w)
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+    # Threads that live as long as the process: the CPU of one that ended would no longer
+    # be counted (`_cpu_seconds` reads the live threads' schedstat).
+    jobs: queue.Queue[tuple[socket.socket, socket.socket, Callable[[], None]]] = queue.Queue()
+
+    def worker() -> None:
+        while True:
+            src, dst, done = jobs.get()
+            pump(src, dst)
+            done()
+
+    def closer(a: socket.socket, b: socket.socket) -> Callable[[], None]:
+        """Closes both sockets once both directions have ended."""
+        left, lock = [2], threading.Lock()
+
+        def done() -> None:
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                a.close()
+                b.close()
+
+        return done
+
+    for _ in range(16):
+        threading.Thread(target=worker, daemon=True).start()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(sock_path)
+    listener.listen(64)
+    ready.set()
+    while True:
+        client, _ = listener.accept()
+        upstream = socket.create_connection((UPSTREAM_HOST, port))
+        upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        done = closer(client, upstream)
+        jobs.put((client, upstream, done))
+        jobs.put((upstream, client, done))
 
 
 def _proxy_main(
@@ -254,6 +326,7 @@ class Target:
     tls_port: int
     upstream_ca: str  # direct-tls trusts the upstream's CA
     installation_ca: str  # intercept trusts only the installation CA
+    floor_path: str = ""  # the floor relay's socket (`_floor_main`)
 
 
 def _tls_client(cafile: str) -> ssl.SSLContext:
@@ -272,7 +345,7 @@ def _open(mode: str, t: Target) -> socket.socket:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return _tls_client(t.upstream_ca).wrap_socket(sock, server_hostname=SERVICE_HOST)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(t.sock_path)
+    sock.connect(t.floor_path if mode == "floor" else t.sock_path)
     if mode in ("connect", "intercept"):
         host, port = ("bench.test", t.port) if mode == "connect" else (SERVICE_HOST, t.tls_port)
         sock.sendall(f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
@@ -339,7 +412,7 @@ class SmallStream:
         self._sock.close()
 
 
-MODES = ("direct", "proxy-http", "connect", "direct-tls", "intercept")
+MODES = ("direct", "floor", "proxy-http", "connect", "direct-tls", "intercept")
 PROXIED = ("proxy-http", "connect", "intercept")
 COMPARED = "@cmp"  # the suffix of a mode measured through the --compare proxy
 
@@ -417,7 +490,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--modes",
-        default="direct,proxy-http,connect,direct-tls,intercept",
+        default="direct,floor,proxy-http,connect,direct-tls,intercept",
         help="comma-separated subset of the modes (a mode's baseline is added if missing)",
     )
     parser.add_argument(
@@ -445,6 +518,11 @@ def main() -> None:
     )
     upstream.start()
     up_ready.wait(20)
+    floor_path = os.path.join(workdir, "floor.sock")
+    floor_ready = ctx.Event()
+    floor = ctx.Process(target=_floor_main, args=(floor_path, port.value, floor_ready), daemon=True)
+    floor.start()
+    floor_ready.wait(20)
     proxies = {"": _start_proxy(ctx, workdir, tls_port.value, upstream_ca, None, args.ledger)}
     if args.compare is not None:
         proxies[COMPARED] = _start_proxy(
@@ -457,7 +535,12 @@ def main() -> None:
         )
     targets = {
         suffix: Target(
-            sock_path, port.value, tls_port.value, os.path.join(upstream_ca, "ca.crt"), ca_path
+            sock_path,
+            port.value,
+            tls_port.value,
+            os.path.join(upstream_ca, "ca.crt"),
+            ca_path,
+            floor_path,
         )
         for suffix, (_proc, sock_path, ca_path) in proxies.items()
     }
@@ -486,7 +569,7 @@ def main() -> None:
         client_cpu: dict[str, list[float]] = {label: [] for label, _, _ in measured}
         for _ in range(args.runs):  # interleaved, so drift hits every mode alike
             for label, mode, suffix in measured:
-                pid = proxies[suffix][0].pid
+                pid = floor.pid if mode == "floor" else proxies[suffix][0].pid
                 before, client_before = _settled_cpu_seconds(pid), time.thread_time()
                 throughput[label].append(download(mode, targets[suffix], size))
                 client_cpu[label].append((time.thread_time() - client_before) * 100 / args.mib)
@@ -503,10 +586,10 @@ def main() -> None:
         streams = {label: SmallStream(mode, targets[suffix]) for label, mode, suffix in measured}
         try:
             for n in range(args.rounds):
-                for label, _mode, suffix in (
+                for label, mode, suffix in (
                     measured[n % len(measured) :] + measured[: n % len(measured)]
                 ):
-                    pid = proxies[suffix][0].pid
+                    pid = floor.pid if mode == "floor" else proxies[suffix][0].pid
                     before, client_before = _settled_cpu_seconds(pid), time.thread_time()
                     taken = streams[label].requests(per_round)
                     client_cpu_small[label] += time.thread_time() - client_before
@@ -520,9 +603,11 @@ def main() -> None:
         for proc, _sock, _ca in proxies.values():
             proc.terminate()
         upstream.terminate()
+        floor.terminate()
         for proc, _sock, _ca in proxies.values():
             proc.join(5)
         upstream.join(5)
+        floor.join(5)
 
     modes = list(throughput)
     direct_tp = {m: statistics.median(throughput[_baseline(m)]) for m in modes}
