@@ -11,10 +11,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import uvloop
 from install_layout import shared_home
 from installation_settings import make_settings, shared_env
 
 from aamp.config import Settings
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict:
+    """Every async test on the event loop `aamp up` and `aamp host serve` run (uvloop)."""
+    return {"uvloop": uvloop.new_event_loop}
 
 
 @pytest.fixture

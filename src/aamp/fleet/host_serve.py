@@ -10,9 +10,10 @@ records reach the control plane's audit chain through the link (`host_outbox.py`
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 from pathlib import Path
+
+import uvloop
 
 from aamp.config import Settings
 from aamp.egress.services import ServiceSet
@@ -82,7 +83,7 @@ def serve_host(args: argparse.Namespace, settings: object) -> int:
     host = SandboxHost(config, host_manager(settings, outbox), outbox)
     print(f"aamp sandbox host {config.host_id}: link on {config.advertise}", flush=True)
     try:
-        asyncio.run(host.serve())
+        uvloop.run(host.serve())  # as `aamp up` runs (server.py)
     except HostStartError as exc:
         print(f"aamp: {exc}", flush=True)
         return 1
