@@ -29,9 +29,7 @@ class _ResetEndsStream(asyncio.StreamReaderProtocol):
         super().connection_lost(None if isinstance(exc, ConnectionResetError) else exc)
 
 
-async def listen_private(
-    path: Path, serve: Serve, *, limit: int = 2**16, **options: Any
-) -> asyncio.Server:
+async def listen_private(path: Path, serve: Serve, *, limit: int, **options: Any) -> asyncio.Server:
     """Listen on `path` (mode 0600) as `asyncio.start_unix_server(serve, limit=limit,
     **options)` does, but a reset ends a stream like a close (see the module); a socket file
     already there is replaced, anything else refused (`ValueError`)."""
