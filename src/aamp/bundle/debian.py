@@ -38,7 +38,6 @@ Progress = Callable[[str], None]
 GUEST_SUITE = "bookworm"
 HOST_SUITE = "host"
 COMPONENT = "main"
-APT_TIMEOUT_S = 1800.0
 
 
 class DebianError(RuntimeError):
@@ -60,6 +59,9 @@ class Package:
     # debootstrap takes every `required` package, and zlib1g, say, is only that here).
     priority: str = "optional"
     section: str = "misc"
+
+
+APT_TIMEOUT_S = 1800.0
 
 
 def _run(argv: list[str], what: str, *, cwd: Path | None = None) -> str:
