@@ -25,15 +25,14 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from aamp.audit.canonical import GENESIS_HASH, encode
 from aamp.audit.signing import verify_signature
-
-REORDER_SEARCH_WINDOW = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +44,11 @@ class Checkpoint:
     key_id: str
     signature: str
     time: str | None = None
+
+    @classmethod
+    def of(cls, row: Sequence[Any]) -> Checkpoint:
+        """From a stored row: its `seq, hash, key_id, signature, time` columns, in that order."""
+        return cls(int(row[0]), row[1], row[2], row[3], row[4])
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +104,7 @@ Row = tuple[int, str, str, str, str, str, "str | None", "str | None", str, str, 
 prev_hash, hash) — the column order of every reader."""
 
 
+REORDER_SEARCH_WINDOW = 10_000  # seqs searched either side for the one a record was written at
 _NO_WITNESS = sys.maxsize  # the seq of the next witnessed head when there is none
 
 

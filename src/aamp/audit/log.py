@@ -364,7 +364,7 @@ class AuditLog:
                 cp = self._signed(int(seq), hash_hex, now())
                 conn.exec_driver_sql(_checkpoint_sql(conn.dialect.paramstyle), _cp_row(cp))
                 return cp
-            existing = Checkpoint(int(row[0]), row[1], row[2], row[3], row[4])
+            existing = Checkpoint.of(row)
             if existing.hash == hash_hex and verify_signature(
                 self.signer.public_key, existing.seq, existing.hash, existing.signature
             ):

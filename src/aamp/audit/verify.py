@@ -62,10 +62,6 @@ def _fetch(driver: Any, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
         cursor.close()
 
 
-def _checkpoint(row: Any) -> Checkpoint:
-    return Checkpoint(int(row[0]), row[1], row[2], row[3], row[4])
-
-
 def read_pages(
     store: Store, *, after: int = 0, upto: int | None = None, page_size: int = PAGE_SIZE
 ) -> Iterator[tuple[list[Row], dict[int, Checkpoint]]]:
@@ -86,7 +82,7 @@ def read_pages(
                 return
             found = _fetch(driver, checkpoints_sql, (after, rows[-1][0]))
             driver.rollback()
-            yield rows, {int(r[0]): _checkpoint(r) for r in found}
+            yield rows, {int(r[0]): Checkpoint.of(r) for r in found}
             if len(rows) < page_size:
                 return
             after = rows[-1][0]
@@ -105,7 +101,7 @@ def verify(
     with store.engine.connect() as conn:
         head = conn.exec_driver_sql(_HEAD_SQL).all()
     head_seq = int(head[0][0])
-    beyond = [_checkpoint(r[1:]) for r in head if r[1] is not None]
+    beyond = [Checkpoint.of(r[1:]) for r in head if r[1] is not None]
     checker = ChainChecker({}, trusted_keys, witness=() if witness is None else witness)
     problem: Problem | None = None
     for rows, checkpoints in read_pages(store, upto=head_seq, page_size=page_size):
@@ -138,7 +134,7 @@ def _witness_lags(
         driver.rollback()
     if not found:
         return None
-    newest = _checkpoint(found[0])
+    newest = Checkpoint.of(found[0])
     witnessed = witness.last
     if witnessed is not None and witnessed.seq >= newest.seq:
         return None
