@@ -52,6 +52,13 @@ def _parse_level(value: object) -> Level:
         raise InvalidInput(f"level must be one of view, run, edit; got {value!r}") from None
 
 
+def _password_hash(password: str) -> str:
+    try:
+        return cred.hash_password(password)
+    except cred.PasswordPolicyError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
 def _username(value: object) -> str:
     return matching(
         value,
@@ -124,15 +131,11 @@ class Directory:
     def create_user(self, username: str, role: str, password: str, *, by: str) -> UserInfo:
         _username(username)
         parsed = _parse_role(role)
-        try:
-            hashed = cred.hash_password(password)
-        except cred.PasswordPolicyError as exc:
-            raise InvalidInput(str(exc)) from None
         stamp = now()
         row = UserRow(
             username=username,
             role=parsed.value,
-            password_hash=hashed,
+            password_hash=_password_hash(password),
             disabled=False,
             created_at=stamp,
             created_by=by,
@@ -188,10 +191,7 @@ class Directory:
             return _user(row)
 
     def set_password(self, username: str, password: str) -> None:
-        try:
-            hashed = cred.hash_password(password)
-        except cred.PasswordPolicyError as exc:
-            raise InvalidInput(str(exc)) from None
+        hashed = _password_hash(password)
         with self.store.write_session() as s:
             row = self._row(s, username, lock=True)
             row.password_hash = hashed
