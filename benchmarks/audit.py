@@ -45,7 +45,7 @@ from pgtemp import TemporaryPostgres
 RESULTS = Path(__file__).parent / "results" / "audit.json"
 
 
-def _event_kwargs(i: int) -> dict[str, Any]:
+def _event_fields(i: int) -> dict[str, Any]:
     return {
         "actor": f"user:u{i % 50}",
         "action": "sandbox.exec",
@@ -89,7 +89,7 @@ async def group_commit(
 
     async def worker(k: int) -> None:
         for i in range(k, records, appenders):
-            await log.append(**_event_kwargs(i))
+            await log.append(**_event_fields(i))
 
     started = time.perf_counter()
     await asyncio.gather(*(worker(k) for k in range(appenders)))
@@ -117,7 +117,7 @@ def one_transaction_per_record(url: str, records: int) -> dict[str, Any]:
     prev = "0" * 64
     started = time.perf_counter()
     for i in range(records):
-        rec = AuditRecord.chained(i + 1, now(), make_event(**_event_kwargs(i)), prev)
+        rec = AuditRecord.chained(i + 1, now(), make_event(_event_fields(i)), prev)
         with store.write_connection() as conn:
             conn.execute(
                 insert(table),
@@ -149,7 +149,7 @@ def verify_million(url: str, records: int) -> dict[str, Any]:
     batch = 5000
     for start in range(0, records, batch):
         log._commit_batch(
-            [make_event(**_event_kwargs(i)) for i in range(start, min(records, start + batch))]
+            [make_event(_event_fields(i)) for i in range(start, min(records, start + batch))]
         )
     fill = time.perf_counter() - fill_started
     report = verify(store, signer.trusted_keys())

@@ -103,6 +103,22 @@ async def test_bad_input_is_refused_and_nothing_written(settings: Settings, stor
         assert rec.seq == 1
 
 
+async def test_a_field_outside_the_record_or_one_missing_is_refused_by_name(
+    settings: Settings, store: Store
+) -> None:
+    # The fields are `EventFields`' alone: a caller's stray or missing one is audit input
+    # refused with its name, like a bad value, not a TypeError from a signature.
+    async with AuditLog.open(settings, store) as log:
+        good = {"actor": "user:a", "action": "x", "resource": "r:1", "decision": "allow"}
+        with pytest.raises(AuditInputError, match="'secret_value' is not an audit field"):
+            await log.append(**good, secret_value="s3cr3t")  # type: ignore[call-arg]
+        for missing in good:
+            fields = {k: v for k, v in good.items() if k != missing}
+            with pytest.raises(AuditInputError, match=f"'{missing}'"):
+                await log.append(**fields)  # type: ignore[misc]
+        assert _count(store) == 0
+
+
 async def test_checkpoints_every_n_and_at_close(settings: Settings, store: Store) -> None:
     signer = CheckpointSigner.load_or_create(settings.home / "audit-signing.key")
     async with AuditLog(store, signer, batching=Batching(checkpoint_every=10)) as log:

@@ -190,7 +190,7 @@ class AuditLog:
     async def append(self, **fields: Unpack[EventFields]) -> AuditRecord:
         """Append one record (`make_event` checks it first); returns it once it is committed
         durably."""
-        event = make_event(**fields)
+        event = make_event(fields)
         if self._queue is None or self._closing:
             raise AuditClosed("the audit log is not running; nothing was recorded")
         future: asyncio.Future[AuditRecord] = asyncio.get_running_loop().create_future()

@@ -144,6 +144,9 @@ class EventFields(TypedDict):
     details: NotRequired[Mapping[str, Any] | None]
 
 
+_EVENT_FIELDS = frozenset(EventFields.__annotations__)
+
+
 class AuditSink(Protocol):
     """The one interface other parts record through. Returns only once the record is durable.
 
@@ -188,17 +191,15 @@ def _utf8(name: str, value: str) -> None:
         raise AuditInputError(f"audit field {name!r} is not valid Unicode") from None
 
 
-def make_event(
-    *,
-    actor: str,
-    action: str,
-    resource: str,
-    decision: str,
-    reason: str | None = None,
-    request_id: str | None = None,
-    details: Mapping[str, Any] | None = None,
-) -> AuditEvent:
-    """Validate an event (clear `AuditInputError` naming the field; nothing is written)."""
+def make_event(fields: EventFields) -> AuditEvent:
+    """Validate what a caller records (clear `AuditInputError` naming the field; nothing is
+    written): the fields of `EventFields`, no others."""
+    unknown = fields.keys() - _EVENT_FIELDS
+    if unknown:
+        raise AuditInputError(f"{sorted(unknown)[0]!r} is not an audit field")
+    decision = fields.get("decision")
+    reason = fields.get("reason")
+    details = fields.get("details")
     if not isinstance(decision, str) or not _DECISION_RE.match(decision):
         raise AuditInputError(
             "audit field 'decision' must be a lowercase word like 'allow' or 'deny'"
@@ -224,11 +225,11 @@ def make_event(
     if reason is not None:
         _utf8("reason", reason)
     return AuditEvent(
-        actor=_text("actor", actor),  # type: ignore[arg-type]
-        action=_text("action", action),  # type: ignore[arg-type]
-        resource=_text("resource", resource),  # type: ignore[arg-type]
+        actor=_text("actor", fields.get("actor")),  # type: ignore[arg-type]
+        action=_text("action", fields.get("action")),  # type: ignore[arg-type]
+        resource=_text("resource", fields.get("resource")),  # type: ignore[arg-type]
         decision=decision,
         reason=reason,
-        request_id=_text("request_id", request_id, optional=True),
+        request_id=_text("request_id", fields.get("request_id"), optional=True),
         details_json=details_json,
     )
