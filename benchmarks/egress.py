@@ -27,7 +27,10 @@ included; from /proc schedstat, in ns) per 100 MiB and per small request: each r
 until the proxy has gone quiet, so a ledger record committed just after an answer counts to
 the mode that caused it, not to the next one measured (a direct mode shows ~0). The client's
 (this process's one thread) is given apart, per 100 MiB and per request: what a mode costs
-the client (TLS to the proxy, say) is not the proxy's. On a shared host CPU moves far less
+the client (TLS to the proxy, say) is not the proxy's; so is the upstream server's per 100 MiB
+(its process, settled like the proxy's). With the client's, it says what a TLS mode's ratio
+can reach at all: the proxy decrypts and encrypts every byte where each end does one of the
+two (docs/architecture.md, "Speed figures"). On a shared host CPU moves far less
 with the load than wall time does; the host's load average at the start and end of the run is
 printed (and written) with the figures. Each download of a mode is compared with its
 baseline's of the same round (the rounds are interleaved), and the median and p95 of those
@@ -571,13 +574,20 @@ def main() -> None:
         # This client's CPU (its one thread) per run, apart from the proxy's: what a mode
         # costs the client (TLS to the proxy, say) is not the proxy's cost.
         client_cpu: dict[str, list[float]] = {label: [] for label, _, _ in measured}
+        # The upstream server's too: with the client's, what the ends cost, so a TLS mode's
+        # ratio can be read against the crypto each party does (docs/architecture.md).
+        upstream_cpu: dict[str, list[float]] = {label: [] for label, _, _ in measured}
         for _ in range(args.runs):  # interleaved, so drift hits every mode alike
             for label, mode, suffix in measured:
                 pid = floor.pid if mode == "floor" else proxies[suffix][0].pid
                 before, client_before = _settled_cpu_seconds(pid), time.thread_time()
+                upstream_before = _settled_cpu_seconds(upstream.pid)
                 throughput[label].append(download(mode, targets[suffix], size))
                 client_cpu[label].append((time.thread_time() - client_before) * 100 / args.mib)
                 proxy_cpu[label].append((_settled_cpu_seconds(pid) - before) * 100 / args.mib)
+                upstream_cpu[label].append(
+                    (_settled_cpu_seconds(upstream.pid) - upstream_before) * 100 / args.mib
+                )
         # Small requests in rounds: each mode has one kept-alive connection for the whole
         # phase, and every round gives each mode its share in turn (the order rotating round
         # by round), so a mode and its baseline are measured within moments of each other and
@@ -658,6 +668,7 @@ def main() -> None:
                     "runs": proxy_cpu[mode],
                 },
                 "client_cpu_s_per_100mib": statistics.median(client_cpu[mode]),
+                "upstream_cpu_s_per_100mib": statistics.median(upstream_cpu[mode]),
             }
             for mode, v in throughput.items()
         },
@@ -687,10 +698,11 @@ def main() -> None:
     print(f"{args.mib} MiB download, {args.runs} runs (MiB/s; p95 = 95th percentile slowest)")
     print("ratio: each run against its baseline's run of the same round, median and p95")
     print("proxy CPU: the proxy process's CPU seconds per 100 MiB, per run (median, p95);")
-    print("client CPU: this client's, per 100 MiB (median); the ledger: " + args.ledger)
+    print("client CPU, upstream CPU: this client's and the upstream server's, per 100 MiB")
+    print("(median); the ledger: " + args.ledger)
     print(
         f"{'mode':<16}{'median':>8}{'p95':>8}{'ratio':>8}{'p95':>7}{'proxy CPU':>11}{'p95':>8}"
-        f"{'client CPU':>12}"
+        f"{'client CPU':>12}{'upstream CPU':>14}"
     )
     for mode, row in result["throughput_mib_s"].items():
         ratio, cpu = row["ratio_per_run"], row["proxy_cpu_per_run"]
@@ -698,6 +710,7 @@ def main() -> None:
             f"{mode:<16}{row['median']:>8.0f}{row['p95_low']:>8.0f}"
             f"{ratio['median']:>8.2f}{ratio['p95_low']:>7.2f}"
             f"{cpu['median']:>11.3f}{cpu['p95']:>8.3f}{row['client_cpu_s_per_100mib']:>12.3f}"
+            f"{row['upstream_cpu_s_per_100mib']:>14.3f}"
         )
     print(
         f"\n{measured_small} small requests a mode in {args.rounds} rounds, each mode on one"
