@@ -580,8 +580,9 @@ def main() -> None:
         for _ in range(args.runs):  # interleaved, so drift hits every mode alike
             for label, mode, suffix in measured:
                 pid = floor.pid if mode == "floor" else proxies[suffix][0].pid
-                before, client_before = _settled_cpu_seconds(pid), time.thread_time()
+                before = _settled_cpu_seconds(pid)
                 upstream_before = _settled_cpu_seconds(upstream.pid)
+                client_before = time.thread_time()  # after the readings: not counted to it
                 throughput[label].append(download(mode, targets[suffix], size))
                 client_cpu[label].append((time.thread_time() - client_before) * 100 / args.mib)
                 proxy_cpu[label].append((_settled_cpu_seconds(pid) - before) * 100 / args.mib)
