@@ -387,7 +387,7 @@ async def test_every_route_has_exactly_the_expected_outcome(plane) -> None:
                 lambda k=kind, nm=name, a=agent.id: cp.catalog.grant_resource(a, k, nm, by="t")
             )
         victim_grant = await cp.store.run(
-            lambda a=agent.id: cp.directory.grant(a, level="view", by="t", user="victim")
+            lambda a=agent.id: cp.directory.grant_user(a, "victim", level="view", by="t")
         )
         username, token, spare = None, None, "tok-none"
         if who.role == "admin":
@@ -397,8 +397,8 @@ async def test_every_route_has_exactly_the_expected_outcome(plane) -> None:
             token = await plane.user(username, who.role)
             if who.level:
                 await cp.store.run(
-                    lambda a=agent.id, u=username, lv=who.level: cp.directory.grant(
-                        a, level=lv, by="t", user=u
+                    lambda a=agent.id, u=username, lv=who.level: cp.directory.grant_user(
+                        a, u, level=lv, by="t"
                     )
                 )
         if username:

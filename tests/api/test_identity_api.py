@@ -95,7 +95,7 @@ async def test_nobody_escalates_themselves(plane) -> None:
     cp = plane.cp
     token = await plane.user("ed", "builder")
     agent = await cp.store.run(lambda: cp.agents.create("shared", owner="admin"))
-    await cp.store.run(lambda: cp.directory.grant(agent.id, level="view", by="t", user="ed"))
+    await cp.store.run(lambda: cp.directory.grant_user(agent.id, "ed", level="view", by="t"))
     async with plane.client(token) as c:
         assert (await c.patch("/v1/users/ed", json={"role": "admin"})).status_code == 403
         for body in (
@@ -122,12 +122,40 @@ async def test_nobody_escalates_themselves(plane) -> None:
     assert [(g.user, g.level.value) for g in grants] == [("ed", "view")]
 
 
+async def test_a_grant_names_exactly_one_of_user_or_role(plane) -> None:
+    cp = plane.cp
+    await plane.user("gus", "operator")
+    agent = await cp.store.run(lambda: cp.agents.create("granted", owner="admin"))
+    url = f"/v1/agents/{agent.id}/grants"
+    async with plane.client(plane.admin_token) as admin:
+        for body in (
+            {"level": "view"},
+            {"user": "gus", "role": "operator", "level": "view"},
+        ):
+            resp = await admin.post(url, json=body)
+            assert resp.status_code == 400, resp.text
+            assert "exactly one of user or role" in resp.json()["message"]
+        assert (await cp.store.run(cp.directory.list_grants, agent.id)) == []
+        by_user = await admin.post(url, json={"user": "gus", "level": "view"})
+        by_role = await admin.post(url, json={"role": "operator", "level": "run"})
+        again = await admin.post(url, json={"user": "gus", "level": "edit"})
+    assert [r.status_code for r in (by_user, by_role, again)] == [201, 201, 201]
+    assert (by_user.json()["user"], by_user.json()["role"]) == ("gus", None)
+    assert (by_role.json()["user"], by_role.json()["role"]) == (None, "operator")
+    assert again.json()["id"] == by_user.json()["id"]  # the user's grant, replaced
+    grants = await cp.store.run(cp.directory.list_grants, agent.id)
+    assert [(g.user, g.role, g.level.value) for g in grants] == [
+        ("gus", None, "edit"),
+        (None, "operator", "run"),
+    ]
+
+
 async def test_operators_see_only_their_own_sandboxes(plane) -> None:
     cp = plane.cp
     t1 = await plane.user("op1", "operator")
     await plane.user("op2", "operator")
     agent = await cp.store.run(lambda: cp.agents.create("ops", owner="admin"))
-    await cp.store.run(lambda: cp.directory.grant(agent.id, level="run", by="t", role="operator"))
+    await cp.store.run(lambda: cp.directory.grant_role(agent.id, "operator", level="run", by="t"))
     cp.sandbox_owners["sb-00000000000a"] = SandboxOwner("op2", agent.id, "p")
     async with plane.client(t1) as c:
         resp = await c.get("/v1/sandboxes/sb-00000000000a")

@@ -52,11 +52,11 @@ def test_the_last_admin_cannot_be_demoted(directory: Directory) -> None:
 def test_role_and_user_grants_take_the_best_level(directory: Directory) -> None:
     directory.create_user("op", "operator", "op-password-123", by="t")
     agent = AgentRegistry(directory.store).create("a", owner="someone")
-    directory.grant(agent.id, level="view", by="t", user="op")
-    directory.grant(agent.id, level="run", by="t", role="operator")
+    directory.grant_user(agent.id, "op", level="view", by="t")
+    directory.grant_role(agent.id, "operator", level="run", by="t")
     access = directory.actor_for_user("op").agents[agent.id]
     assert access.level.value == "run" and "role operator" in access.source
-    directory.grant(agent.id, level="edit", by="t", user="op")  # replaces the user grant
+    directory.grant_user(agent.id, "op", level="edit", by="t")  # replaces the user grant
     assert len(directory.list_grants(agent.id)) == 2
 
 

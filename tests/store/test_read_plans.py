@@ -69,7 +69,7 @@ async def test_revoked_token_and_removed_grant_count_from_the_next_read(store: S
     directory.create_user("op", "operator", "operator-password-1", by="t")
     agents = AgentRegistry(store)
     agent = agents.create("probe", owner="owner")
-    grant = directory.grant(agent.id, level="view", by="t", user="op")
+    grant = directory.grant_user(agent.id, "op", level="view", by="t")
     token, secret = directory.create_token("op", "laptop")
 
     actor, stale = await store.run(directory.token_actor, secret)

@@ -76,7 +76,7 @@ async def test_the_start_run_form_checks_files_against_the_policy_before_upload(
     olga = await plane.user("olga", "operator", "olga-password-1")
     omar = await plane.user("omar", "operator", "omar-password-1")
     await plane.cp.store.run(
-        lambda: plane.cp.directory.grant(agent, level="run", by="t", user="olga")
+        lambda: plane.cp.directory.grant_user(agent, "olga", level="run", by="t")
     )
 
     # What the check reads: the inbound rule of the version asked for, and nothing else.

@@ -25,7 +25,7 @@ from aamp.api.guard import (
     rule,
 )
 from aamp.catalog import KnowledgeBases
-from aamp.errors import NotFound, found
+from aamp.errors import InvalidInput, NotFound, found
 from aamp.identity.directory import GrantInfo
 from aamp.identity.model import Actor, Resource
 
@@ -163,12 +163,18 @@ def router() -> APIRouter:
     @rule("grant.create", _grant_subject)
     async def create_grant(agent_id: AgentId, body: GrantIn, request: Request) -> dict[str, object]:
         """Give a user or a whole role `view`, `run` or `edit` on the agent (never yourself)."""
-        cp, actor = cp_of(request), actor_of(request)
-        grant = await cp.store.run(
-            lambda: cp.directory.grant(
-                agent_id, level=body.level, by=actor.audit_name, user=body.user, role=body.role
+        cp, by = cp_of(request), actor_of(request).audit_name
+        user, role = body.user, body.role
+        if (user is None) == (role is None):
+            raise InvalidInput("a grant names exactly one of user or role")
+        if user is not None:
+            grant = await cp.store.run(
+                lambda: cp.directory.grant_user(agent_id, user, level=body.level, by=by)
             )
-        )
+        else:
+            grant = await cp.store.run(
+                lambda: cp.directory.grant_role(agent_id, role, level=body.level, by=by)
+            )
         await record_change(request, "grant.created", f"agent:{agent_id}", grant.to_dict())
         return grant.to_dict()
 

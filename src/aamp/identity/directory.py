@@ -114,6 +114,24 @@ def _token(row: ApiTokenRow, username: str) -> TokenInfo:
     return value_of(TokenInfo, row, username=username)
 
 
+def _set_grant(s: Session, wanted: GrantRow, level: Level, by: str) -> GrantRow:
+    """The agent's grant to `wanted`'s user or role (exactly one is set), created as `wanted`
+    or, if there is one already, given `level` anew."""
+    to = (
+        GrantRow.user_id == wanted.user_id
+        if wanted.user_id is not None
+        else GrantRow.role == wanted.role
+    )
+    stmt = select(GrantRow).where(GrantRow.agent_id == wanted.agent_id, to).with_for_update()
+    row = s.scalars(stmt).first()
+    if row is None:
+        row = wanted
+        s.add(row)
+    row.level, row.created_at, row.created_by = level.value, now(), by
+    s.flush()
+    return row
+
+
 @dataclass(frozen=True)
 class Directory:
     """Usage::
@@ -408,45 +426,22 @@ class Directory:
 
     # -- grants on agents ---------------------------------------------------------------
 
-    def grant(
-        self,
-        agent_id: str,
-        *,
-        level: str,
-        by: str,
-        user: str | None = None,
-        role: str | None = None,
-    ) -> GrantInfo:
-        """Give `user` or `role` (exactly one) `level` on the agent; replaces an earlier grant."""
+    def grant_user(self, agent_id: str, username: str, *, level: str, by: str) -> GrantInfo:
+        """Give user `username` `level` on the agent; replaces an earlier grant to them."""
         parsed = _parse_level(level)
-        if (user is None) == (role is None):
-            raise InvalidInput("a grant names exactly one of user or role")
-        parsed_role = _parse_role(role) if role is not None else None
         with self.store.write_session() as s:
             existing(s, AgentRow, agent_id, f"no agent {agent_id!r}")
-            user_row = self._row(s, _username(user)) if user is not None else None
-            stmt = select(GrantRow).where(GrantRow.agent_id == agent_id)
-            stmt = (
-                stmt.where(GrantRow.user_id == user_row.id)
-                if user_row is not None
-                else stmt.where(GrantRow.role == parsed_role.value)  # type: ignore[union-attr]
-            )
-            row = s.scalars(stmt.with_for_update()).first()
-            if row is None:
-                row = GrantRow(
-                    agent_id=agent_id,
-                    user_id=user_row.id if user_row is not None else None,
-                    role=parsed_role.value if parsed_role is not None else None,
-                    level=parsed.value,
-                    created_at=now(),
-                    created_by=by,
-                )
-                s.add(row)
-            else:
-                row.level = parsed.value
-                row.created_at, row.created_by = now(), by
-            s.flush()
-            return GrantInfo(row.id, agent_id, user, row.role, parsed, row.created_at, by)
+            user_id = self._row(s, _username(username)).id
+            row = _set_grant(s, GrantRow(agent_id=agent_id, user_id=user_id), parsed, by)
+            return GrantInfo(row.id, agent_id, username, None, parsed, row.created_at, by)
+
+    def grant_role(self, agent_id: str, role: str, *, level: str, by: str) -> GrantInfo:
+        """Give every user of `role` `level` on the agent; replaces an earlier grant to it."""
+        parsed, parsed_role = _parse_level(level), _parse_role(role)
+        with self.store.write_session() as s:
+            existing(s, AgentRow, agent_id, f"no agent {agent_id!r}")
+            row = _set_grant(s, GrantRow(agent_id=agent_id, role=parsed_role.value), parsed, by)
+            return GrantInfo(row.id, agent_id, None, row.role, parsed, row.created_at, by)
 
     def list_grants(self, agent_id: str) -> list[GrantInfo]:
         with self.store.session() as s:
