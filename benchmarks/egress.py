@@ -7,7 +7,9 @@ socket (on uvloop, as `aamp up` runs it), and this client. The proxy records its
 (SQLite) before they count; `--ledger file` records to the JSON-lines file instead
 (`JsonLinesSink`, far cheaper per event: it is what earlier figures were taken with). Measured:
 - a 100 MiB download, direct vs through the proxy (plain HTTP forwarding and a CONNECT
-  tunnel), repeated; throughput median and p95;
+  tunnel), repeated (`--runs`, 15: on a 2-core host the downloads of one mode range from
+  under half to over 1.4x their median, and the median of 5 moved by up to a third from one
+  run of this benchmark to the next); throughput median and p95;
 - 1,000 small requests a mode, each mode on one kept-alive connection opened (and warmed up
   with 50 unmeasured requests) before the first, taken in `--rounds` rounds (10): every round
   gives each mode its share in turn, the order rotating round by round, so a mode and its
@@ -44,7 +46,7 @@ Prints a table and writes benchmarks/results/egress.json. Targets (issue 18, not
 >= 0.8x direct throughput, <= 0.5 ms added p50 per small request; with TLS interception
 >= 0.5x direct TLS throughput, <= 1 ms added p50.
 
-    .venv/bin/python benchmarks/egress.py [--runs 5] [--small 1000] [--rounds 10]
+    .venv/bin/python benchmarks/egress.py [--runs 15] [--small 1000] [--rounds 10]
         [--ledger audit|file] [--compare DIR]
 """
 
@@ -479,7 +481,7 @@ def _start_proxy(ctx, workdir: str, tls_port: int, upstream_ca: str, src: str | 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--small", type=int, default=1000)
     parser.add_argument("--mib", type=int, default=100)
     parser.add_argument(
